@@ -1,0 +1,1 @@
+//! agentosd: the agentos daemon. Modules are named for what they manage.
