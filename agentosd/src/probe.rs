@@ -1,0 +1,1 @@
+//! Host capability probe (`agentosd check`). Being written.

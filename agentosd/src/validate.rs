@@ -1,0 +1,1 @@
+//! `agentctl validate`: checks contract files without a daemon. Being written.
