@@ -1,1 +1,0 @@
-//! Host capability probe (`agentosd check`). Being written.
