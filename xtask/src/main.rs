@@ -5,6 +5,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod vm;
+
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "agentos developer tasks")]
 struct Cli {
@@ -15,12 +17,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run every test: style checks, host tests, then the VM suite.
-    Test,
+    Test {
+        /// Leave out the VM suite (`cargo xtask vm test`): style checks and host tests only.
+        #[arg(long, alias = "no-vm")]
+        host_only: bool,
+    },
+    /// The guest VM test bed: build the image, run the vm-tests suite, open a shell.
+    Vm {
+        #[command(subcommand)]
+        cmd: vm::VmCmd,
+    },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Test => test(),
+        Cmd::Test { host_only } => test(host_only),
+        Cmd::Vm { cmd } => vm::run(cmd),
     }
 }
 
@@ -36,9 +48,20 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn test() -> Result<()> {
+fn test(host_only: bool) -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     cargo(&["test", "--workspace"])?;
-    Ok(())
+    if host_only {
+        eprintln!("xtask test: the VM suite was left out (--host-only); run `cargo xtask vm test`");
+        return Ok(());
+    }
+    vm::test_default()
 }

@@ -1,0 +1,163 @@
+//! Contract budgets become cgroup v2 limits the kernel enforces: memory.max, pids.max, cpu.max.
+
+use std::time::{Duration, Instant};
+
+use vm_tests::{
+    Agent, agentctl, cg_key, contract_yaml, helper, read_cg, require_vm, wait_for, write_contract,
+};
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn memory_hog_is_oom_killed_in_its_own_cgroup() {
+    require_vm();
+    let hog = helper("vmt-hog");
+    // 256 MiB against a 64 MiB budget, after 3 s (to read the cgroup first).
+    let c = write_contract(
+        "vmt-oom",
+        &contract_yaml(
+            "vmt-oom",
+            &hog,
+            &["256", "3"],
+            "cpu: \"1\", mem: \"64MiB\", pids: 16",
+        ),
+    );
+    let agent = Agent::start("vmt-oom", &c);
+    let cg = agent.cgroup();
+    assert_eq!(
+        read_cg(&cg, "memory.max"),
+        (64u64 << 20).to_string(),
+        "memory.max"
+    );
+    let parent = cg
+        .parent()
+        .expect("agent cgroup has a parent")
+        .to_path_buf();
+    let parent_before = cg_key(&parent, "memory.events", "oom_kill");
+
+    // The kill happens in the agent's cgroup: its own memory.events counts it.
+    let own = wait_for(
+        "oom_kill in the agent's memory.events",
+        Duration::from_secs(60),
+        || {
+            if !cg.is_dir() {
+                return Some(None);
+            }
+            let n = std::fs::read_to_string(cg.join("memory.events"))
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("oom_kill "))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })?;
+            (n >= 1).then_some(Some(n))
+        },
+    );
+    match own {
+        Some(n) => assert!(n >= 1),
+        None => {
+            // The daemon already removed the cgroup: the kill still shows one level up.
+            let after = cg_key(&parent, "memory.events", "oom_kill");
+            assert!(
+                after > parent_before,
+                "no oom_kill recorded below {}",
+                parent.display()
+            );
+        }
+    }
+    // Only the agent was hit: the daemon is alive and answers.
+    agentctl(&["list"]).ok();
+    // The daemon reports it: failed, and the reason says OOM.
+    let v = agent.wait_state("failed", Duration::from_secs(30));
+    let text = v.to_string().to_ascii_lowercase();
+    assert!(
+        text.contains("oom"),
+        "status does not name the OOM kill: {v}"
+    );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn fork_bomb_stops_at_pids_max() {
+    require_vm();
+    let c = write_contract(
+        "vmt-forkbomb",
+        &contract_yaml(
+            "vmt-forkbomb",
+            "/bin/sh",
+            &["-c", "f() { f | f & }; f; exec sleep 3600"],
+            "cpu: \"0.5\", mem: \"128MiB\", pids: 16",
+        ),
+    );
+    let agent = Agent::start("vmt-forkbomb", &c);
+    let cg = agent.cgroup();
+    assert_eq!(read_cg(&cg, "pids.max"), "16");
+    wait_for("pids.events max >= 1", Duration::from_secs(60), || {
+        (cg_key(&cg, "pids.events", "max") >= 1).then_some(())
+    });
+    let current: u64 = read_cg(&cg, "pids.current").parse().expect("pids.current");
+    assert!(current <= 16, "pids.current {current} over pids.max 16");
+    // The daemon stays responsive while the bomb runs.
+    let t = Instant::now();
+    agentctl(&["list"]).ok();
+    agentctl(&["status", "vmt-forkbomb"]).ok();
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "agentctl took {:?} during the fork bomb",
+        t.elapsed()
+    );
+    // Stopping it ends every process of the bomb.
+    agentctl(&["stop", "vmt-forkbomb"]).ok();
+    wait_for(
+        "the fork bomb's cgroup to empty",
+        Duration::from_secs(30),
+        || {
+            let empty = !cg.is_dir()
+                || std::fs::read_to_string(cg.join("cgroup.procs"))
+                    .is_ok_and(|p| p.trim().is_empty());
+            empty.then_some(())
+        },
+    );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn cpu_max_throttles_a_busy_loop() {
+    require_vm();
+    let c = write_contract(
+        "vmt-cpu",
+        &contract_yaml(
+            "vmt-cpu",
+            "/bin/sh",
+            &["-c", "while :; do :; done"],
+            "cpu: \"0.1\", mem: \"32MiB\", pids: 8",
+        ),
+    );
+    let agent = Agent::start("vmt-cpu", &c);
+    agent.wait_state("running", Duration::from_secs(30));
+    let cg = agent.cgroup();
+    let max = read_cg(&cg, "cpu.max");
+    let (quota, period) = max.split_once(' ').expect("cpu.max is `QUOTA PERIOD`");
+    let quota: f64 = quota
+        .parse()
+        .unwrap_or_else(|_| panic!("cpu.max quota in {max:?}"));
+    let period: f64 = period.parse().expect("cpu.max period");
+    assert!(
+        (quota / period - 0.1).abs() < 1e-6,
+        "cpu.max {max:?} is not 0.1 CPU"
+    );
+
+    let usage0 = cg_key(&cg, "cpu.stat", "usage_usec");
+    let t0 = Instant::now();
+    wait_for("cpu.stat nr_throttled > 0", Duration::from_secs(30), || {
+        (cg_key(&cg, "cpu.stat", "nr_throttled") > 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let used = (cg_key(&cg, "cpu.stat", "usage_usec") - usage0) as f64 / 1e6;
+    let wall = t0.elapsed().as_secs_f64();
+    assert!(cg_key(&cg, "cpu.stat", "throttled_usec") > 0);
+    // 0.1 CPU, with room for the period boundaries and emulation jitter.
+    assert!(
+        used <= 0.2 * wall,
+        "the busy loop used {used:.2} s of CPU in {wall:.2} s under cpu.max {max}"
+    );
+}

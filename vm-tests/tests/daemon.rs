@@ -1,0 +1,224 @@
+//! agentosd installed as a systemd service: started by systemd, on the system bus, driven by
+//! agentctl, surviving its own restart.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vm_tests::{
+    Agent, agentctl, cmd, contract_yaml, examples_dir, require_vm, systemctl, write_contract,
+};
+
+fn show(prop: &str) -> String {
+    systemctl(&["show", "agentosd.service", "-p", prop, "--value"])
+        .ok()
+        .stdout
+        .trim()
+        .to_string()
+}
+
+fn wait_active() {
+    vm_tests::wait_for("agentosd to be active", Duration::from_secs(60), || {
+        (systemctl(&["is-active", "agentosd.service"]).stdout.trim() == "active").then_some(())
+    });
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn systemd_runs_agentosd_as_notify_service() {
+    require_vm();
+    let active = systemctl(&["is-active", "agentosd.service"]);
+    assert_eq!(
+        active.stdout.trim(),
+        "active",
+        "{active}\n{}",
+        systemctl(&["status", "--no-pager", "agentosd.service"])
+    );
+    assert_eq!(show("Type"), "notify");
+    assert_eq!(show("Delegate"), "yes");
+    let pid: u32 = show("MainPID").parse().expect("MainPID is a number");
+    assert!(pid > 0, "agentosd has no main pid");
+    // Under systemd the daemon moves itself into supervisor/ of its delegated cgroup.
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("reading its cgroup");
+    assert!(
+        cg.trim().ends_with("/agentosd.service/supervisor"),
+        "agentosd runs in {cg}"
+    );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn manager_is_on_the_system_bus() {
+    require_vm();
+    let out = cmd(
+        "busctl",
+        &["--system", "introspect", "org.agentos1", "/org/agentos1"],
+    )
+    .ok();
+    assert!(out.stdout.contains("org.agentos1.Manager"), "{out}");
+    for method in ["StartAgent", "StopAgent", "ListAgents", "GetAgent"] {
+        assert!(out.stdout.contains(method), "{method} missing:\n{out}");
+    }
+    // agentctl talks to the same bus: `list` works and exits 0.
+    agentctl(&["list"]).ok();
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn check_reports_the_vm_mechanisms_available() {
+    require_vm();
+    let out = cmd("agentosd", &["check", "--json"]);
+    let report: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("agentosd check --json is not JSON ({e}):\n{out}"));
+    let checks = report["checks"].as_array().expect("checks array");
+    let status = |m: &str| {
+        checks
+            .iter()
+            .find(|c| c["mechanism"] == m)
+            .map(|c| format!("{} ({})", c["status"].as_str().unwrap_or("?"), c["detail"]))
+            .unwrap_or_else(|| "missing".into())
+    };
+    let mut missing = Vec::new();
+    for m in [
+        "cgroup_v2",
+        "cpu_controller",
+        "memory_controller",
+        "pids_controller",
+        "io_controller",
+        "cgroup_freeze",
+        "cgroup_kill",
+        "sched_deadline",
+        "sched_ext",
+        "landlock",
+        "seccomp",
+        "btf",
+        "bpf_lsm",
+        "bpf_cgroup_sock_addr",
+        "bpf_ringbuf",
+        "io_uring",
+    ] {
+        let s = status(m);
+        if !s.starts_with("available") {
+            missing.push(format!("{m}: {s}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not available in the VM:\n{}\n\nagentosd check:\n{}",
+        missing.join("\n"),
+        cmd("agentosd", &["check"]).stdout
+    );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn example_contracts_validate_and_runnable_ones_run() {
+    require_vm();
+    let dir = examples_dir().join("contracts");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no example contracts in {}",
+        dir.display()
+    );
+    let mut ran = 0;
+    for f in &files {
+        let path = f.display().to_string();
+        agentctl(&["validate", &path]).ok();
+        let text = std::fs::read_to_string(f).expect("reading a contract");
+        if !text.lines().any(|l| l.trim_start().starts_with("exec:")) {
+            continue;
+        }
+        let name = text
+            .lines()
+            .find_map(|l| l.strip_prefix("name:"))
+            .map(|n| n.trim().trim_matches('"').to_string())
+            .unwrap_or_else(|| panic!("no top-level name in {path}"));
+        let agent = Agent::start(&name, f);
+        agent.wait_state("running", Duration::from_secs(30));
+        let listed = agentctl(&["list"]).ok();
+        assert!(
+            listed.stdout.contains(&name),
+            "{name} not listed:\n{listed}"
+        );
+        agentctl(&["stop", &name]).ok();
+        ran += 1;
+    }
+    assert!(
+        ran > 0,
+        "no runnable example contract (with exec:) in {}",
+        dir.display()
+    );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn freeze_and_thaw_use_the_cgroup_freezer() {
+    require_vm();
+    let c = write_contract(
+        "vmt-freeze",
+        &contract_yaml(
+            "vmt-freeze",
+            "/bin/sleep",
+            &["3600"],
+            "cpu: \"0.5\", mem: \"32MiB\", pids: 8",
+        ),
+    );
+    let agent = Agent::start("vmt-freeze", &c);
+    agent.wait_state("running", Duration::from_secs(30));
+    let cg = agent.cgroup();
+    agentctl(&["freeze", "vmt-freeze"]).ok();
+    vm_tests::wait_for("cgroup.events frozen 1", Duration::from_secs(10), || {
+        (vm_tests::cg_key(&cg, "cgroup.events", "frozen") == 1).then_some(())
+    });
+    agentctl(&["thaw", "vmt-freeze"]).ok();
+    vm_tests::wait_for("cgroup.events frozen 0", Duration::from_secs(10), || {
+        (vm_tests::cg_key(&cg, "cgroup.events", "frozen") == 0).then_some(())
+    });
+    agent.wait_state("running", Duration::from_secs(10));
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn restarting_agentosd_keeps_agents_running_and_readopts_them() {
+    require_vm();
+    let c = write_contract(
+        "vmt-ticker",
+        &contract_yaml(
+            "vmt-ticker",
+            "/bin/sh",
+            &["-c", "while true; do echo tick; sleep 1; done"],
+            "cpu: \"0.5\", mem: \"64MiB\", pids: 32",
+        ),
+    );
+    let agent = Agent::start("vmt-ticker", &c);
+    agent.wait_state("running", Duration::from_secs(30));
+    let pid = agent.main_pid();
+    let cg = agent.cgroup();
+    let daemon_before = show("MainPID");
+
+    systemctl(&["restart", "agentosd.service"]).ok();
+    wait_active();
+    let daemon_after = show("MainPID");
+    assert_ne!(daemon_before, daemon_after, "agentosd was not restarted");
+
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "agent process {pid} died with the daemon"
+    );
+    let procs = vm_tests::read_cg(&cg, "cgroup.procs");
+    assert!(
+        procs.lines().any(|l| l.trim() == pid.to_string()),
+        "pid {pid} is no longer in {}: {procs}",
+        cg.display()
+    );
+    let v = agent.wait_state("running", Duration::from_secs(30));
+    assert_eq!(agent.main_pid(), pid, "re-adopted with another pid: {v}");
+    let listed = agentctl(&["list"]).ok();
+    assert!(listed.stdout.contains("vmt-ticker"), "{listed}");
+}

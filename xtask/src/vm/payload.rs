@@ -1,0 +1,357 @@
+//! What goes into the guest on top of the image: agentosd and agentctl installed the way
+//! `cargo xtask install` lays them out, the units, the example contracts, the `vm-tests` binaries
+//! and the guest-side runner. It is packed as a second cpio archive appended to the image's
+//! (the kernel unpacks both, in order, into its root file system).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use super::image::{Image, pack_cpio};
+use super::{host, workspace_root};
+
+/// Where the test harness lives in the guest.
+pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
+
+pub enum Mode {
+    Test { filter: Option<String> },
+    Shell,
+}
+
+/// The host-built binaries to put into the guest.
+pub struct Build {
+    agentosd: PathBuf,
+    agentctl: PathBuf,
+    /// (name, path) of each `vm-tests` integration test binary.
+    tests: Vec<(String, PathBuf)>,
+    /// (name, path) of the helper programs of `vm-tests` (memory hog, fork loop, …).
+    helpers: Vec<(String, PathBuf)>,
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+/// Builds agentosd, agentctl and (with `tests`) the vm-tests suite for the host's x86-64 (the
+/// guest's glibc is newer than the host's, so host binaries run there).
+pub fn build(release: bool, tests: bool) -> Result<Build> {
+    let profile = if release { "release" } else { "debug" };
+    let mut c = cargo();
+    c.args(["build", "-p", "agentosd", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    eprintln!("vm: building agentosd, agentctl ({profile})");
+    host::run(&mut c)?;
+    let bin_dir = super::target_dir().join(profile);
+    let mut b = Build {
+        agentosd: bin_dir.join("agentosd"),
+        agentctl: bin_dir.join("agentctl"),
+        tests: Vec::new(),
+        helpers: Vec::new(),
+    };
+    if !tests {
+        return Ok(b);
+    }
+    eprintln!("vm: building the vm-tests suite ({profile})");
+    let mut c = cargo();
+    c.args([
+        "test",
+        "-p",
+        "vm-tests",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    if release {
+        c.arg("--release");
+    }
+    let out = host::output(&mut c)?;
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["target"]["src_path"].is_null() {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = msg["target"]["name"].as_str().unwrap_or("test").to_string();
+        let kinds = &msg["target"]["kind"];
+        let is_kind = |k: &str| kinds.as_array().is_some_and(|a| a.iter().any(|v| v == k));
+        if msg["profile"]["test"] == true {
+            if is_kind("test") {
+                b.tests.push((name, PathBuf::from(exe)));
+            }
+        } else if is_kind("bin") {
+            b.helpers.push((name, PathBuf::from(exe)));
+        }
+    }
+    if b.tests.is_empty() {
+        bail!("cargo test -p vm-tests --no-run produced no test binary");
+    }
+    b.tests.sort();
+    b.helpers.sort();
+    Ok(b)
+}
+
+/// Stages the payload in `run_dir/payload`, packs it, and returns the initramfs to boot:
+/// the image's root file system followed by the payload.
+pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<PathBuf> {
+    let root = run_dir.join("payload");
+    if root.exists() {
+        fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+    }
+    fs::create_dir_all(&root)?;
+    install_agentos(b, &root)?;
+
+    let harness = root.join(GUEST_DIR.trim_start_matches('/'));
+    fs::create_dir_all(harness.join("tests"))?;
+    fs::create_dir_all(harness.join("bin"))?;
+    for (name, path) in &b.tests {
+        copy_stripped(path, &harness.join("tests").join(name))?;
+    }
+    for (name, path) in &b.helpers {
+        copy_stripped(path, &harness.join("bin").join(name))?;
+    }
+    write_exec(&harness.join("install.sh"), INSTALL_SH)?;
+    write_exec(&harness.join("run-tests.sh"), RUN_TESTS_SH)?;
+
+    let units = root.join("etc/systemd/system");
+    let wants = units.join("multi-user.target.wants");
+    fs::create_dir_all(&wants)?;
+    match mode {
+        Mode::Test { filter } => {
+            fs::write(harness.join("filter"), filter.unwrap_or_default())?;
+            fs::write(units.join("agentos-vmtest.service"), TEST_UNIT)?;
+            std::os::unix::fs::symlink(
+                "../agentos-vmtest.service",
+                wants.join("agentos-vmtest.service"),
+            )?;
+        }
+        Mode::Shell => {
+            fs::write(units.join("agentos-vminstall.service"), SHELL_UNIT)?;
+            std::os::unix::fs::symlink(
+                "../agentos-vminstall.service",
+                wants.join("agentos-vminstall.service"),
+            )?;
+            let getty = units.join("serial-getty@ttyS0.service.d");
+            fs::create_dir_all(&getty)?;
+            fs::write(getty.join("autologin.conf"), AUTOLOGIN)?;
+            let profile = root.join("etc/profile.d");
+            fs::create_dir_all(&profile)?;
+            fs::write(
+                profile.join("agentos-vmtest.sh"),
+                format!("export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR={GUEST_DIR}\n"),
+            )?;
+        }
+    }
+
+    let payload = run_dir.join("payload.cpio");
+    pack_cpio(&root, &payload)?;
+    let initrd = run_dir.join("initrd.cpio");
+    let mut out = fs::File::create(&initrd)?;
+    for part in [&image.rootfs, &payload] {
+        let mut f = fs::File::open(part).with_context(|| format!("opening {}", part.display()))?;
+        std::io::copy(&mut f, &mut out)?;
+    }
+    Ok(initrd)
+}
+
+/// Lays out agentosd, agentctl, the units and the examples below `root` (a DESTDIR), as
+/// `cargo xtask install --prefix /usr/local` does.
+fn install_agentos(b: &Build, root: &Path) -> Result<()> {
+    let bin = root.join("usr/local/bin");
+    fs::create_dir_all(&bin)?;
+    copy_stripped(&b.agentosd, &bin.join("agentosd"))?;
+    copy_stripped(&b.agentctl, &bin.join("agentctl"))?;
+    let ws = workspace_root();
+    if let Ok(entries) = fs::read_dir(ws.join("units")) {
+        for e in entries {
+            let p = e?.path();
+            if !p.is_file() {
+                continue;
+            }
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            let dir = if text.contains("[D-BUS Service]") {
+                "usr/local/share/dbus-1/system-services"
+            } else if name.ends_with(".service")
+                || name.ends_with(".socket")
+                || name.ends_with(".timer")
+                || name.ends_with(".path")
+            {
+                "usr/local/lib/systemd/system"
+            } else if text.contains("<busconfig") {
+                "usr/local/share/dbus-1/system.d"
+            } else if name.contains("sysusers") {
+                "usr/local/lib/sysusers.d"
+            } else if name.contains("tmpfiles") {
+                "usr/local/lib/tmpfiles.d"
+            } else {
+                continue;
+            };
+            let to_name = name
+                .trim_end_matches(".sysusers.conf")
+                .trim_end_matches(".tmpfiles.conf")
+                .to_string();
+            let to_name = if to_name != name {
+                format!("{to_name}.conf")
+            } else {
+                name.clone()
+            };
+            let d = root.join(dir);
+            fs::create_dir_all(&d)?;
+            fs::copy(&p, d.join(to_name))?;
+        }
+    }
+    // systemd and dbus read /etc and /usr, not /usr/local, for these: link them as an operator
+    // following docs/install.md would.
+    for (from, to) in [
+        ("usr/local/share/dbus-1/system.d", "etc/dbus-1/system.d"),
+        ("usr/local/lib/sysusers.d", "etc/sysusers.d"),
+        ("usr/local/lib/tmpfiles.d", "etc/tmpfiles.d"),
+    ] {
+        let src = root.join(from);
+        if let Ok(entries) = fs::read_dir(&src) {
+            let dst = root.join(to);
+            fs::create_dir_all(&dst)?;
+            for e in entries {
+                let e = e?;
+                fs::copy(e.path(), dst.join(e.file_name()))?;
+            }
+        }
+    }
+    let examples = ws.join("examples");
+    if examples.is_dir() {
+        copy_tree(&examples, &root.join("usr/local/share/agentos/examples"))?;
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for e in fs::read_dir(from)? {
+        let e = e?;
+        let t = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &t)?;
+        } else if e.file_type()?.is_file() {
+            fs::copy(e.path(), &t)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a binary without its debug info (the guest's root file system is in RAM).
+fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
+    if !from.is_file() {
+        bail!("{} was not built", from.display());
+    }
+    let status = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(to)
+        .arg(from)
+        .stderr(Stdio::null())
+        .status();
+    if !status.is_ok_and(|s| s.success()) {
+        fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+fn write_exec(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, text)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Installs agentosd in the guest as a user would after `cargo xtask install`.
+const INSTALL_SH: &str = r#"#!/bin/sh
+# Install and start agentosd the way docs/install.md tells an operator to.
+echo "== install agentosd: systemd-sysusers, systemd-tmpfiles, daemon-reload, start"
+systemd-sysusers
+systemd-tmpfiles --create
+systemctl daemon-reload
+systemctl reload dbus || true
+if systemctl start agentosd; then
+  echo "== agentosd: $(systemctl is-active agentosd)"
+else
+  echo "== systemctl start agentosd failed"
+  systemctl --no-pager status agentosd
+fi
+"#;
+
+/// Runs the suite, prints the result marker the host waits for, powers the guest off.
+const RUN_TESTS_SH: &str = r#"#!/bin/sh
+exec > /dev/ttyS0 2>&1
+D=/usr/local/lib/agentos-vmtest
+echo "VMTEST BEGIN uptime=$(cut -d' ' -f1 /proc/uptime)"
+$D/install.sh
+export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR=$D RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+filter=$(cat $D/filter 2>/dev/null)
+rc=0
+for t in $D/tests/*; do
+  name=$(basename "$t")
+  echo "== test binary $name"
+  if [ -z "$filter" ] || [ "$filter" = "$name" ]; then
+    # No filter, or the filter names this binary (tests/<name>.rs): all its tests.
+    "$t" --include-ignored --test-threads=1
+  else
+    "$t" --include-ignored --test-threads=1 "$filter"
+  fi
+  r=$?
+  if [ $r -ne 0 ]; then rc=$r; fi
+done
+if [ $rc -ne 0 ]; then
+  echo "== systemctl status agentosd"
+  systemctl --no-pager status agentosd
+  echo "== journalctl -u agentosd (last 200 lines)"
+  journalctl --no-pager -b -u agentosd -n 200
+fi
+echo "VMTEST RC=$rc uptime=$(cut -d' ' -f1 /proc/uptime)"
+sync
+echo o > /proc/sysrq-trigger
+"#;
+
+const TEST_UNIT: &str = "[Unit]
+Description=agentos VM test suite
+After=multi-user.target
+
+[Service]
+Type=oneshot
+StandardInput=null
+ExecStart=/usr/local/lib/agentos-vmtest/run-tests.sh
+
+[Install]
+WantedBy=multi-user.target
+";
+
+const SHELL_UNIT: &str = "[Unit]
+Description=Install and start agentosd in the VM shell
+After=multi-user.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/lib/agentos-vmtest/install.sh
+
+[Install]
+WantedBy=multi-user.target
+";
+
+const AUTOLOGIN: &str = "[Service]
+ExecStart=
+ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200,57600,38400,9600 %I $TERM
+";

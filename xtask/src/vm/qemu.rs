@@ -1,0 +1,189 @@
+//! Booting the guest under QEMU (software emulation: this machine cannot run Debian kernels
+//! under KVM) and reading the result off its serial console.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::image::Image;
+
+pub const DEFAULT_MEM_MIB: u32 = 4096;
+
+const BASE_CMDLINE: &str =
+    "console=ttyS0 panic=-1 quiet mitigations=off lsm=landlock,lockdown,yama,bpf";
+
+const BEGIN: &str = "VMTEST BEGIN";
+const MARKER: &str = "VMTEST RC=";
+
+pub enum Outcome {
+    Passed { secs: f64 },
+    Failed { rc: i32, log: PathBuf },
+    NoMarker { why: String, log: PathBuf },
+}
+
+fn qemu(image: &Image, initrd: &Path, mem: u32, cmdline: &str) -> Command {
+    let smp = std::thread::available_parallelism()
+        .map(|n| n.get().clamp(2, 4))
+        .unwrap_or(2);
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args(["-nodefaults", "-display", "none", "-no-reboot"])
+        .args(["-accel", "tcg,thread=multi", "-cpu", "max,la57=off"])
+        .args(["-smp", &smp.to_string(), "-m", &mem.to_string()])
+        .arg("-kernel")
+        .arg(&image.kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", cmdline]);
+    c
+}
+
+/// Boots the guest with the test payload and waits for the result marker.
+pub fn boot_test(
+    image: &Image,
+    initrd: &Path,
+    log_path: &Path,
+    mem: u32,
+    timeout: Duration,
+    verbose: bool,
+) -> Result<Outcome> {
+    let cmdline = format!("{BASE_CMDLINE} systemd.mask=serial-getty@ttyS0.service");
+    let mut cmd = qemu(image, initrd, mem, &cmdline);
+    cmd.args(["-monitor", "none", "-serial", "stdio"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    eprintln!(
+        "vm: booting kernel {} under QEMU (TCG); serial log: {}",
+        image.kernel_version,
+        log_path.display()
+    );
+    let started = Instant::now();
+    let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let guard = KillOnDrop(&mut child);
+    let stdout = guard.0.stdout.take().context("qemu stdout")?;
+    let stderr = guard.0.stderr.take().context("qemu stderr")?;
+    let (tx, rx) = mpsc::channel::<Option<String>>();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n') {
+            let Ok(line) = line else { break };
+            let line = String::from_utf8_lossy(&line)
+                .trim_end_matches('\r')
+                .to_string();
+            if tx.send(Some(line)).is_err() {
+                break;
+            }
+        }
+        let _ = tx.send(None);
+    });
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx2.send(Some(format!("qemu: {line}"))).is_err() {
+                break;
+            }
+        }
+    });
+
+    let mut log =
+        fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let deadline = started + timeout;
+    let mut in_tests = false;
+    let mut rc: Option<i32> = None;
+    let why = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break format!("timed out after {} s", timeout.as_secs());
+        }
+        match rx.recv_timeout(left) {
+            Ok(Some(line)) => {
+                writeln!(log, "{line}")?;
+                if line.contains(BEGIN) {
+                    in_tests = true;
+                    eprintln!(
+                        "vm: guest up after {:.0} s; running the suite",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                if verbose || in_tests {
+                    eprintln!("{line}");
+                }
+                if let Some(pos) = line.find(MARKER) {
+                    let v = line[pos + MARKER.len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("");
+                    rc = Some(v.parse().unwrap_or(-1));
+                    in_tests = false;
+                }
+            }
+            Ok(None) => break "QEMU exited".to_string(),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                break format!("timed out after {} s", timeout.as_secs());
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break "QEMU exited".to_string(),
+        }
+    };
+    // After the marker the guest powers itself off; give it a moment, then make sure.
+    let waited = wait_or_kill(
+        guard.0,
+        Duration::from_secs(if rc.is_some() { 20 } else { 0 }),
+    );
+    let status = waited.map(|s| s.to_string()).unwrap_or_default();
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("vm: guest finished after {secs:.0} s");
+    Ok(match rc {
+        Some(0) => Outcome::Passed { secs },
+        Some(rc) => Outcome::Failed {
+            rc,
+            log: log_path.to_path_buf(),
+        },
+        None => Outcome::NoMarker {
+            why: format!("{why}; qemu {status}"),
+            log: log_path.to_path_buf(),
+        },
+    })
+}
+
+/// Boots the guest with the serial console on this terminal.
+pub fn boot_shell(image: &Image, initrd: &Path, mem: u32) -> Result<()> {
+    eprintln!(
+        "vm: booting kernel {}; root logs in on the serial console. \
+         Leave with `poweroff` (or Ctrl-A X).",
+        image.kernel_version
+    );
+    let mut cmd = qemu(image, initrd, mem, BASE_CMDLINE);
+    cmd.args(["-serial", "mon:stdio"]);
+    super::host::run(&mut cmd)
+}
+
+fn wait_or_kill(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + grace;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            return child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Kills the QEMU we started (by its pid, through the `Child`) if we leave early.
+struct KillOnDrop<'a>(&'a mut Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
