@@ -5,6 +5,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod install;
 mod vm;
 
 #[derive(Parser)]
@@ -27,12 +28,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: vm::VmCmd,
     },
+    /// Build and install agentosd, agentctl, the systemd unit and the D-Bus policy.
+    Install(install::InstallArgs),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Test { host_only } => test(host_only),
         Cmd::Vm { cmd } => vm::run(cmd),
+        Cmd::Install(args) => install::run(args),
     }
 }
 
