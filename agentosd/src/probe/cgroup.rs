@@ -166,16 +166,48 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    pub const PREFIX: &'static str = "agentos-probe.";
+
+    /// Makes `<root>/agentos-probe.<pid>.<n>`, first removing empty ones left by probes of
+    /// processes that no longer exist (a daemon killed mid-probe).
     pub fn create(root: &Path) -> std::io::Result<Scratch> {
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = root.join(format!("agentos-probe.{}.{seq}", std::process::id()));
-        std::fs::create_dir(&path)?;
-        Ok(Scratch { path })
+        remove_stale(root);
+        let mut last = None;
+        for _ in 0..8 {
+            let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = root.join(format!("{}{}.{seq}", Self::PREFIX, std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(Scratch { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::from_raw_os_error(libc::EEXIST)))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Removes `agentos-probe.<pid>.<n>` children of `root` whose pid is gone. Best effort: a
+/// populated cgroup cannot be removed and is left alone.
+fn remove_stale(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(Scratch::PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
     }
 }
 
@@ -240,6 +272,27 @@ mod tests {
         assert!(m.v1_controllers.is_empty());
         assert_eq!(unescape("/tmp/with\\040space"), "/tmp/with space");
         assert_eq!(parse_mountinfo("").layout(), CgroupLayout::None);
+    }
+
+    #[test]
+    fn stale_scratch_dirs_of_dead_processes_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // pid_max is at most 2^22, so this pid never exists.
+        let stale = dir.path().join("agentos-probe.99999999.0");
+        let mine = dir
+            .path()
+            .join(format!("agentos-probe.{}.999", std::process::id()));
+        let other = dir.path().join("unrelated");
+        for d in [&stale, &mine, &other] {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        let s = Scratch::create(dir.path()).expect("scratch");
+        assert!(!stale.exists());
+        assert!(mine.exists() && other.exists());
+        let p = s.path().to_path_buf();
+        assert!(p.is_dir());
+        drop(s);
+        assert!(!p.exists());
     }
 
     #[test]

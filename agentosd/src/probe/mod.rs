@@ -329,6 +329,20 @@ impl HostReport {
             .collect()
     }
 
+    /// `(mechanism name, status, detail)` per row, for a D-Bus `a(sss)` property.
+    pub fn rows(&self) -> Vec<(String, String, String)> {
+        self.checks
+            .iter()
+            .map(|c| {
+                (
+                    c.mechanism.name().to_string(),
+                    c.status.as_str().to_string(),
+                    c.detail.clone(),
+                )
+            })
+            .collect()
+    }
+
     /// The report as pretty JSON (`agentosd check --json`).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
