@@ -1,4 +1,14 @@
 //! agentosd: the agentos daemon. Modules are named for what they manage.
 
+pub mod cgroup;
+pub mod client;
+pub mod daemon;
+pub mod dbus;
+pub mod logs;
 pub mod probe;
+pub mod spawn;
+pub mod spec;
+pub mod state;
+pub mod supervisor;
+pub mod sys;
 pub mod validate;

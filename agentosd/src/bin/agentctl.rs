@@ -1,3 +1,188 @@
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("agentctl: not implemented yet")
+//! `agentctl`: control agentosd over D-Bus, like systemctl. Exit codes: 0 ok, 1 failed, 2 usage,
+//! 3 no such agent, 4 daemon unreachable (docs/cli.md).
+
+use std::path::PathBuf;
+
+use agentosd::client::{self, Client, exit};
+use clap::{CommandFactory, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentctl",
+    version,
+    about = "Control agentos agents (like systemctl)"
+)]
+struct Cli {
+    /// D-Bus address of the daemon's bus [env: AGENTOS_BUS_ADDRESS; default: the system bus]
+    #[arg(long, global = true)]
+    bus_address: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start an agent from a contract FILE, or a known agent / agents.d contract by NAME
+    Start { target: String },
+    /// Stop agents (SIGTERM, then cgroup.kill after the stop timeout)
+    Stop {
+        #[arg(required = true)]
+        agents: Vec<String>,
+    },
+    /// Send a signal to an agent's processes
+    Kill {
+        #[arg(required = true)]
+        agents: Vec<String>,
+        /// Signal name or number
+        #[arg(short, long, default_value = "TERM")]
+        signal: String,
+        /// Which processes: all (every process of the agent) or main
+        #[arg(long, default_value = "all", value_parser = ["all", "main"])]
+        kill_whom: String,
+    },
+    /// Freeze agents (cgroup.freeze)
+    Freeze {
+        #[arg(required = true)]
+        agents: Vec<String>,
+    },
+    /// Thaw frozen agents
+    Thaw {
+        #[arg(required = true)]
+        agents: Vec<String>,
+    },
+    /// Stop and start agents again
+    Restart {
+        #[arg(required = true)]
+        agents: Vec<String>,
+    },
+    /// Stop agents and forget them
+    Remove {
+        #[arg(required = true)]
+        agents: Vec<String>,
+    },
+    /// List agents
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an agent's state, processes, cgroup, resources and last log lines
+    Status {
+        agent: String,
+        #[arg(long)]
+        json: bool,
+        /// Log lines to show
+        #[arg(short = 'n', long, default_value_t = 10)]
+        lines: u32,
+    },
+    /// Exit 0 if the agent is running (or frozen), 1 if not, 3 if unknown
+    IsActive {
+        agent: String,
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Show an agent's log
+    Logs {
+        agent: String,
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: u32,
+        /// Keep printing new lines
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Check contract files without a daemon
+    Validate {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What this host can enforce (the daemon's start-up probe)
+    Check {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print shell completions
+    Completions { shell: clap_complete::Shell },
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    std::process::exit(run(cli));
+}
+
+fn run(cli: Cli) -> i32 {
+    let addr = cli.bus_address.as_deref();
+    match cli.cmd {
+        Cmd::Validate { files, json } => {
+            return client::validate(&files, json, &mut std::io::stdout(), &mut std::io::stderr());
+        }
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "agentctl",
+                &mut std::io::stdout(),
+            );
+            return exit::OK;
+        }
+        _ => {}
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentctl: cannot start the async runtime: {e}");
+            return exit::FAILED;
+        }
+    };
+    rt.block_on(async move {
+        if let Cmd::Check { json } = cli.cmd {
+            return client::check(addr, json).await;
+        }
+        let c = match Client::connect(addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("agentctl: {}", e.message);
+                return e.code;
+            }
+        };
+        let mut out = std::io::stdout();
+        match cli.cmd {
+            Cmd::Start { target } => client::start(&c, &target).await,
+            Cmd::Stop { agents } => client::simple(&c, "StopAgent", &agents).await,
+            Cmd::Kill {
+                agents,
+                signal,
+                kill_whom,
+            } => client::kill(&c, &agents, &kill_whom, &signal).await,
+            Cmd::Freeze { agents } => client::simple(&c, "FreezeAgent", &agents).await,
+            Cmd::Thaw { agents } => client::simple(&c, "ThawAgent", &agents).await,
+            Cmd::Restart { agents } => client::simple(&c, "RestartAgent", &agents).await,
+            Cmd::Remove { agents } => client::simple(&c, "RemoveAgent", &agents).await,
+            Cmd::List { json } => client::list(&c, json, &mut out).await,
+            Cmd::Status { agent, json, lines } => {
+                client::status(&c, &agent, json, lines, &mut out).await
+            }
+            Cmd::IsActive { agent, quiet } => client::is_active(&c, &agent, quiet).await,
+            Cmd::Logs {
+                agent,
+                lines,
+                follow,
+            } => client::logs(&c, &agent, lines, follow).await,
+            Cmd::Validate { .. } | Cmd::Completions { .. } | Cmd::Check { .. } => exit::OK,
+        }
+    })
 }

@@ -1,0 +1,374 @@
+//! A small cgroup v2 layer over cgroupfs files: create, remove, procs, freeze (confirmed by
+//! `cgroup.events`), kill, statistics and controller availability. Nothing here walks outside the
+//! directory it is given.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A cgroup-file operation that failed, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cgroup {path}: timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        path: PathBuf,
+        what: &'static str,
+        waited: Duration,
+    },
+    #[error("{path} is not on a cgroup2 file system (statfs magic {magic:#x}); pass --cgroup-root")]
+    NotCgroup2 { path: PathBuf, magic: i64 },
+}
+
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
+    CgroupError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The budget controllers the daemon knows how to use.
+pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
+
+/// The contents of `cgroup.events`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Events {
+    pub populated: bool,
+    pub frozen: bool,
+}
+
+/// Live statistics of one cgroup; `None` when the file is absent (controller not enabled).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub cpu_usage_usec: Option<u64>,
+    pub memory_current: Option<u64>,
+    pub tasks_current: u64,
+}
+
+/// One cgroup v2 directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cgroup {
+    path: PathBuf,
+}
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// Whether `path` lies on a cgroup2 file system.
+pub fn is_cgroup2(path: &Path) -> Result<bool, CgroupError> {
+    match rustix::fs::statfs(path) {
+        // f_type is i64 on x86-64 but not on every target.
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st) => Ok(st.f_type as i64 == CGROUP2_SUPER_MAGIC),
+        Err(e) => Err(io_err("statfs", path, e.into())),
+    }
+}
+
+impl Cgroup {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn child(&self, name: &str) -> Cgroup {
+        Cgroup::new(self.path.join(name))
+    }
+
+    pub fn exists(&self) -> bool {
+        self.path.join("cgroup.procs").exists()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    fn read(&self, name: &str) -> Result<String, CgroupError> {
+        let p = self.file(name);
+        fs::read_to_string(&p).map_err(|e| io_err("read", &p, e))
+    }
+
+    fn write(&self, name: &str, value: &str) -> Result<(), CgroupError> {
+        let p = self.file(name);
+        fs::write(&p, value).map_err(|e| io_err("write", &p, e))
+    }
+
+    /// Create this cgroup (and missing parents); fine if it exists.
+    pub fn create(&self) -> Result<(), CgroupError> {
+        match fs::create_dir(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(parent) = self.path.parent() {
+                    Cgroup::new(parent).create()?;
+                }
+                match fs::create_dir(&self.path) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                        Err(io_err("mkdir", &self.path, e))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Err(e) => Err(io_err("mkdir", &self.path, e)),
+        }
+    }
+
+    /// Remove this (empty) cgroup; fine if it is gone. Retries briefly on EBUSY, which the kernel
+    /// returns while exiting tasks are still being released.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        loop {
+            match fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        && start.elapsed() < Duration::from_secs(2) =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(io_err("rmdir", &self.path, e)),
+            }
+        }
+    }
+
+    /// An O_DIRECTORY fd of this cgroup, for clone3(CLONE_INTO_CGROUP).
+    pub fn open_dir(&self) -> Result<std::os::fd::OwnedFd, CgroupError> {
+        rustix::fs::open(
+            &self.path,
+            rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| io_err("open", &self.path, e.into()))
+    }
+
+    /// PIDs of the processes in this cgroup (`cgroup.procs`).
+    pub fn procs(&self) -> Result<Vec<u32>, CgroupError> {
+        Ok(self
+            .read("cgroup.procs")?
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
+    }
+
+    /// Move a process into this cgroup.
+    pub fn add_proc(&self, pid: u32) -> Result<(), CgroupError> {
+        self.write("cgroup.procs", &pid.to_string())
+    }
+
+    pub fn events(&self) -> Result<Events, CgroupError> {
+        let text = self.read("cgroup.events")?;
+        Ok(parse_events(&text))
+    }
+
+    /// Whether any process lives in this cgroup or below. A missing cgroup is empty.
+    pub fn populated(&self) -> bool {
+        if !self.exists() {
+            return false;
+        }
+        self.events().map(|e| e.populated).unwrap_or(false)
+    }
+
+    /// Write `cgroup.freeze` (1 or 0) without waiting.
+    pub fn set_freeze(&self, frozen: bool) -> Result<(), CgroupError> {
+        self.write("cgroup.freeze", if frozen { "1" } else { "0" })
+    }
+
+    /// Poll `cgroup.events` until `pred` holds or `timeout` passes.
+    pub async fn wait_events(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        pred: impl Fn(Events) -> bool,
+    ) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(2);
+        loop {
+            let ev = if self.exists() {
+                self.events()?
+            } else {
+                Events::default()
+            };
+            if pred(ev) {
+                return Ok(());
+            }
+            if start.elapsed() >= timeout {
+                return Err(CgroupError::Timeout {
+                    path: self.path.clone(),
+                    what,
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Kill every process in this cgroup and below (`cgroup.kill`, Linux 5.14).
+    pub fn kill(&self) -> Result<(), CgroupError> {
+        if !self.exists() {
+            return Ok(());
+        }
+        self.write("cgroup.kill", "1")
+    }
+
+    /// Controllers available in this cgroup (`cgroup.controllers`).
+    pub fn controllers(&self) -> Result<Vec<String>, CgroupError> {
+        Ok(self
+            .read("cgroup.controllers")?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Controllers enabled for the children (`cgroup.subtree_control`).
+    pub fn subtree_control(&self) -> Result<Vec<String>, CgroupError> {
+        Ok(self
+            .read("cgroup.subtree_control")?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Enable those of `wanted` that this cgroup has for its children; returns the enabled set.
+    /// Controllers that cannot be enabled are left out (the caller reports them).
+    pub fn enable_subtree(&self, wanted: &[&str]) -> Vec<String> {
+        let available = self.controllers().unwrap_or_default();
+        for c in wanted {
+            if available.iter().any(|a| a == c) {
+                // Failure (e.g. processes in this cgroup: the no-internal-process rule) just
+                // leaves the controller disabled; subtree_control below tells the truth.
+                let _ = self.write("cgroup.subtree_control", &format!("+{c}"));
+            }
+        }
+        self.subtree_control().unwrap_or_default()
+    }
+
+    /// Write a budget file (cpu.max, memory.max, …).
+    pub fn set(&self, file: &str, value: &str) -> Result<(), CgroupError> {
+        self.write(file, value)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let cpu_usage_usec = self.read("cpu.stat").ok().and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse().ok())
+        });
+        let memory_current = self
+            .read("memory.current")
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        let tasks_current = self
+            .read("pids.current")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| {
+                self.read("cgroup.threads")
+                    .map(|t| t.lines().count() as u64)
+                    .unwrap_or(0)
+            });
+        Stats {
+            cpu_usage_usec,
+            memory_current,
+            tasks_current,
+        }
+    }
+}
+
+pub fn parse_events(text: &str) -> Events {
+    let mut ev = Events::default();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next()) {
+            (Some("populated"), Some(v)) => ev.populated = v == "1",
+            (Some("frozen"), Some(v)) => ev.frozen = v == "1",
+            _ => {}
+        }
+    }
+    ev
+}
+
+/// The cgroup v2 path of process `pid` relative to the cgroup2 mount (`0::/…` in
+/// /proc/PID/cgroup).
+pub fn proc_cgroup(pid: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Where cgroup2 is mounted: `/sys/fs/cgroup` (unified) or `/sys/fs/cgroup/unified` (hybrid).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in mounts.lines() {
+        // mountinfo: ... mount_point ... - fstype source options
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.get(dash + 1) == Some(&"cgroup2") {
+            return fields.get(4).map(PathBuf::from);
+        }
+    }
+    None
+}
+
+/// Budget files for the given budgets: (controller, file, value).
+pub fn budget_files(b: &crate::spec::Budgets) -> Vec<(&'static str, &'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(m) = b.cpu_millis {
+        let period = 100_000u64;
+        let quota = (m * period / 1000).max(1000);
+        out.push(("cpu", "cpu.max", format!("{quota} {period}")));
+    }
+    if let Some(v) = b.memory_high_bytes {
+        out.push(("memory", "memory.high", v.to_string()));
+    }
+    if let Some(v) = b.memory_bytes {
+        out.push(("memory", "memory.max", v.to_string()));
+    }
+    if let Some(v) = b.pids {
+        out.push(("pids", "pids.max", v.to_string()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse() {
+        let ev = parse_events("populated 1\nfrozen 0\n");
+        assert!(ev.populated && !ev.frozen);
+        let ev = parse_events("populated 0\nfrozen 1\n");
+        assert!(!ev.populated && ev.frozen);
+    }
+
+    #[test]
+    fn budgets_map_to_files() {
+        let b = crate::spec::Budgets {
+            cpu_millis: Some(500),
+            memory_bytes: Some(256 << 20),
+            memory_high_bytes: None,
+            pids: Some(64),
+            must: false,
+        };
+        let f = budget_files(&b);
+        assert_eq!(f[0], ("cpu", "cpu.max", "50000 100000".to_string()));
+        assert_eq!(f[1], ("memory", "memory.max", (256u64 << 20).to_string()));
+        assert_eq!(f[2], ("pids", "pids.max", "64".to_string()));
+    }
+}

@@ -1,0 +1,229 @@
+//! The daemon's main loop: choose the cgroup root, probe the host, re-adopt agents, serve the
+//! D-Bus API, load the agents directory, tell systemd we are ready, and stop on SIGTERM leaving
+//! the agents running.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tracing::{info, warn};
+use zbus::fdo::{RequestNameFlags, RequestNameReply};
+
+use crate::cgroup::{self, Cgroup};
+use crate::dbus::{self, MANAGER_PATH, Manager, SERVICE};
+use crate::supervisor::{Config, Supervisor};
+
+/// Daemon settings (flags of `agentosd run`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub state_dir: PathBuf,
+    pub agents_dir: PathBuf,
+    pub cgroup_root: Option<PathBuf>,
+    pub log_dir: Option<PathBuf>,
+    pub bus_address: Option<String>,
+    pub stop_timeout: Duration,
+    pub stop_agents_on_exit: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/var/lib/agentos"),
+            agents_dir: PathBuf::from("/etc/agentos/agents.d"),
+            cgroup_root: None,
+            log_dir: None,
+            bus_address: None,
+            stop_timeout: Duration::from_secs(10),
+            stop_agents_on_exit: false,
+        }
+    }
+}
+
+/// Whether systemd started us (a service has INVOCATION_ID; Type=notify has NOTIFY_SOCKET).
+pub fn under_systemd() -> bool {
+    std::env::var_os("INVOCATION_ID").is_some() || std::env::var_os("NOTIFY_SOCKET").is_some()
+}
+
+/// The cgroup root to own, and whether it is the cgroup systemd delegated to us (then the daemon
+/// moves itself into `ROOT/supervisor`, a leaf, so controllers can be enabled below ROOT).
+///
+/// Default: under systemd, our own cgroup (`Delegate=yes`); otherwise `MOUNT/agentos` where MOUNT
+/// is the cgroup2 mount (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a
+/// hybrid one).
+pub fn resolve_cgroup_root(explicit: Option<&Path>) -> Result<(PathBuf, bool)> {
+    if let Some(p) = explicit {
+        return Ok((p.to_path_buf(), false));
+    }
+    let mount = cgroup::cgroup2_mount().context(
+        "no cgroup2 file system is mounted (see /proc/self/mountinfo); mount one or pass --cgroup-root",
+    )?;
+    if under_systemd() {
+        let own = cgroup::proc_cgroup("self").context("cannot read /proc/self/cgroup")?;
+        let mut root = mount.join(own.trim_start_matches('/'));
+        if root.ends_with("supervisor") {
+            root.pop();
+        }
+        return Ok((root, true));
+    }
+    Ok((mount.join("agentos"), false))
+}
+
+/// Move this process into `ROOT/supervisor` when it lives in ROOT itself (no-internal-process
+/// rule: ROOT must be empty to hand controllers to its children).
+fn leave_root(root: &Path) -> Result<()> {
+    let Some(mount) = cgroup::cgroup2_mount() else {
+        return Ok(());
+    };
+    let own = cgroup::proc_cgroup("self").unwrap_or_default();
+    let own_path = mount.join(own.trim_start_matches('/'));
+    if own_path != root {
+        return Ok(());
+    }
+    let sup = Cgroup::new(root.join("supervisor"));
+    sup.create()?;
+    sup.add_proc(std::process::id())
+        .with_context(|| format!("moving agentosd into {}", sup.path().display()))?;
+    info!("moved agentosd into {}", sup.path().display());
+    Ok(())
+}
+
+/// Run the daemon until SIGTERM/SIGINT.
+pub async fn run(opts: Options) -> Result<()> {
+    let t0 = Instant::now();
+    let (root, delegated) = resolve_cgroup_root(opts.cgroup_root.as_deref())?;
+    if delegated || opts.cgroup_root.is_some() {
+        Cgroup::new(&root)
+            .create()
+            .with_context(|| format!("creating cgroup root {}", root.display()))?;
+        leave_root(&root)?;
+    }
+    let log_dir = opts
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join("logs"));
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("creating state directory {}", opts.state_dir.display()))?;
+    let cfg = Config {
+        cgroup_root: root.clone(),
+        state_dir: opts.state_dir.clone(),
+        log_dir,
+        agents_dir: opts.agents_dir.clone(),
+        stop_timeout: opts.stop_timeout,
+        freeze_timeout: Duration::from_secs(5),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::new(cfg, tx).map_err(anyhow::Error::msg)?;
+    let report = crate::probe::probe(&crate::probe::ProbeOptions {
+        cgroup_root: Some(root.clone()),
+    });
+    let missing = sup.missing_controllers();
+    if missing.is_empty() {
+        info!(
+            "cgroup root {}: budgets enforced (cpu, memory, pids)",
+            root.display()
+        );
+    } else {
+        warn!(
+            "cgroup root {}: controllers {} are not available here, so these budgets are NOT enforced: {}",
+            root.display(),
+            missing.join(", "),
+            missing
+                .iter()
+                .map(|c| match c.as_str() {
+                    "cpu" => "compute.cpu (cpu.max)",
+                    "memory" => "compute.mem (memory.max/memory.high)",
+                    "pids" => "compute.pids (pids.max)",
+                    _ => "?",
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+
+    for line in sup.readopt().await {
+        info!("{line}");
+    }
+
+    let manager = Manager {
+        sup: sup.clone(),
+        host_report_json: report.to_json(),
+        host_report_table: report.render_table(),
+        missing_budgets: missing,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let builder = match &opts.bus_address {
+        Some(a) => zbus::connection::Builder::address(a.as_str()),
+        None => zbus::connection::Builder::system(),
+    };
+    let conn = builder
+        .serve_at(MANAGER_PATH, manager)
+        .build()
+        .await
+        .with_context(|| match &opts.bus_address {
+            Some(a) => format!("connecting to the D-Bus at {a}"),
+            None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
+        })?;
+    for a in sup.agents() {
+        dbus::register_agent(conn.object_server(), &sup, &a).await;
+    }
+    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
+    let reply = conn
+        .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
+        .await
+        .with_context(|| format!("requesting the bus name {SERVICE}"))?;
+    if !matches!(
+        reply,
+        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner
+    ) {
+        bail!("the bus name {SERVICE} is owned by another process (is agentosd already running?)");
+    }
+
+    for line in sup.load_agents_dir().await {
+        info!("{line}");
+    }
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        let status = format!("managing {} agents", sup.agents().len());
+        if let Err(e) = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&status),
+        ]) {
+            warn!("sd_notify READY=1 failed: {e}");
+        }
+    }
+    info!(
+        "ready in {:?}: {} agents, bus name {SERVICE}, cgroup root {}",
+        t0.elapsed(),
+        sup.agents().len(),
+        root.display()
+    );
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = int.recv() => info!("SIGINT"),
+    }
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    }
+    if opts.stop_agents_on_exit {
+        info!("stopping all agents (--stop-agents-on-exit)");
+        sup.stop_all().await;
+    } else {
+        info!("leaving agents running; they are re-adopted at the next start");
+    }
+    drop(conn);
+    Ok(())
+}
+
+/// `agentosd check [--json]`.
+pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
+    let root = cgroup_root.or_else(|| resolve_cgroup_root(None).ok().map(|(p, _)| p));
+    let report = crate::probe::probe(&crate::probe::ProbeOptions { cgroup_root: root });
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.render_table());
+    }
+    0
+}

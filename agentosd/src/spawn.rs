@@ -1,0 +1,268 @@
+//! Start an agent's main process directly inside its cgroup: `clone3(CLONE_INTO_CGROUP |
+//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, optional `SCHED_IDLE`,
+//! `chdir`, `execve`. An exec failure is reported to the parent over a CLOEXEC pipe, so "command
+//! not found" reaches the operator instead of a silent exit 127.
+
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::sys::SyscallError;
+
+const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of linux/sched.h (CLONE_ARGS_SIZE_VER2, 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("command {command:?} not found in PATH {path}")]
+    NotFound { command: String, path: String },
+    #[error("invalid {what}: contains a NUL byte")]
+    Nul { what: &'static str },
+    #[error("open log file {path}: {source}")]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+    #[error("{stage} {target}: {source}")]
+    Child {
+        stage: &'static str,
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Everything the child needs, prepared before clone3 (the child must not allocate).
+pub struct Command {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub log_file: PathBuf,
+    pub sched_idle: bool,
+}
+
+/// A started process: its PID and a pidfd that stays valid after it exits.
+pub struct Child {
+    pub pid: u32,
+    pub pidfd: OwnedFd,
+}
+
+/// Find `cmd` in `path` (colon-separated) unless it contains a slash.
+pub fn resolve_command(cmd: &str, path: &str) -> Result<PathBuf, SpawnError> {
+    if cmd.contains('/') {
+        return Ok(PathBuf::from(cmd));
+    }
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let cand = Path::new(dir).join(cmd);
+        if is_executable(&cand) {
+            return Ok(cand);
+        }
+    }
+    Err(SpawnError::NotFound {
+        command: cmd.to_string(),
+        path: path.to_string(),
+    })
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn cstr(bytes: &[u8], what: &'static str) -> Result<CString, SpawnError> {
+    CString::new(bytes).map_err(|_| SpawnError::Nul { what })
+}
+
+/// Open (create) the log file for appending; it survives daemon restarts because the child owns
+/// its own descriptor.
+pub fn open_log(path: &Path) -> Result<OwnedFd, SpawnError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| SpawnError::Log {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|source| SpawnError::Log {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(OwnedFd::from(f))
+}
+
+/// Start `cmd` inside the cgroup whose directory fd is `cgroup_dir`. Blocks until the child has
+/// exec'd (or failed to): call it from a blocking thread.
+pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
+    let program = cstr(cmd.program.as_os_str().as_bytes(), "command")?;
+    let mut argv_c = vec![program.clone()];
+    for a in &cmd.args {
+        argv_c.push(cstr(a.as_bytes(), "argument")?);
+    }
+    let mut env_c = Vec::new();
+    for (k, v) in &cmd.env {
+        env_c.push(cstr(format!("{k}={v}").as_bytes(), "environment")?);
+    }
+    let cwd = cstr(cmd.cwd.as_os_str().as_bytes(), "working directory")?;
+    let mut argv: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
+    envp.push(std::ptr::null());
+
+    let log = open_log(&cmd.log_file)?;
+    let devnull = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| SyscallError::new("open", "/dev/null", e))?;
+    let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SyscallError::new("pipe2", "exec status pipe", e.into()))?;
+
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `empty` is a valid sigset_t owned by this frame.
+    unsafe { libc::sigemptyset(&mut empty) };
+    let sched_param = libc::sched_param { sched_priority: 0 };
+    let sched_idle = cmd.sched_idle;
+
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: CLONE_PIDFD | CLONE_INTO_CGROUP,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup_dir.as_raw_fd() as u64,
+        ..Default::default()
+    };
+    let fds = (
+        devnull.as_raw_fd(),
+        log.as_raw_fd(),
+        wr.as_raw_fd(),
+        cwd.as_ptr(),
+        program.as_ptr(),
+        argv.as_ptr(),
+        envp.as_ptr(),
+    );
+
+    // SAFETY: clone3 without CLONE_VM behaves like fork(): the child gets a copy of the address
+    // space and continues on a copy of this stack. `args` is a valid clone_args of the size
+    // passed; `pidfd` outlives the call. The child branch below only makes async-signal-safe
+    // system calls on memory prepared before the call (no allocation, no locks) and always ends
+    // in execve or _exit, so the multi-threaded parent's state (allocator locks, tokio) is never
+    // touched in the child.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // Child.
+        let (devnull_fd, log_fd, status_fd, cwd_p, prog_p, argv_p, envp_p) = fds;
+        // SAFETY: only async-signal-safe calls on pre-built data; see the comment above.
+        unsafe {
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            // Rust's runtime ignores SIGPIPE; agents expect the default.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::setsid();
+            let mut stage: i32 = 1;
+            let mut ok = libc::dup2(devnull_fd, 0) >= 0
+                && libc::dup2(log_fd, 1) >= 0
+                && libc::dup2(log_fd, 2) >= 0;
+            if ok && sched_idle {
+                stage = 2;
+                ok = libc::sched_setscheduler(0, libc::SCHED_IDLE, &sched_param) == 0;
+            }
+            if ok {
+                stage = 3;
+                ok = libc::chdir(cwd_p) == 0;
+            }
+            if ok {
+                stage = 4;
+                libc::execve(prog_p, argv_p, envp_p);
+            }
+            let err = *libc::__errno_location();
+            let msg: [i32; 2] = [stage, err];
+            libc::write(status_fd, msg.as_ptr() as *const libc::c_void, 8);
+            libc::_exit(127);
+        }
+    }
+    if ret < 0 {
+        return Err(SyscallError::new(
+            "clone3",
+            format!("CLONE_INTO_CGROUP for {}", cmd.program.display()),
+            io::Error::last_os_error(),
+        )
+        .into());
+    }
+    drop(wr);
+    // SAFETY: with CLONE_PIDFD the kernel stored a new pidfd in `pidfd`; we own it now.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let pid = ret as u32;
+
+    let mut buf = [0u8; 8];
+    let mut file = std::fs::File::from(rd);
+    let mut got = 0;
+    while got < 8 {
+        match file.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(SyscallError::new("read", "exec status pipe", e).into()),
+        }
+    }
+    if got == 0 {
+        return Ok(Child { pid, pidfd });
+    }
+    let stage = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    // Reap the failed child (it _exit()s right after writing).
+    // SAFETY: `pidfd` is the valid pidfd of our child; `info` is a writable siginfo_t.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(3, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED);
+    }
+    let (stage, target) = match stage {
+        1 => ("redirect stdio to", cmd.log_file.display().to_string()),
+        2 => (
+            "sched_setscheduler(SCHED_IDLE) for",
+            cmd.program.display().to_string(),
+        ),
+        3 => ("chdir to", cmd.cwd.display().to_string()),
+        _ => ("execve", cmd.program.display().to_string()),
+    };
+    Err(SpawnError::Child {
+        stage,
+        target,
+        source: io::Error::from_raw_os_error(errno),
+    })
+}

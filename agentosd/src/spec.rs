@@ -1,0 +1,187 @@
+//! What the supervisor needs from a contract, as plain serialisable data. It is taken from a
+//! parsed `contracts::Contract` once and persisted with the agent, so re-adoption never depends
+//! on re-parsing old contract text.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    #[default]
+    No,
+    OnFailure,
+    Always,
+}
+
+impl RestartPolicy {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RestartPolicy::No => "no",
+            RestartPolicy::OnFailure => "on-failure",
+            RestartPolicy::Always => "always",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restart {
+    pub policy: RestartPolicy,
+    pub limit: u32,
+    pub backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl Default for Restart {
+    fn default() -> Self {
+        Self {
+            policy: RestartPolicy::No,
+            limit: 5,
+            backoff_ms: 100,
+            max_backoff_ms: 30_000,
+        }
+    }
+}
+
+impl Restart {
+    /// Delay before restart number `n` (0-based): backoff doubling up to the maximum.
+    pub fn delay_ms(&self, n: u32) -> u64 {
+        let factor = 1u64.checked_shl(n.min(32)).unwrap_or(u64::MAX);
+        self.backoff_ms
+            .saturating_mul(factor)
+            .min(self.max_backoff_ms.max(self.backoff_ms))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Budgets {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub memory_high_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    pub must: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ExecSpec {
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub working_directory: Option<PathBuf>,
+}
+
+/// The supervisor's view of one agent's contract.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSpec {
+    pub name: String,
+    pub tenant: String,
+    /// `HRT`, `SRT`, `DT` or empty.
+    pub latency_class: String,
+    pub exec: Option<ExecSpec>,
+    pub restart: Restart,
+    pub budgets: Budgets,
+}
+
+impl AgentSpec {
+    pub fn from_contract(c: &contracts::Contract) -> Self {
+        let r = c.restart();
+        let b = c.budgets();
+        AgentSpec {
+            name: c.name().to_string(),
+            tenant: c.tenant().to_string(),
+            latency_class: match c.latency_class() {
+                Some(contracts::LatencyClass::Hrt) => "HRT",
+                Some(contracts::LatencyClass::Srt) => "SRT",
+                Some(contracts::LatencyClass::Dt) => "DT",
+                None => "",
+            }
+            .to_string(),
+            exec: c.exec().map(|e| ExecSpec {
+                command: e.command.clone(),
+                args: e.args.clone(),
+                env: e.env.clone(),
+                working_directory: e.working_directory.clone(),
+            }),
+            restart: Restart {
+                policy: match r.policy {
+                    contracts::RestartPolicy::No => RestartPolicy::No,
+                    contracts::RestartPolicy::OnFailure => RestartPolicy::OnFailure,
+                    contracts::RestartPolicy::Always => RestartPolicy::Always,
+                },
+                limit: r.limit,
+                backoff_ms: r.backoff_ms,
+                max_backoff_ms: r.max_backoff_ms,
+            },
+            budgets: Budgets {
+                cpu_millis: b.cpu_millis,
+                memory_bytes: b.memory_bytes,
+                memory_high_bytes: b.memory_high_bytes,
+                pids: b.pids,
+                must: b.must,
+            },
+        }
+    }
+
+    /// `tenant/name`, the agent's id in the CLI and the API.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.tenant, self.name)
+    }
+}
+
+/// Escape one label for a D-Bus object path like systemd's `bus_label_escape`: every byte
+/// outside `[A-Za-z0-9]` (and a leading digit) becomes `_xx` (lower-case hex).
+pub fn bus_label_escape(s: &str) -> String {
+    if s.is_empty() {
+        return "_".to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    for (i, b) in s.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (b.is_ascii_digit() && i > 0) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    out
+}
+
+/// `/org/agentos1/agent/<tenant>_<name>`, each part escaped.
+pub fn agent_object_path(tenant: &str, name: &str) -> String {
+    format!(
+        "/org/agentos1/agent/{}_{}",
+        bus_label_escape(tenant),
+        bus_label_escape(name)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_like_systemd() {
+        assert_eq!(bus_label_escape("ticker"), "ticker");
+        assert_eq!(bus_label_escape("doc-rag"), "doc_2drag");
+        assert_eq!(bus_label_escape("1a"), "_31a");
+        assert_eq!(
+            agent_object_path("default", "doc-rag"),
+            "/org/agentos1/agent/default_doc_2drag"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_max() {
+        let r = Restart {
+            policy: RestartPolicy::OnFailure,
+            limit: 3,
+            backoff_ms: 100,
+            max_backoff_ms: 350,
+        };
+        assert_eq!(r.delay_ms(0), 100);
+        assert_eq!(r.delay_ms(1), 200);
+        assert_eq!(r.delay_ms(2), 350);
+        assert_eq!(r.delay_ms(60), 350);
+    }
+}

@@ -1,0 +1,346 @@
+//! Test bed for the integration tests: a private cgroup under the cgroup2 mount, a private
+//! dbus-daemon, the daemon itself. Everything is torn down on drop; only processes started
+//! here are killed (by PID), only cgroups made here are killed (cgroup.kill) and removed.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Why these tests cannot run here, if they cannot.
+pub fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (cgroup2 writes, clone3 into a cgroup)".into());
+    }
+    let Some(mount) = agentosd::cgroup::cgroup2_mount() else {
+        return Some("no cgroup2 file system mounted".into());
+    };
+    let probe = mount.join(format!("agentos-probe-{}", std::process::id()));
+    if std::fs::create_dir(&probe).is_err() {
+        return Some(format!("cannot create a cgroup under {}", mount.display()));
+    }
+    let ok = probe.join("cgroup.kill").exists() && probe.join("cgroup.freeze").exists();
+    let _ = std::fs::remove_dir(&probe);
+    if !ok {
+        return Some("kernel lacks cgroup.kill/cgroup.freeze (needs Linux 5.14)".into());
+    }
+    None
+}
+
+#[macro_export]
+macro_rules! skip_unless_capable {
+    () => {
+        if let Some(why) = common::skip_reason() {
+            eprintln!("SKIPPED {}: {why}", module_path!());
+            return;
+        }
+    };
+}
+
+/// A cgroup root of our own under the cgroup2 mount.
+pub struct TestCgroup {
+    pub path: PathBuf,
+}
+
+impl TestCgroup {
+    pub fn new(tag: &str) -> Self {
+        let mount = agentosd::cgroup::cgroup2_mount().expect("cgroup2 mount");
+        let path = mount.join(format!(
+            "agentos-test-{}-{}-{}",
+            std::process::id(),
+            tag,
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path).expect("create test cgroup");
+        TestCgroup { path }
+    }
+}
+
+/// Kill everything in `path` and below (cgroup.kill), then remove the tree bottom-up.
+pub fn destroy_cgroup_tree(path: &Path) {
+    if !path.exists() {
+        return;
+    }
+    let _ = std::fs::write(path.join("cgroup.kill"), "1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let ev = std::fs::read_to_string(path.join("cgroup.events")).unwrap_or_default();
+        if !ev.contains("populated 1") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fn rm(p: &Path) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    rm(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(p);
+    }
+    rm(path);
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        destroy_cgroup_tree(&self.path);
+    }
+}
+
+/// A private dbus-daemon.
+pub struct Bus {
+    pub address: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Bus {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("bus");
+        let conf = dir.path().join("bus.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+  <limit name="max_replies_per_connection">50000</limit>
+  <limit name="max_connections_per_user">100000</limit>
+</busconfig>
+"#,
+                sock.display()
+            ),
+        )
+        .expect("write bus config");
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .arg("--print-address=1")
+            .arg("--nofork")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start dbus-daemon");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read bus address");
+        Bus {
+            address: line.trim().to_string(),
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The daemon under test with its own state directory and cgroup root.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub state_dir: PathBuf,
+    pub agents_dir: PathBuf,
+    pub cgroup_root: PathBuf,
+    pub bus: String,
+    pub log: PathBuf,
+}
+
+pub fn agentosd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_agentosd")
+}
+
+pub fn agentctl_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_agentctl")
+}
+
+impl Daemon {
+    pub fn start(bus: &Bus, cgroup_root: &Path, state_dir: &Path) -> Self {
+        let agents_dir = state_dir.join("agents.d");
+        std::fs::create_dir_all(&agents_dir).expect("agents dir");
+        let mut d = Daemon {
+            child: None,
+            state_dir: state_dir.to_path_buf(),
+            agents_dir,
+            cgroup_root: cgroup_root.to_path_buf(),
+            bus: bus.address.clone(),
+            log: state_dir.join("agentosd.log"),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("daemon log");
+        let child = Command::new(agentosd_bin())
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--agents-dir")
+            .arg(&self.agents_dir)
+            .arg("--cgroup-root")
+            .arg(&self.cgroup_root)
+            .arg("--bus-address")
+            .arg(&self.bus)
+            .arg("--stop-timeout")
+            .arg("2")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start agentosd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = self.ctl(&["list"]);
+            if out.status.code() == Some(0) {
+                return;
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!("agentosd exited early ({st}); log:\n{}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agentosd did not come up in 20 s; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL the daemon (agents must survive).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM the daemon and wait for it.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                return c.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(agentctl_bin())
+            .arg("--bus-address")
+            .arg(&self.bus)
+            .args(args)
+            .output()
+            .expect("run agentctl")
+    }
+
+    /// agentctl expecting success; returns stdout.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "agentctl {args:?} failed ({}):\nstdout: {}\nstderr: {}\ndaemon log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn status_json(&self, agent: &str) -> serde_json::Value {
+        let s = self.ctl_ok(&["status", agent, "--json"]);
+        serde_json::from_str(&s).expect("status json")
+    }
+
+    pub fn list_json(&self) -> Vec<serde_json::Value> {
+        let s = self.ctl_ok(&["list", "--json"]);
+        serde_json::from_str(&s).expect("list json")
+    }
+
+    /// Poll until the agent's state is `want` (or panic after `secs`).
+    pub fn wait_state(&self, agent: &str, want: &str, secs: u64) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let st = self.status_json(agent);
+            if st["state"] == want {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent {agent} did not reach {want} in {secs}s: {st}\ndaemon log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Write a contract file and return its path.
+pub fn contract(dir: &Path, name: &str, exec: &str, extra: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: default\nclass: {{ latency: DT }}\nexec: {exec}\n{extra}"
+        ),
+    )
+    .expect("write contract");
+    p
+}
+
+/// The cgroup2 path of a process relative to the mount (`0::` line).
+pub fn proc_cgroup(pid: u32) -> String {
+    agentosd::cgroup::proc_cgroup(&pid.to_string()).unwrap_or_default()
+}
+
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && agentosd::sys::process_state(pid).is_some_and(|s| s != 'Z')
+}
