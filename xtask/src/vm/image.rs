@@ -44,6 +44,7 @@ const MASKED_UNITS: &[&str] = &[
     "systemd-firstboot.service",
     "e2scrub_all.timer",
     "fstrim.timer",
+    "proc-sys-fs-binfmt_misc.automount",
 ];
 
 /// A built guest image.

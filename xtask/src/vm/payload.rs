@@ -22,6 +22,7 @@ pub enum Mode {
 
 /// The host-built binaries to put into the guest.
 pub struct Build {
+    profile: String,
     agentosd: PathBuf,
     agentctl: PathBuf,
     /// (name, path) of each `vm-tests` integration test binary.
@@ -49,6 +50,7 @@ pub fn build(release: bool, tests: bool) -> Result<Build> {
     host::run(&mut c)?;
     let bin_dir = super::target_dir().join(profile);
     let mut b = Build {
+        profile: if release { "release" } else { "dev" }.to_string(),
         agentosd: bin_dir.join("agentosd"),
         agentctl: bin_dir.join("agentctl"),
         tests: Vec::new(),
@@ -107,7 +109,7 @@ pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<Pat
         fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
     }
     fs::create_dir_all(&root)?;
-    install_agentos(b, &root)?;
+    install_agentos(b, &root, run_dir)?;
 
     let harness = root.join(GUEST_DIR.trim_start_matches('/'));
     fs::create_dir_all(harness.join("tests"))?;
@@ -139,9 +141,13 @@ pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<Pat
                 "../agentos-vminstall.service",
                 wants.join("agentos-vminstall.service"),
             )?;
-            let getty = units.join("serial-getty@ttyS0.service.d");
-            fs::create_dir_all(&getty)?;
-            fs::write(getty.join("autologin.conf"), AUTOLOGIN)?;
+            // The guest has no udev, so serial-getty@ttyS0 would wait for a device unit that
+            // never comes: a console unit of our own (serial-getty is masked on the cmdline).
+            fs::write(units.join("agentos-console.service"), CONSOLE_UNIT)?;
+            std::os::unix::fs::symlink(
+                "../agentos-console.service",
+                wants.join("agentos-console.service"),
+            )?;
             let profile = root.join("etc/profile.d");
             fs::create_dir_all(&profile)?;
             fs::write(
@@ -162,75 +168,27 @@ pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<Pat
     Ok(initrd)
 }
 
-/// Lays out agentosd, agentctl, the units and the examples below `root` (a DESTDIR), as
-/// `cargo xtask install --prefix /usr/local` does.
-fn install_agentos(b: &Build, root: &Path) -> Result<()> {
-    let bin = root.join("usr/local/bin");
-    fs::create_dir_all(&bin)?;
-    copy_stripped(&b.agentosd, &bin.join("agentosd"))?;
-    copy_stripped(&b.agentctl, &bin.join("agentctl"))?;
-    let ws = workspace_root();
-    if let Ok(entries) = fs::read_dir(ws.join("units")) {
-        for e in entries {
-            let p = e?.path();
-            if !p.is_file() {
-                continue;
-            }
-            let name = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            let text = fs::read_to_string(&p).unwrap_or_default();
-            let dir = if text.contains("[D-BUS Service]") {
-                "usr/local/share/dbus-1/system-services"
-            } else if name.ends_with(".service")
-                || name.ends_with(".socket")
-                || name.ends_with(".timer")
-                || name.ends_with(".path")
-            {
-                "usr/local/lib/systemd/system"
-            } else if text.contains("<busconfig") {
-                "usr/local/share/dbus-1/system.d"
-            } else if name.contains("sysusers") {
-                "usr/local/lib/sysusers.d"
-            } else if name.contains("tmpfiles") {
-                "usr/local/lib/tmpfiles.d"
-            } else {
-                continue;
-            };
-            let to_name = name
-                .trim_end_matches(".sysusers.conf")
-                .trim_end_matches(".tmpfiles.conf")
-                .to_string();
-            let to_name = if to_name != name {
-                format!("{to_name}.conf")
-            } else {
-                name.clone()
-            };
-            let d = root.join(dir);
-            fs::create_dir_all(&d)?;
-            fs::copy(&p, d.join(to_name))?;
-        }
+/// Installs agentosd, agentctl, the unit, D-Bus and sysusers/tmpfiles files below `root` (a
+/// DESTDIR) with `cargo xtask install --prefix /usr/local --no-build` (the binaries stripped of
+/// debug info first), then the example contracts.
+fn install_agentos(b: &Build, root: &Path, run_dir: &Path) -> Result<()> {
+    let bins = run_dir.join("bin");
+    if bins.exists() {
+        fs::remove_dir_all(&bins)?;
     }
-    // systemd and dbus read /etc and /usr, not /usr/local, for these: link them as an operator
-    // following docs/install.md would.
-    for (from, to) in [
-        ("usr/local/share/dbus-1/system.d", "etc/dbus-1/system.d"),
-        ("usr/local/lib/sysusers.d", "etc/sysusers.d"),
-        ("usr/local/lib/tmpfiles.d", "etc/tmpfiles.d"),
-    ] {
-        let src = root.join(from);
-        if let Ok(entries) = fs::read_dir(&src) {
-            let dst = root.join(to);
-            fs::create_dir_all(&dst)?;
-            for e in entries {
-                let e = e?;
-                fs::copy(e.path(), dst.join(e.file_name()))?;
-            }
-        }
-    }
-    let examples = ws.join("examples");
+    fs::create_dir_all(&bins)?;
+    copy_stripped(&b.agentosd, &bins.join("agentosd"))?;
+    copy_stripped(&b.agentctl, &bins.join("agentctl"))?;
+    crate::install::run(crate::install::InstallArgs {
+        prefix: PathBuf::from("/usr/local"),
+        destdir: Some(root.to_path_buf()),
+        no_build: true,
+        profile: b.profile.clone(),
+        bin_dir: Some(bins),
+        unit_dir: None,
+    })
+    .context("cargo xtask install into the guest payload")?;
+    let examples = workspace_root().join("examples");
     if examples.is_dir() {
         copy_tree(&examples, &root.join("usr/local/share/agentos/examples"))?;
     }
@@ -298,7 +256,7 @@ exec > /dev/ttyS0 2>&1
 D=/usr/local/lib/agentos-vmtest
 echo "VMTEST BEGIN uptime=$(cut -d' ' -f1 /proc/uptime)"
 $D/install.sh
-export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR=$D RUST_BACKTRACE=1 RUST_LIB_BACKTRACE=0
+export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR=$D RUST_BACKTRACE=0
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 filter=$(cat $D/filter 2>/dev/null)
 rc=0
@@ -351,7 +309,21 @@ ExecStart=/usr/local/lib/agentos-vmtest/install.sh
 WantedBy=multi-user.target
 ";
 
-const AUTOLOGIN: &str = "[Service]
-ExecStart=
-ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200,57600,38400,9600 %I $TERM
+const CONSOLE_UNIT: &str = "[Unit]
+Description=Root shell on the serial console (cargo xtask vm shell)
+After=agentos-vminstall.service systemd-user-sessions.service
+
+[Service]
+Type=idle
+ExecStart=-/sbin/agetty --autologin root --noclear --keep-baud 115200,57600,38400,9600 - vt220
+Restart=always
+UtmpIdentifier=ttyS0
+StandardInput=tty
+StandardOutput=tty
+TTYPath=/dev/ttyS0
+TTYReset=yes
+TTYVHangup=yes
+
+[Install]
+WantedBy=multi-user.target
 ";
