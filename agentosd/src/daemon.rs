@@ -147,7 +147,6 @@ pub async fn run(opts: Options) -> Result<()> {
     let manager = Manager {
         sup: sup.clone(),
         host_report_json: report.to_json(),
-        host_report_table: report.render_table(),
         missing_budgets: missing,
         version: env!("CARGO_PKG_VERSION").to_string(),
     };

@@ -62,7 +62,6 @@ pub struct Manager {
     pub sup: Arc<Supervisor>,
     /// `agentosd check` result taken at start-up, as JSON.
     pub host_report_json: String,
-    pub host_report_table: String,
     pub missing_budgets: Vec<String>,
     pub version: String,
 }
@@ -254,16 +253,6 @@ impl Manager {
     /// The host probe taken at start-up, as JSON (same as `agentosd check --json`).
     async fn check(&self) -> String {
         self.host_report_json.clone()
-    }
-
-    #[zbus(property, name = "HostReport")]
-    async fn host_report(&self) -> String {
-        self.host_report_json.clone()
-    }
-
-    #[zbus(property, name = "HostReportTable")]
-    async fn host_report_table(&self) -> String {
-        self.host_report_table.clone()
     }
 
     /// Budget controllers agents cannot get under this daemon's cgroup root.

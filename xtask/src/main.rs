@@ -5,6 +5,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod install;
 mod vm;
 
@@ -30,6 +31,8 @@ enum Cmd {
     },
     /// Build and install agentosd, agentctl, the systemd unit and the D-Bus policy.
     Install(install::InstallArgs),
+    /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> Result<()> {
@@ -37,6 +40,7 @@ fn main() -> Result<()> {
         Cmd::Test { host_only } => test(host_only),
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::Install(args) => install::run(args),
+        Cmd::Demo(args) => demo::run(args),
     }
 }
 
