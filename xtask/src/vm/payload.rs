@@ -311,7 +311,7 @@ WantedBy=multi-user.target
 
 const CONSOLE_UNIT: &str = "[Unit]
 Description=Root shell on the serial console (cargo xtask vm shell)
-After=agentos-vminstall.service systemd-user-sessions.service
+After=systemd-user-sessions.service
 
 [Service]
 Type=idle
