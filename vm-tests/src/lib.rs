@@ -325,7 +325,7 @@ pub fn contract_yaml(name: &str, command: &str, args: &[&str], compute: &str) ->
          name: {name}\n\
          class: {{ latency: DT }}\n\
          exec: {{ command: {command}, args: [{args}] }}\n\
-         restart: {{ policy: never }}\n\
+         restart: {{ policy: \"no\" }}\n\
          compute: {{ {compute} }}\n"
     )
 }

@@ -121,8 +121,8 @@ fn test(a: &TestArgs) -> Result<()> {
         a.verbose,
     )?;
     match outcome {
-        qemu::Outcome::Passed { secs } => {
-            eprintln!("vm test: passed ({secs:.0} s in the guest)");
+        qemu::Outcome::Passed { secs, tests } => {
+            eprintln!("vm test: {tests} tests passed ({secs:.0} s from boot to power-off)");
             Ok(())
         }
         qemu::Outcome::Failed { rc, log } => {
@@ -157,6 +157,17 @@ fn print_log(log: &Path) {
             eprintln!("----- guest serial log ({}) -----", log.display());
             eprintln!("{}", s.replace('\r', ""));
             eprintln!("----- end of guest serial log -----");
+            let failed: Vec<&str> = s
+                .lines()
+                .map(|l| l.trim_end_matches('\r'))
+                .filter(|l| l.starts_with("test ") && l.ends_with(" FAILED"))
+                .collect();
+            if !failed.is_empty() {
+                eprintln!("failed in the guest:");
+                for l in failed {
+                    eprintln!("  {l}");
+                }
+            }
         }
         Err(e) => eprintln!("cannot read the serial log {}: {e}", log.display()),
     }

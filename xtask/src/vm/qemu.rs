@@ -24,7 +24,7 @@ const BEGIN: &str = "VMTEST BEGIN";
 const MARKER: &str = "VMTEST RC=";
 
 pub enum Outcome {
-    Passed { secs: f64 },
+    Passed { secs: f64, tests: u64 },
     Failed { rc: i32, log: PathBuf },
     NoMarker { why: String, log: PathBuf },
 }
@@ -97,6 +97,8 @@ pub fn boot_test(
     let deadline = started + timeout;
     let mut in_tests = false;
     let mut rc: Option<i32> = None;
+    // Tests that passed, from libtest's `test result: ok. N passed; …` lines.
+    let mut passed: u64 = 0;
     let why = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -114,6 +116,14 @@ pub fn boot_test(
                 }
                 if verbose || in_tests {
                     eprintln!("{line}");
+                }
+                if let Some(rest) = line.split("test result: ").nth(1) {
+                    passed += rest
+                        .split(". ")
+                        .nth(1)
+                        .and_then(|r| r.split(' ').next())
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
                 }
                 if let Some(pos) = line.find(MARKER) {
                     let v = line[pos + MARKER.len()..]
@@ -140,7 +150,14 @@ pub fn boot_test(
     let secs = started.elapsed().as_secs_f64();
     eprintln!("vm: guest finished after {secs:.0} s");
     Ok(match rc {
-        Some(0) => Outcome::Passed { secs },
+        Some(0) if passed == 0 => Outcome::NoMarker {
+            why: "the suite ran no test (a FILTER that matches nothing?)".into(),
+            log: log_path.to_path_buf(),
+        },
+        Some(0) => Outcome::Passed {
+            secs,
+            tests: passed,
+        },
         Some(rc) => Outcome::Failed {
             rc,
             log: log_path.to_path_buf(),
