@@ -658,18 +658,22 @@ impl Supervisor {
             tenant_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
         }
         let cg = &agent.cgroup;
-        if cg.populated() {
-            // Leftovers of an earlier run: never put two generations in one cgroup.
-            cg.kill()?;
-            cg.wait_events("leftover processes to die", Duration::from_secs(5), |e| {
-                !e.populated
-            })
-            .await?;
+        if cg.exists() {
+            if cg.populated() {
+                // Leftovers of an earlier run: never put two generations in one cgroup.
+                cg.kill()?;
+                cg.wait_events("leftover processes to die", Duration::from_secs(5), |e| {
+                    !e.populated
+                })
+                .await?;
+            }
+            // Always start in a fresh cgroup. Besides clearing a stale freeze, this works around
+            // a kernel bug seen on 6.18: after `cgroup.kill` was written to a cgroup, every
+            // process later born into it with clone3(CLONE_INTO_CGROUP) gets SIGKILL at once
+            // (the fork compares the target cgroup's kill_seq with the parent's).
+            cg.remove()?;
         }
         cg.create()?;
-        if cg.events().map(|e| e.frozen).unwrap_or(false) {
-            cg.set_freeze(false)?;
-        }
         // Budgets.
         let available = cg.controllers().unwrap_or_default();
         let mut unenforced = Vec::new();
@@ -827,10 +831,10 @@ impl Supervisor {
                 }
             };
             // The main process is gone: nothing else of this run may stay (like systemd's
-            // KillMode=control-group).
+            // KillMode=control-group). The cgroup goes too; a restart makes a fresh one.
             self.kill_and_wait(&agent).await;
+            let _ = agent.cgroup.remove();
             let Some(delay) = delay else {
-                let _ = agent.cgroup.remove();
                 info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
                 self.changed(&agent);
                 return;

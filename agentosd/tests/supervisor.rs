@@ -257,3 +257,42 @@ async fn must_budgets_refused_without_controllers() {
     assert!(matches!(err, Error::Unenforceable(_)), "{err:?}");
     assert!(err.to_string().contains("memory controller"), "{err}");
 }
+
+/// Regression: a restart after leftovers were killed with cgroup.kill must work (the kernel
+/// SIGKILLs children clone3'd into a cgroup that once saw cgroup.kill; we use a fresh cgroup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_leftovers_were_killed() {
+    skip_unless_capable!();
+    let (_cg, dir, sup) = setup("leftover");
+    let marker = dir.path().join("runs");
+    let script = format!(
+        "echo run >> {m}; sleep 1000 & if [ $(wc -l < {m}) -lt 2 ]; then exit 4; fi; while true; do sleep 0.1; done",
+        m = marker.display()
+    );
+    let a = sup
+        .start_spec(
+            spec(
+                "leftover",
+                &script,
+                Restart {
+                    policy: RestartPolicy::OnFailure,
+                    limit: 3,
+                    backoff_ms: 50,
+                    max_backoff_ms: 200,
+                },
+            ),
+            String::new(),
+            "test".into(),
+            false,
+        )
+        .await
+        .unwrap();
+    wait_for("second run", 5, || {
+        a.restarts() == 1 && a.state() == State::Running
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.state(), State::Running, "{:?}", sup.status_of(&a));
+    assert_eq!(a.restarts(), 1);
+    sup.stop(&a).await.unwrap();
+}
