@@ -145,7 +145,7 @@ fn test(a: &TestArgs) -> Result<()> {
 fn shell(a: &ShellArgs) -> Result<()> {
     let cache = a.cache.resolve();
     let image = image::setup(&cache, false)?;
-    let build = payload::build(a.release, false)?;
+    let build = payload::build(a.release, true)?;
     let run_dir = cache.join("shell");
     let initrd = payload::stage(&build, &image, &run_dir, payload::Mode::Shell)?;
     qemu::boot_shell(&image, &initrd, a.mem)
