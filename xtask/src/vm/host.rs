@@ -114,3 +114,13 @@ pub fn which(prog: &str) -> bool {
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .any(|d| d.join(prog).is_file())
 }
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
+}

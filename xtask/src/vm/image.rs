@@ -104,6 +104,9 @@ pub fn setup(cache: &Path, force: bool) -> Result<Image> {
         eprintln!("vm: image up to date: {}", dir.display());
         return Ok(image);
     }
+    if !host::is_root() {
+        bail!("building the guest image needs root (debootstrap, chroot); run it as root");
+    }
     let started = Instant::now();
     eprintln!(
         "vm: building the guest image (Debian {SUITE}, kernel {}) in {}",
@@ -175,7 +178,8 @@ fn build(inputs: &Inputs, work: &Path) -> Result<()> {
              Dir::State::status \"/dev/null\";\n\
              APT::Architecture \"amd64\";\n\
              APT::Sandbox::User \"root\";\n\
-             Acquire::Languages \"none\";\n"
+             Acquire::Languages \"none\";\n\
+             Acquire::Retries \"3\";\n"
         ),
     )?;
     let apt_get = || {
