@@ -1,152 +1,140 @@
-//! Agent Contracts — the ABI between an agent and agentos.
+//! Agent Contracts — the ABI between an agent and agentos (paper 3.4, 4.4).
 //!
-//! SKELETON: the public API below is the one the daemon codes against; the implementation is
-//! being written (issue 2). Keep these names and signatures.
+//! - [`parse_contract`] / [`load_contract`]: YAML → typed, validated [`Contract`], with every
+//!   problem reported as `FILE:LINE:COL: message` ([`ContractError`]).
+//! - [`parse_layered`]: request → role → tenant → platform layers merged into one contract.
+//! - [`bind`] / [`bind_admitted`]: contract + [`HostOffer`] → sealed [`BindingManifest`] or a
+//!   [`BindingRejection`] listing every failed `must`.
+//! - [`AdmissionSet`]: HRT deadline reservations per CPU and the admission test.
+//!
+//! No syscalls: everything here is pure and unit-tested. See `docs/contracts.md`.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+pub mod admission;
+pub mod binding;
+pub mod canonical;
+pub mod capability;
+mod decode;
+mod diag;
+pub mod layering;
+mod model;
+mod node;
+pub mod units;
+mod validate;
 
-/// The latency class of an agent (paper 3.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LatencyClass {
-    /// Hard real-time: SCHED_DEADLINE.
-    Hrt,
-    /// Soft real-time: sched_ext / high weight.
-    Srt,
-    /// Delay tolerant: idle class.
-    Dt,
-}
+use std::io::Read;
+use std::path::Path;
 
-/// What to run.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Exec {
-    pub command: String,
-    pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub working_directory: Option<PathBuf>,
-}
+pub use admission::{AdmissionConfig, AdmissionError, AdmissionSet, AdmissionTest, Reservation};
+pub use binding::{
+    BindingManifest, BindingRejection, Decision, Failure, HostOffer, VersionRange, bind,
+    bind_admitted,
+};
+pub use capability::{CapabilityInfo, CapabilityKind, REGISTRY as CAPABILITIES};
+pub use decode::{LOG_FIELDS, MECHANISMS, TRACING, is_valid_agent_name};
+pub use diag::{ContractError, Diagnostic, Severity};
+pub use layering::{LayerKind, LayerSource, parse_layered};
+pub use model::*;
+pub use node::{MAX_CONTRACT_BYTES, MAX_NESTING_DEPTH, MAX_NODES};
+pub use validate::MIN_RUNTIME_NS;
 
-/// Restart policy, like systemd's `Restart=`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RestartPolicy {
-    #[default]
-    No,
-    OnFailure,
-    Always,
-}
+use decode::Dec;
+use node::{N, V};
 
-/// Restart settings resolved with defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestartSpec {
-    pub policy: RestartPolicy,
-    /// Restarts allowed before giving up (state failed).
-    pub limit: u32,
-    /// First backoff delay; doubles each restart up to `max_backoff_ms`.
-    pub backoff_ms: u64,
-    pub max_backoff_ms: u64,
-}
-
-/// Resource budgets resolved to kernel units.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Budgets {
-    /// CPU in millicores ("1" = 1000, "500m" = 500).
-    pub cpu_millis: Option<u64>,
-    pub memory_bytes: Option<u64>,
-    pub memory_high_bytes: Option<u64>,
-    pub pids: Option<u64>,
-    /// True when the contract marks budgets as hard requirements (`must`).
-    pub must: bool,
-}
-
-/// SCHED_DEADLINE parameters in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeadlineParams {
-    pub runtime_ns: u64,
-    pub deadline_ns: u64,
-    pub period_ns: u64,
-}
-
-/// A parsed and validated Agent Contract.
-#[derive(Debug, Clone)]
-pub struct Contract {
-    name: String,
-}
-
-impl Contract {
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    /// Tenant, `"default"` when the contract names none.
-    pub fn tenant(&self) -> &str {
-        "default"
-    }
-    pub fn latency_class(&self) -> Option<LatencyClass> {
+/// Decode, validate and package the diagnostics of a normalized tree.
+pub(crate) fn finish(root: N, mut dec: Dec<'_>) -> Result<Contract, ContractError> {
+    let mut contract = if dec.has_errors() && !matches!(root.v, V::Map(_)) {
         None
+    } else {
+        decode::decode(&root, &mut dec)
+    };
+    if let Some(c) = contract.as_mut()
+        && !dec.has_errors()
+    {
+        validate::check(c, &mut dec, root.pos);
     }
-    pub fn exec(&self) -> Option<&Exec> {
-        None
-    }
-    pub fn restart(&self) -> RestartSpec {
-        RestartSpec {
-            policy: RestartPolicy::No,
-            limit: 5,
-            backoff_ms: 100,
-            max_backoff_ms: 30_000,
+    let mut diags = std::mem::take(&mut dec.diags);
+    diags.sort_by(|a, b| {
+        (a.file != b.file, a.line, a.column, a.severity).cmp(&(
+            b.file != a.file,
+            b.line,
+            b.column,
+            b.severity,
+        ))
+    });
+    diags.dedup();
+    match contract {
+        Some(mut c) if !diags.iter().any(Diagnostic::is_error) => {
+            c.warnings = diags;
+            Ok(c)
+        }
+        _ => {
+            if diags.is_empty() {
+                diags.push(Diagnostic::error(
+                    dec.files.first().map_or("", String::as_str),
+                    1,
+                    1,
+                    "the contract could not be read",
+                ));
+            }
+            Err(ContractError { diagnostics: diags })
         }
     }
-    pub fn budgets(&self) -> Budgets {
-        Budgets::default()
-    }
-    pub fn deadline(&self) -> Option<DeadlineParams> {
-        None
-    }
-}
-
-/// One problem found in a contract, with its position.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diagnostic {
-    pub file: String,
-    pub line: usize,
-    pub column: usize,
-    /// Dotted field path, e.g. `class.slo.deadline_ms`.
-    pub field: Option<String>,
-    pub message: String,
-}
-
-/// All problems found in one contract; `Display` prints one `FILE:LINE:COL: message` per line.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{}", .diagnostics.iter().map(|d| format!("{}:{}:{}: {}", d.file, d.line, d.column, d.message)).collect::<Vec<_>>().join("\n"))]
-pub struct ContractError {
-    pub diagnostics: Vec<Diagnostic>,
 }
 
 /// Parse and validate contract text; `origin` names the file in error positions.
 pub fn parse_contract(text: &str, origin: &str) -> Result<Contract, ContractError> {
-    let _ = text;
-    Err(ContractError {
-        diagnostics: vec![Diagnostic {
-            file: origin.to_string(),
-            line: 1,
-            column: 1,
-            field: None,
-            message: "contract parsing is not implemented yet".into(),
-        }],
-    })
+    let files = [origin.to_string()];
+    let mut dec = Dec::new(&files);
+    let mut root = match node::read_tree(text, origin, 0) {
+        Ok(n) => n,
+        Err(d) => return Err(ContractError { diagnostics: d }),
+    };
+    if matches!(root.v, V::Null) {
+        return Err(ContractError::single(Diagnostic::error(
+            origin,
+            1,
+            1,
+            "the contract is empty; it needs at least \"name\"",
+        )));
+    }
+    decode::normalize(&mut root, &mut dec);
+    finish(root, dec)
 }
 
-/// Read and parse a contract file.
+/// Read and parse a contract file (at most [`MAX_CONTRACT_BYTES`], UTF-8).
 pub fn load_contract(path: &Path) -> Result<Contract, ContractError> {
     let origin = path.display().to_string();
-    match std::fs::read_to_string(path) {
+    let unreadable = |msg: String| ContractError::single(Diagnostic::error(&origin, 0, 0, msg));
+    let file = std::fs::File::open(path).map_err(|e| unreadable(format!("cannot read: {e}")))?;
+    if let Ok(m) = file.metadata()
+        && m.is_dir()
+    {
+        return Err(unreadable("cannot read: is a directory".to_string()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONTRACT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(format!("cannot read: {e}")))?;
+    if bytes.len() > MAX_CONTRACT_BYTES {
+        return Err(ContractError::single(Diagnostic::error(
+            &origin,
+            1,
+            1,
+            format!("contract is larger than the limit of {MAX_CONTRACT_BYTES} bytes (1 MiB)"),
+        )));
+    }
+    match String::from_utf8(bytes) {
         Ok(text) => parse_contract(&text, &origin),
-        Err(e) => Err(ContractError {
-            diagnostics: vec![Diagnostic {
-                file: origin,
-                line: 0,
-                column: 0,
-                field: None,
-                message: format!("cannot read: {e}"),
-            }],
-        }),
+        Err(e) => {
+            let valid = e.utf8_error().valid_up_to();
+            let prefix = std::str::from_utf8(&e.as_bytes()[..valid]).unwrap_or_default();
+            let (line, col) = node::line_col(prefix, prefix.len());
+            Err(ContractError::single(Diagnostic::error(
+                &origin,
+                line,
+                col,
+                "contract is not valid UTF-8",
+            )))
+        }
     }
 }
