@@ -1,0 +1,1 @@
+//! The agentos audit trail. Being written (issue 6).
