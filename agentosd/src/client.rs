@@ -326,10 +326,12 @@ pub fn render_list(rows: &[ListRow]) -> String {
         } else {
             &r.latency_class
         };
-        s.push_str(&format!(
-            "{:<w$}  {:<11}  {:>8}  {:<5}  {}\n",
+        let line = format!(
+            "{:<w$}  {:<11}  {:>8}  {:<5}  {}",
             r.id, r.state, pid, class, r.result
-        ));
+        );
+        s.push_str(line.trim_end());
+        s.push('\n');
     }
     s.push_str(&format!("\n{} agents listed.\n", rows.len()));
     s

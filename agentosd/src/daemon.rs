@@ -217,7 +217,13 @@ pub async fn run(opts: Options) -> Result<()> {
 
 /// `agentosd check [--json]`.
 pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
-    let root = cgroup_root.or_else(|| resolve_cgroup_root(None).ok().map(|(p, _)| p));
+    // The default root may not exist before the daemon's first start: then probe the mount.
+    let root = cgroup_root.or_else(|| {
+        resolve_cgroup_root(None)
+            .ok()
+            .map(|(p, _)| p)
+            .filter(|p| p.exists())
+    });
     let report = crate::probe::probe(&crate::probe::ProbeOptions { cgroup_root: root });
     if json {
         println!("{}", report.to_json());

@@ -1199,18 +1199,28 @@ impl Supervisor {
                         let mut i = lock(&agent.inner);
                         i.main_pid = None;
                         i.exit_status = Some(ExitStatus::Unknown);
+                        let rebooted = rec.boot_id != self.boot_id;
                         let restart = match i.spec.restart.policy {
                             RestartPolicy::No => false,
-                            _ => i.restarts < i.spec.restart.limit && prev != State::Stopping,
+                            _ => {
+                                i.restarts < i.spec.restart.limit
+                                    && prev != State::Stopping
+                                    && !rebooted
+                            }
                         };
-                        i.state = if prev == State::Stopping {
+                        i.state = if prev == State::Stopping || rebooted {
                             State::Inactive
                         } else {
                             State::Failed
                         };
-                        i.result =
+                        // After a reboot only agents from the agents directory come back (they
+                        // are started by load_agents_dir), like enabled vs. transient units.
+                        i.result = if rebooted {
+                            "not running after a reboot".into()
+                        } else {
                             "main process exited while agentosd was not running (status unknown)"
-                                .into();
+                                .into()
+                        };
                         if restart {
                             i.restarts += 1;
                         }
