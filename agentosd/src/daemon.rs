@@ -196,6 +196,19 @@ pub async fn run(opts: Options) -> Result<()> {
         root.display()
     );
 
+    if let Some(mut fwd) = crate::logs::JournalForwarder::new() {
+        info!("forwarding agent output to the journal");
+        let sup = sup.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for a in sup.agents() {
+                    fwd.forward(&a.log_path, &a.id, &a.name);
+                }
+            }
+        });
+    }
+
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     tokio::select! {

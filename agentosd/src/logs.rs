@@ -70,6 +70,84 @@ pub fn append_note(path: &Path, line: &str) {
     }
 }
 
+/// The journal's native socket; forwarding is on when it exists.
+pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// One journal entry in the native protocol (fields `KEY=value\n`; values with a newline use the
+/// binary length-prefixed form).
+pub fn journal_entry(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in fields {
+        out.extend_from_slice(k.as_bytes());
+        if v.contains('\n') {
+            out.push(b'\n');
+            out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            out.extend_from_slice(v.as_bytes());
+            out.push(b'\n');
+        } else {
+            out.push(b'=');
+            out.extend_from_slice(v.as_bytes());
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+/// Copies new lines of agent logs to the journal (when present), once a second: each line
+/// becomes an entry with `SYSLOG_IDENTIFIER=<name>` and `AGENTOS_AGENT=<tenant/name>`, so
+/// `journalctl AGENTOS_AGENT=default/ticker` works. Offsets start at the end of each file, so a
+/// daemon restart does not replay old lines.
+pub struct JournalForwarder {
+    sock: std::os::unix::net::UnixDatagram,
+    offsets: std::collections::HashMap<PathBuf, u64>,
+}
+
+impl JournalForwarder {
+    /// `None` when no journal runs here.
+    pub fn new() -> Option<Self> {
+        Self::connect(Path::new(JOURNAL_SOCKET))
+    }
+
+    /// Forward to the journal socket at `socket`.
+    pub fn connect(socket: &Path) -> Option<Self> {
+        if !socket.exists() {
+            return None;
+        }
+        let sock = std::os::unix::net::UnixDatagram::unbound().ok()?;
+        sock.connect(socket).ok()?;
+        sock.set_nonblocking(true).ok()?;
+        Some(Self {
+            sock,
+            offsets: Default::default(),
+        })
+    }
+
+    /// Forward what was appended to `path` since the last call.
+    pub fn forward(&mut self, path: &Path, id: &str, name: &str) {
+        let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+            return;
+        };
+        let off = *self.offsets.entry(path.to_path_buf()).or_insert(len);
+        if len == off {
+            return;
+        }
+        let Ok((text, next)) = read_from(path, off, 256 * 1024) else {
+            return;
+        };
+        self.offsets.insert(path.to_path_buf(), next);
+        for line in text.lines() {
+            let entry = journal_entry(&[
+                ("MESSAGE", line),
+                ("PRIORITY", "6"),
+                ("SYSLOG_IDENTIFIER", name),
+                ("AGENTOS_AGENT", id),
+            ]);
+            // Best effort: a full journal socket drops lines rather than blocking the daemon.
+            let _ = self.sock.send(&entry);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +174,38 @@ mod tests {
         let (t, next2) = read_from(&p, next, 1000).unwrap();
         assert_eq!(t, "agentosd: x\n");
         assert_eq!(next2, next + 12);
+    }
+
+    #[test]
+    fn journal_native_format() {
+        let e = journal_entry(&[("MESSAGE", "hi"), ("X", "a\nb")]);
+        let mut want = b"MESSAGE=hi\nX\n".to_vec();
+        want.extend_from_slice(&3u64.to_le_bytes());
+        want.extend_from_slice(b"a\nb\n");
+        assert_eq!(e, want);
+    }
+
+    #[test]
+    fn forwards_new_lines_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock_path = dir.path().join("journal.sock");
+        let journal = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+        journal.set_nonblocking(true).unwrap();
+        let log = dir.path().join("a.log");
+        std::fs::write(&log, "old\n").unwrap();
+        let mut fwd = JournalForwarder::connect(&sock_path).unwrap();
+        fwd.forward(&log, "default/a", "a");
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        f.write_all(b"new line\n").unwrap();
+        fwd.forward(&log, "default/a", "a");
+        let mut buf = [0u8; 512];
+        let n = journal.recv(&mut buf).unwrap();
+        let got = String::from_utf8_lossy(&buf[..n]);
+        assert!(got.contains("MESSAGE=new line\n"), "{got}");
+        assert!(got.contains("AGENTOS_AGENT=default/a\n"), "{got}");
+        assert!(
+            journal.recv(&mut buf).is_err(),
+            "old line must not be replayed"
+        );
     }
 }
