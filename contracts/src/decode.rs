@@ -33,6 +33,27 @@ fn quote_list(items: &[&str]) -> String {
         .join(", ")
 }
 
+/// Common other spellings of field names, offered as suggestions.
+const SYNONYMS: &[(&str, &str)] = &[
+    ("memory", "mem"),
+    ("memory_max", "mem"),
+    ("mem_max", "mem"),
+    ("memory_high", "mem_high"),
+    ("cpus", "cpu"),
+    ("cores", "cpu"),
+    ("latency", "class"),
+    ("model_policy", "modelPolicy"),
+    ("model", "modelPolicy"),
+    ("cmd", "command"),
+    ("argv", "args"),
+    ("environment", "env"),
+    ("cwd", "working_directory"),
+    ("workdir", "working_directory"),
+    ("deadline", "deadline_ms"),
+    ("runtime", "runtime_ms"),
+    ("period", "period_ms"),
+];
+
 /// The fields of one mapping, checked against the allowed names.
 pub(crate) struct Fields<'n> {
     path: String,
@@ -146,15 +167,30 @@ impl<'f> Dec<'f> {
                     ),
                     Some(s.to_string()),
                 ),
-                None => self.err(
-                    k.pos,
-                    &field,
-                    format!(
-                        "unknown field \"{}\" in {place}; known fields: {}",
-                        k.name,
-                        allowed.join(", ")
+                None => match SYNONYMS
+                    .iter()
+                    .find(|(from, to)| *from == k.name && allowed.contains(to))
+                {
+                    Some((_, to)) => self.push(
+                        Severity::Error,
+                        k.pos,
+                        &field,
+                        format!(
+                            "unknown field \"{}\" in {place} (did you mean \"{to}\"?)",
+                            k.name
+                        ),
+                        Some(to.to_string()),
                     ),
-                ),
+                    None => self.err(
+                        k.pos,
+                        &field,
+                        format!(
+                            "unknown field \"{}\" in {place}; known fields: {}",
+                            k.name,
+                            allowed.join(", ")
+                        ),
+                    ),
+                },
             }
         }
         Some(Fields {
@@ -181,6 +217,10 @@ impl<'f> Dec<'f> {
         let s = match &n.v {
             V::Str(s) => s.clone(),
             V::Int(i) if *i >= 0 => i.to_string(),
+            V::Float(f) if f.is_finite() && *f > 1e30 => {
+                self.err(n.pos, field, format!("{field}: number is too large"));
+                return None;
+            }
             V::Float(f) if f.is_finite() && *f >= 0.0 => format!("{f}"),
             V::Int(_) | V::Float(_) => {
                 self.err(n.pos, field, format!("{field}: must not be negative"));
@@ -271,6 +311,10 @@ impl<'f> Dec<'f> {
     pub fn millis(&mut self, n: &N, field: &str) -> Option<u64> {
         let text = match &n.v {
             V::Int(i) if *i > 0 => i.to_string(),
+            V::Float(f) if f.is_finite() && *f > 1e12 => {
+                self.err(n.pos, field, format!("{field}: number is too large"));
+                return None;
+            }
             V::Float(f) if f.is_finite() && *f > 0.0 => format!("{f}"),
             V::Int(_) | V::Float(_) => {
                 self.err(n.pos, field, format!("{field}: must be positive"));

@@ -212,8 +212,22 @@ fn options() -> serde_saphyr::Options {
             max_total_scalar_bytes: MAX_CONTRACT_BYTES,
         },
         strict_booleans: true,
+        reject_unsupported_tags: true,
         with_snippet: false,
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+    }
+}
+
+fn budget_message(b: &serde_saphyr::budget::BudgetBreach) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    match b {
+        B::Depth { .. } => format!("nesting is deeper than {MAX_NESTING_DEPTH} levels"),
+        B::Nodes { .. } | B::Events { .. } => {
+            format!("more than {MAX_NODES} YAML nodes (aliases count as copies)")
+        }
+        B::Aliases { .. } | B::Anchors { .. } => "too many anchors or aliases".to_string(),
+        B::Documents { .. } => "a contract file holds exactly one YAML document".to_string(),
+        other => format!("input exceeds a parser limit ({other:?})"),
     }
 }
 
@@ -283,7 +297,26 @@ pub(crate) fn read_tree(text: &str, origin: &str, src: usize) -> Result<N, Vec<D
                     let p = pos_of(src, &l);
                     (p.line, p.col)
                 });
-            let msg = clean_message(&DefaultMessageFormatter.format_message(inner));
+            let msg = match inner {
+                serde_saphyr::Error::DuplicateMappingKey { key: Some(k), .. } => {
+                    format!(
+                        "duplicate key \"{}\": each field may appear once",
+                        clean_message(k)
+                    )
+                }
+                serde_saphyr::Error::DuplicateMappingKey { key: None, .. } => {
+                    "duplicate key: each field may appear once".to_string()
+                }
+                serde_saphyr::Error::Budget { breach, .. } => budget_message(breach),
+                other => {
+                    let m = clean_message(&DefaultMessageFormatter.format_message(other));
+                    if m.contains("recursion limit exceeded") {
+                        format!("nesting is deeper than {MAX_NESTING_DEPTH} levels")
+                    } else {
+                        m
+                    }
+                }
+            };
             Err(vec![Diagnostic::error(
                 origin,
                 line,
