@@ -529,6 +529,26 @@ impl Supervisor {
             )));
         }
         let id = spec.id();
+        if spec.budgets.must {
+            // Refuse before anything exists (no object, no cgroup) when a required budget
+            // cannot be enforced under this root; launch() checks again per agent cgroup.
+            let missing = self.missing_controllers();
+            let unenforceable: Vec<String> = cgroup::budget_files(&spec.budgets)
+                .into_iter()
+                .filter(|(ctl, _, _)| missing.iter().any(|m| m == ctl))
+                .map(|(ctl, file, value)| {
+                    format!("{file}={value} ({ctl} controller not available)")
+                })
+                .collect();
+            if !unenforceable.is_empty() {
+                return Err(Error::Unenforceable(format!(
+                    "{origin}: agent {id} requires its budgets (must) but this host cannot enforce: {}; \
+                     the cgroup2 controllers are missing under {} (run `agentosd check`)",
+                    unenforceable.join(", "),
+                    self.root.path().display()
+                )));
+            }
+        }
         let (agent, is_new) = {
             let mut agents = lock(&self.agents);
             match agents.get(&id) {
