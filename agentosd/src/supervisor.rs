@@ -639,7 +639,7 @@ impl Supervisor {
                 }
                 logs::append_note(
                     &agent.log_path,
-                    &format!("started {} main process PID {}", agent.id, child.pid),
+                    &format!("started {}, main process PID {}", agent.id, child.pid),
                 );
                 info!(agent = %agent.id, pid = child.pid, "started");
                 self.changed(agent);
@@ -758,6 +758,10 @@ impl Supervisor {
             log_file: agent.log_path.clone(),
             sched_idle,
         };
+        logs::append_note(
+            &agent.log_path,
+            &format!("starting {}: {}", agent.id, cmd.program.display()),
+        );
         let dirfd = cg.open_dir()?;
         let id = agent.id.clone();
         let child = tokio::task::spawn_blocking(move || spawn::spawn(&cmd, &dirfd))
