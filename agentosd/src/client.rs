@@ -614,38 +614,6 @@ pub async fn check(address: Option<&str>, json: bool) -> i32 {
     exit::OK
 }
 
-/// `agentctl validate FILE... [--json]`. Interim: parses each file with the contracts crate
-/// until `validate::run` (issue: validate.rs) lands, then delegates to it.
-pub fn validate(files: &[PathBuf], json: bool, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let mut code = exit::OK;
-    let mut results = Vec::new();
-    for f in files {
-        match contracts::load_contract(f) {
-            Ok(c) => {
-                results.push(serde_json::json!({"file": f, "valid": true, "agent": format!("{}/{}", c.tenant(), c.name())}));
-                if !json {
-                    let _ = writeln!(out, "{}: ok ({}/{})", f.display(), c.tenant(), c.name());
-                }
-            }
-            Err(e) => {
-                code = exit::FAILED;
-                results.push(serde_json::json!({"file": f, "valid": false, "errors": e.to_string().lines().collect::<Vec<_>>()}));
-                if !json {
-                    let _ = writeln!(err, "{e}");
-                }
-            }
-        }
-    }
-    if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&results).unwrap_or_default()
-        );
-    }
-    code
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

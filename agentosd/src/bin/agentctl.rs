@@ -125,7 +125,12 @@ fn run(cli: Cli) -> i32 {
     let addr = cli.bus_address.as_deref();
     match cli.cmd {
         Cmd::Validate { files, json } => {
-            return client::validate(&files, json, &mut std::io::stdout(), &mut std::io::stderr());
+            return agentosd::validate::run(
+                &files,
+                json,
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            );
         }
         Cmd::Completions { shell } => {
             clap_complete::generate(
