@@ -1,1 +1,33 @@
-//! The agentos audit trail. Being written (issue 6).
+//! The agentos audit trail: append-only, hash-chained, group-committed records with signed
+//! checkpoints. See `docs/audit.md` for the format and the guarantees.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use audit::{Decision, Kind, Log, LogOptions, Record};
+//! let key = audit::key::load_or_create("/var/lib/agentos/audit.key".as_ref())?;
+//! let log = Log::open("/var/lib/agentos/audit".as_ref(), LogOptions::new(key))?;
+//! let ack = log
+//!     .append(Record::new(Kind::Gate, "doc-rag", "acme").decision(Decision::Allow))?
+//!     .wait()?; // durable now
+//! println!("seq {}", ack.seq);
+//! # Ok(()) }
+//! ```
+
+pub mod checkpoint;
+mod journal;
+pub mod key;
+mod log;
+mod reader;
+mod record;
+mod scan;
+mod verify;
+
+pub use journal::JOURNAL_SOCKET;
+pub use log::{
+    Ack, AppendError, Durability, HEAD_FILE, LOG_FILE, Log, LogOptions, OpenError, Receipt,
+    Recovery, Stats,
+};
+pub use reader::{Entry, Filter, ReadError, Reader};
+pub use record::{Decision, GENESIS_PREV, Kind, MAX_RECORD_BYTES, Record, StoredRecord};
+pub use scan::Problem;
+pub use verify::{VerifyError, VerifyReport, head_path, verify, verify_with_head};
