@@ -54,12 +54,7 @@ pub(crate) fn finish(root: N, mut dec: Dec<'_>) -> Result<Contract, ContractErro
     }
     let mut diags = std::mem::take(&mut dec.diags);
     diags.sort_by(|a, b| {
-        (a.file != b.file, a.line, a.column, a.severity).cmp(&(
-            b.file != a.file,
-            b.line,
-            b.column,
-            b.severity,
-        ))
+        (&a.file, a.line, a.column, a.severity).cmp(&(&b.file, b.line, b.column, b.severity))
     });
     diags.dedup();
     match contract {
