@@ -160,6 +160,12 @@ impl Agent {
     /// Waits until the daemon reports `want` (e.g. "running", "failed").
     #[track_caller]
     pub fn wait_state(&self, want: &str, timeout: Duration) -> Value {
+        self.wait_states(&[want], timeout)
+    }
+
+    /// Waits until the daemon reports one of `want`; returns the status.
+    #[track_caller]
+    pub fn wait_states(&self, want: &[&str], timeout: Duration) -> Value {
         let mut last = Value::Null;
         let start = Instant::now();
         loop {
@@ -167,7 +173,7 @@ impl Agent {
             if out.success()
                 && let Ok(v) = serde_json::from_str::<Value>(&out.stdout)
             {
-                if state_of(&v) == want {
+                if want.contains(&state_of(&v).as_str()) {
                     return v;
                 }
                 last = v;

@@ -13,15 +13,15 @@ fn memory_hog_is_oom_killed_in_its_own_cgroup() {
     let hog = helper("vmt-hog");
     // 256 MiB against a 64 MiB budget, after 3 s (to read the cgroup first).
     let c = write_contract(
-        "vmt-oom",
+        "vmt-memhog",
         &contract_yaml(
-            "vmt-oom",
+            "vmt-memhog",
             &hog,
             &["256", "3"],
             "cpu: \"1\", mem: \"64MiB\", pids: 16",
         ),
     );
-    let agent = Agent::start("vmt-oom", &c);
+    let agent = Agent::start("vmt-memhog", &c);
     let cg = agent.cgroup();
     assert_eq!(
         read_cg(&cg, "memory.max"),
@@ -66,12 +66,13 @@ fn memory_hog_is_oom_killed_in_its_own_cgroup() {
     }
     // Only the agent was hit: the daemon is alive and answers.
     agentctl(&["list"]).ok();
-    // The daemon reports it: failed, and the reason says OOM.
+    // The daemon reports it: failed, and its result names the OOM kill (like systemd's
+    // `Result=oom-kill`), not just "signal".
     let v = agent.wait_state("failed", Duration::from_secs(30));
-    let text = v.to_string().to_ascii_lowercase();
+    let result = v["result"].as_str().unwrap_or("").to_ascii_lowercase();
     assert!(
-        text.contains("oom"),
-        "status does not name the OOM kill: {v}"
+        result.contains("oom"),
+        "result {result:?} does not name the OOM kill: {v}"
     );
 }
 
