@@ -8,16 +8,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::AdmissionSet;
 use crate::canonical::{sha256_hex, to_canonical_json};
-use crate::model::{BindingMode, Budgets, Capability, Contract, DeadlineParams, LatencyClass, Slo};
+use crate::model::{
+    BindingMode, Budgets, Capability, Contract, DeadlineParams, LatencyClass, Mechanism, Slo,
+};
 
 /// What a host offers, as far as binding is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostOffer {
-    /// Available enforcement mechanisms, by the names used in `must.mechanisms`
-    /// (`cgroup.cpu`, `cgroup.memory`, `cgroup.pids`, `cgroup.cpuset`, `sched_deadline`,
-    /// `sched_ext`, `landlock`, `seccomp`, `bpf_lsm`, `cgroup_bpf`).
-    pub mechanisms: BTreeSet<String>,
+    /// Available enforcement mechanisms (serialized by name: `cgroup.cpu`, `sched_deadline`, ...).
+    pub mechanisms: BTreeSet<Mechanism>,
     /// Models the gateway can serve, with versions (`asr_local_v3`).
     pub models: BTreeSet<String>,
     /// Labels describing where this host is (`edge`, `on-prem`, `cloud`).
@@ -226,7 +226,7 @@ pub struct BindingManifest {
     /// True when a substitution asked for redaction (e.g. a cloud model for local context).
     pub redact: bool,
     /// Mechanisms the binding relies on (all offered by the host).
-    pub mechanisms: Vec<String>,
+    pub mechanisms: Vec<Mechanism>,
     pub decisions: Vec<Decision>,
     /// SHA-256 of the contract's canonical JSON.
     pub contract_sha256: String,
@@ -252,34 +252,35 @@ impl BindingManifest {
     }
 }
 
-/// Mechanisms a contract's hard requirements need on this host.
-pub fn required_mechanisms(c: &Contract) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    let mut add = |m: &str, why: &str| {
-        if !out.iter().any(|(x, _)| x == m) {
-            out.push((m.to_string(), why.to_string()));
+/// Mechanisms a contract's hard requirements need on this host, each with the requirement
+/// that needs it (`class.latency`, `compute.must`, `must.mechanisms`).
+pub fn required_mechanisms(c: &Contract) -> Vec<(Mechanism, &'static str)> {
+    let mut out: Vec<(Mechanism, &'static str)> = Vec::new();
+    let mut add = |m: Mechanism, why: &'static str| {
+        if !out.iter().any(|(x, _)| *x == m) {
+            out.push((m, why));
         }
     };
     if c.latency_class() == Some(LatencyClass::Hrt) {
-        add("sched_deadline", "class.latency");
+        add(Mechanism::SchedDeadline, "class.latency");
     }
     let b = c.budgets();
     if b.must {
         if b.cpu_millis.is_some() {
-            add("cgroup.cpu", "compute.must");
+            add(Mechanism::CgroupCpu, "compute.must");
         }
         if b.memory_bytes.is_some() || b.memory_high_bytes.is_some() {
-            add("cgroup.memory", "compute.must");
+            add(Mechanism::CgroupMemory, "compute.must");
         }
         if b.pids.is_some() {
-            add("cgroup.pids", "compute.must");
+            add(Mechanism::CgroupPids, "compute.must");
         }
         if !c.cpuset().is_empty() {
-            add("cgroup.cpuset", "compute.must");
+            add(Mechanism::CgroupCpuset, "compute.must");
         }
     }
     for m in &c.must().mechanisms {
-        add(m, "must.mechanisms");
+        add(*m, "must.mechanisms");
     }
     out
 }
@@ -318,7 +319,7 @@ fn bind_inner(
     let required = required_mechanisms(c);
     for (m, why) in &required {
         if !offer.mechanisms.contains(m) {
-            let what = match why.as_str() {
+            let what = match *why {
                 "class.latency" => "latency class HRT needs SCHED_DEADLINE".to_string(),
                 "compute.must" => "budgets are marked must".to_string(),
                 _ => "listed in must.mechanisms".to_string(),

@@ -440,18 +440,16 @@ const TOP: &[&str] = &[
     "latency_class",
 ];
 
-pub const MECHANISMS: &[&str] = &[
-    "cgroup.cpu",
-    "cgroup.memory",
-    "cgroup.pids",
-    "cgroup.cpuset",
-    "sched_deadline",
-    "sched_ext",
-    "landlock",
-    "seccomp",
-    "bpf_lsm",
-    "cgroup_bpf",
-];
+/// Names of the host mechanisms ([`Mechanism::as_str`]).
+pub const MECHANISMS: [&str; 10] = {
+    let mut out = [""; 10];
+    let mut i = 0;
+    while i < 10 {
+        out[i] = Mechanism::ALL[i].as_str();
+        i += 1;
+    }
+    out
+};
 
 pub const LOG_FIELDS: &[&str] = &[
     "prompt",
@@ -1299,8 +1297,10 @@ fn decode_must(n: &N, dec: &mut Dec, m: &mut Must) {
             .enumerate()
         {
             let field = format!("must.mechanisms[{i}]");
-            if MECHANISMS.contains(&s.as_str()) {
-                m.mechanisms.push(s);
+            if let Some(mech) = Mechanism::from_name(&s) {
+                if !m.mechanisms.contains(&mech) {
+                    m.mechanisms.push(mech);
+                }
             } else {
                 let sugg = suggest(&s, MECHANISMS.iter().copied());
                 let msg = match sugg {

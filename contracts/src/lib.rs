@@ -27,7 +27,7 @@ use std::path::Path;
 pub use admission::{AdmissionConfig, AdmissionError, AdmissionSet, AdmissionTest, Reservation};
 pub use binding::{
     BindingManifest, BindingRejection, Decision, Failure, HostOffer, VersionRange, bind,
-    bind_admitted,
+    bind_admitted, required_mechanisms,
 };
 pub use capability::{CapabilityInfo, CapabilityKind, REGISTRY as CAPABILITIES};
 pub use decode::{LOG_FIELDS, MECHANISMS, TRACING, is_valid_agent_name};

@@ -237,6 +237,86 @@ impl BindingMode {
     }
 }
 
+/// A host enforcement mechanism, as probed by `agentosd check` and named in `must.mechanisms`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
+pub enum Mechanism {
+    /// cgroup v2 `cpu` controller (`cpu.max`, `cpu.weight`, `cpu.idle`).
+    #[serde(rename = "cgroup.cpu")]
+    CgroupCpu,
+    /// cgroup v2 `memory` controller (`memory.max`, `memory.high`).
+    #[serde(rename = "cgroup.memory")]
+    CgroupMemory,
+    /// cgroup v2 `pids` controller.
+    #[serde(rename = "cgroup.pids")]
+    CgroupPids,
+    /// cgroup v2 `cpuset` controller.
+    #[serde(rename = "cgroup.cpuset")]
+    CgroupCpuset,
+    /// `SCHED_DEADLINE` via `sched_setattr`.
+    #[serde(rename = "sched_deadline")]
+    SchedDeadline,
+    /// A sched_ext scheduler (`scx_agentos`).
+    #[serde(rename = "sched_ext")]
+    SchedExt,
+    /// Landlock filesystem and TCP rules.
+    #[serde(rename = "landlock")]
+    Landlock,
+    /// seccomp filters.
+    #[serde(rename = "seccomp")]
+    Seccomp,
+    /// BPF LSM programs.
+    #[serde(rename = "bpf_lsm")]
+    BpfLsm,
+    /// cgroup BPF programs (`connect4/6`, `sendmsg4/6`).
+    #[serde(rename = "cgroup_bpf")]
+    CgroupBpf,
+}
+
+impl Mechanism {
+    /// Every mechanism, in declaration order.
+    pub const ALL: [Mechanism; 10] = [
+        Mechanism::CgroupCpu,
+        Mechanism::CgroupMemory,
+        Mechanism::CgroupPids,
+        Mechanism::CgroupCpuset,
+        Mechanism::SchedDeadline,
+        Mechanism::SchedExt,
+        Mechanism::Landlock,
+        Mechanism::Seccomp,
+        Mechanism::BpfLsm,
+        Mechanism::CgroupBpf,
+    ];
+
+    /// The name used in contracts and host offers (`cgroup.cpu`, `sched_deadline`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::CgroupCpu => "cgroup.cpu",
+            Mechanism::CgroupMemory => "cgroup.memory",
+            Mechanism::CgroupPids => "cgroup.pids",
+            Mechanism::CgroupCpuset => "cgroup.cpuset",
+            Mechanism::SchedDeadline => "sched_deadline",
+            Mechanism::SchedExt => "sched_ext",
+            Mechanism::Landlock => "landlock",
+            Mechanism::Seccomp => "seccomp",
+            Mechanism::BpfLsm => "bpf_lsm",
+            Mechanism::CgroupBpf => "cgroup_bpf",
+        }
+    }
+
+    /// The mechanism called `name`.
+    pub fn from_name(name: &str) -> Option<Mechanism> {
+        Mechanism::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `must`: hard requirements.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct Must {
@@ -247,7 +327,7 @@ pub struct Must {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_ns: Option<u64>,
     /// Host mechanisms that must be present (`sched_deadline`, `landlock`, ...).
-    pub mechanisms: Vec<String>,
+    pub mechanisms: Vec<Mechanism>,
 }
 
 /// `prefer`: soft requirements, each an ordered list of choices.
@@ -284,7 +364,9 @@ pub struct Fallback {
 ///
 /// Both paper styles decode into this one type: `agent:` is `name:`, `latency_class:` is
 /// `class.latency:`. `Serialize` writes the normalized form (see [`Contract::to_canonical_json`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// Two contracts are equal when their normalized forms are (warnings, which name files, are not
+/// compared).
+#[derive(Debug, Clone, Serialize)]
 pub struct Contract {
     #[serde(rename = "apiVersion")]
     pub(crate) api_version: String,
@@ -313,6 +395,14 @@ pub struct Contract {
     #[serde(skip)]
     pub(crate) warnings: Vec<Diagnostic>,
 }
+
+impl PartialEq for Contract {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_canonical_json() == other.to_canonical_json()
+    }
+}
+
+impl Eq for Contract {}
 
 impl Contract {
     pub fn name(&self) -> &str {

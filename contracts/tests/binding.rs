@@ -16,9 +16,16 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+fn mechs(items: &[&str]) -> BTreeSet<Mechanism> {
+    items
+        .iter()
+        .map(|s| Mechanism::from_name(s).expect("known mechanism"))
+        .collect()
+}
+
 fn edge_host() -> HostOffer {
     HostOffer {
-        mechanisms: set(&[
+        mechanisms: mechs(&[
             "sched_deadline",
             "cgroup.cpu",
             "cgroup.memory",
@@ -46,7 +53,7 @@ fn strict_binding_seals_a_manifest() {
     assert_eq!(m.model.as_deref(), Some("on_device_kwd_v3"));
     assert_eq!(m.placement.as_deref(), Some("edge"));
     assert_eq!(m.deadline.map(|d| d.deadline_ns), Some(10_000_000));
-    assert_eq!(m.mechanisms, ["sched_deadline"]);
+    assert_eq!(m.mechanisms, [Mechanism::SchedDeadline]);
     assert_eq!(m.contract_sha256, c.sha256());
     assert_eq!(m.sha256.len(), 64);
     assert!(m.verify());
@@ -64,7 +71,7 @@ fn strict_binding_seals_a_manifest() {
 fn strict_rejection_lists_every_failed_must() {
     let c = load("safety-kill-switch.yaml");
     let host = HostOffer {
-        mechanisms: set(&["cgroup.cpu"]),
+        mechanisms: mechs(&["cgroup.cpu"]),
         models: set(&["on_device_kwd_v2"]),
         placements: set(&["edge", "cloud"]),
         ..Default::default()
@@ -148,18 +155,30 @@ fn budgets_marked_must_need_the_controllers() {
     let reqs: Vec<&str> = r.failures.iter().map(|f| f.requirement.as_str()).collect();
     assert_eq!(reqs, ["compute.must", "compute.must", "compute.must"]);
     let host = HostOffer {
-        mechanisms: set(&["cgroup.cpu", "cgroup.memory", "cgroup.pids"]),
+        mechanisms: mechs(&["cgroup.cpu", "cgroup.memory", "cgroup.pids"]),
         ..Default::default()
     };
     let m = bind(&c, &host).unwrap();
-    assert_eq!(m.mechanisms, ["cgroup.cpu", "cgroup.memory", "cgroup.pids"]);
+    assert_eq!(
+        m.mechanisms,
+        [
+            Mechanism::CgroupCpu,
+            Mechanism::CgroupMemory,
+            Mechanism::CgroupPids
+        ]
+    );
+    let sealed: serde_json::Value = serde_json::from_str(&m.sealed_json()).unwrap();
+    assert_eq!(
+        sealed["mechanisms"],
+        serde_json::json!(["cgroup.cpu", "cgroup.memory", "cgroup.pids"])
+    );
 }
 
 #[test]
 fn hrt_admission_in_binding() {
     let c = load("control-loop-hrt.yaml");
     let mut host = edge_host();
-    host.mechanisms.insert("cgroup.cpuset".into());
+    host.mechanisms.insert(Mechanism::CgroupCpuset);
     let mut adm = AdmissionSet::new([0, 1], AdmissionConfig::default());
     assert!(bind_admitted(&c, &host, &adm).is_ok());
     let d = c.deadline().unwrap();
@@ -247,5 +266,39 @@ fn layering_merges_with_precedence_and_positions() {
             "platform.yaml:1:1: unknown field \"nmae\" in the contract (did you mean \"name\"?)",
             "request.yaml:1:17: compute.cpu: cpu \"lots\" is not a CPU quantity (write \"1\", \"0.5\" or \"500m\")",
         ]
+    );
+}
+
+#[test]
+fn host_offer_from_json_and_must_mechanisms() {
+    let offer: HostOffer = serde_json::from_str(
+        r#"{"mechanisms": ["cgroup.cpu", "landlock"], "placements": ["on-prem"], "models": []}"#,
+    )
+    .unwrap();
+    assert_eq!(offer.mechanisms, mechs(&["cgroup.cpu", "landlock"]));
+    assert!(serde_json::from_str::<HostOffer>(r#"{"mechanisms": ["landlok"]}"#).is_err());
+    assert!(serde_json::from_str::<HostOffer>(r#"{"gpus": 1}"#).is_err());
+    for m in Mechanism::ALL {
+        assert_eq!(Mechanism::from_name(m.as_str()), Some(m));
+        assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
+    }
+    let c = parse_contract(
+        "name: x\nmust: { mechanisms: [landlock, seccomp] }\n",
+        "m.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.must().mechanisms,
+        [Mechanism::Landlock, Mechanism::Seccomp]
+    );
+    let r = bind(&c, &offer).unwrap_err();
+    assert_eq!(
+        r.to_string(),
+        "cannot bind default/x (smooth binding): must.mechanisms: listed in must.mechanisms, and this host does not offer \"seccomp\""
+    );
+    let e = parse_contract("name: x\nmust: { mechanisms: [landlok] }\n", "m.yaml").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "m.yaml:2:22: must.mechanisms: unknown mechanism \"landlok\" (did you mean \"landlock\"?)"
     );
 }
