@@ -214,7 +214,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
         if let Some(a) = a {
             d.arg("--bus-address").arg(a);
         }
-        started.daemon = Some(d.stderr(log).spawn().context("starting agentosd")?);
+        started.daemon = Some(
+            d.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("starting agentosd")?,
+        );
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if agentctl(&bin, a, &["list"])?.status.success() {
@@ -286,6 +292,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 );
             }
             println!("    daemon log: {}", work.join("agentosd.log").display());
+            println!(
+                "    afterwards remove the empty cgroup tree {} (rmdir, deepest first)",
+                cgroup_root.display()
+            );
         }
         Ok(())
     })();
