@@ -696,15 +696,7 @@ impl Supervisor {
         cg.create()?;
         // Budgets.
         let available = cg.controllers().unwrap_or_default();
-        let mut unenforced = Vec::new();
-        let mut to_write = Vec::new();
-        for (ctl, file, value) in cgroup::budget_files(&spec.budgets) {
-            if available.iter().any(|a| a == ctl) {
-                to_write.push((file, value));
-            } else {
-                unenforced.push(format!("{file}={value} ({ctl} controller not available)"));
-            }
-        }
+        let (to_write, unenforced) = plan_budgets(&available, &spec.budgets);
         if spec.budgets.must && !unenforced.is_empty() {
             let _ = cg.remove();
             return Err(Error::Unenforceable(format!(
@@ -1346,6 +1338,24 @@ impl Supervisor {
     }
 }
 
+/// Split the contract's budgets into cgroup files to write (their controller is `available` in
+/// the agent's cgroup) and descriptions of those that cannot be enforced here.
+pub fn plan_budgets(
+    available: &[String],
+    budgets: &crate::spec::Budgets,
+) -> (Vec<(&'static str, String)>, Vec<String>) {
+    let mut unenforced = Vec::new();
+    let mut to_write = Vec::new();
+    for (ctl, file, value) in cgroup::budget_files(budgets) {
+        if available.iter().any(|a| a == ctl) {
+            to_write.push((file, value));
+        } else {
+            unenforced.push(format!("{file}={value} ({ctl} controller not available)"));
+        }
+    }
+    (to_write, unenforced)
+}
+
 /// Names become cgroup directories and file names: allow only `[a-z0-9-]`, not starting with
 /// `-`, at most 63 bytes (the contracts crate enforces the same).
 fn check_name(s: &str, what: &str) -> Result<(), Error> {
@@ -1428,6 +1438,35 @@ mod tests {
         }
         assert!(State::Frozen.is_active());
         assert!(!State::Failed.is_active());
+    }
+
+    #[test]
+    fn budgets_split_by_available_controllers() {
+        let b = crate::spec::Budgets {
+            cpu_millis: Some(250),
+            memory_bytes: Some(64 << 20),
+            memory_high_bytes: Some(48 << 20),
+            pids: Some(16),
+            must: false,
+        };
+        let all: Vec<String> = ["cpu", "memory", "pids", "io"].map(String::from).to_vec();
+        let (w, u) = plan_budgets(&all, &b);
+        assert!(u.is_empty());
+        assert_eq!(
+            w,
+            vec![
+                ("cpu.max", "25000 100000".to_string()),
+                ("memory.high", (48u64 << 20).to_string()),
+                ("memory.max", (64u64 << 20).to_string()),
+                ("pids.max", "16".to_string()),
+            ]
+        );
+        let (w, u) = plan_budgets(&["pids".to_string()], &b);
+        assert_eq!(w, vec![("pids.max", "16".to_string())]);
+        assert_eq!(u.len(), 3);
+        assert!(u[0].starts_with("cpu.max=25000 100000 (cpu controller"));
+        let (w, u) = plan_budgets(&[], &crate::spec::Budgets::default());
+        assert!(w.is_empty() && u.is_empty());
     }
 
     #[test]

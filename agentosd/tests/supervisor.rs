@@ -96,7 +96,11 @@ async fn lifecycle_start_freeze_thaw_stop() {
     let has_mem = std::fs::read_to_string(cg.path.join("agents/cgroup.subtree_control"))
         .unwrap()
         .contains("memory");
-    if !has_mem {
+    if has_mem {
+        let max =
+            std::fs::read_to_string(cg.path.join("agents/default/ticker/memory.max")).unwrap();
+        assert_eq!(max.trim(), (256u64 << 20).to_string(), "memory.max written");
+    } else {
         assert!(
             st.unenforced_budgets
                 .iter()
