@@ -5,10 +5,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::SigningKey;
@@ -185,9 +185,63 @@ pub const LOG_FILE: &str = "audit.log";
 /// Name of the head file in its directory.
 pub const HEAD_FILE: &str = "audit.head";
 
+/// One record's acknowledgement. The writer publishes the result and wakes the waiter only if
+/// one is parked, so a record nobody is waiting on yet costs no system call.
 struct Slot {
-    state: Mutex<Option<Result<Ack, AppendError>>>,
-    cv: Condvar,
+    result: OnceLock<Result<Ack, AppendError>>,
+    state: AtomicU8,
+    waiter: OnceLock<Thread>,
+}
+
+const PENDING: u8 = 0;
+const WAITING: u8 = 1;
+const DONE: u8 = 2;
+
+impl Slot {
+    fn new() -> Arc<Slot> {
+        Arc::new(Slot {
+            result: OnceLock::new(),
+            state: AtomicU8::new(PENDING),
+            waiter: OnceLock::new(),
+        })
+    }
+
+    fn complete(&self, r: Result<Ack, AppendError>) {
+        let _ = self.result.set(r);
+        if self.state.swap(DONE, Ordering::AcqRel) == WAITING
+            && let Some(t) = self.waiter.get()
+        {
+            t.unpark();
+        }
+    }
+
+    fn get(&self) -> Option<Result<Ack, AppendError>> {
+        if self.state.load(Ordering::Acquire) == DONE {
+            self.result.get().cloned()
+        } else {
+            None
+        }
+    }
+
+    fn wait(&self) -> Result<Ack, AppendError> {
+        if let Some(r) = self.get() {
+            return r;
+        }
+        let _ = self.waiter.set(std::thread::current());
+        if self
+            .state
+            .compare_exchange(PENDING, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            while self.state.load(Ordering::Acquire) != DONE {
+                std::thread::park();
+            }
+        }
+        self.result
+            .get()
+            .cloned()
+            .unwrap_or(Err(AppendError::Abandoned))
+    }
 }
 
 enum Done {
@@ -199,12 +253,7 @@ enum Done {
 impl Done {
     fn complete(self, r: Result<Ack, AppendError>) {
         match self {
-            Done::Slot(slot) => {
-                let mut g = slot.state.lock().unwrap_or_else(|p| p.into_inner());
-                *g = Some(r);
-                drop(g);
-                slot.cv.notify_one();
-            }
+            Done::Slot(slot) => slot.complete(r),
             Done::Callback(f) => f(r),
             Done::Nothing => {}
         }
@@ -236,22 +285,12 @@ pub struct Receipt {
 impl Receipt {
     /// Blocks until the record is durable (or the log failed).
     pub fn wait(self) -> Result<Ack, AppendError> {
-        let mut g = self.slot.state.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = g.take() {
-                return r;
-            }
-            g = self.slot.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        self.slot.wait()
     }
 
     /// The result if it is already known.
     pub fn try_get(&self) -> Option<Result<Ack, AppendError>> {
-        self.slot
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.slot.get()
     }
 }
 
@@ -264,12 +303,49 @@ pub struct Stats {
     pub records: AtomicU64,
     /// Journal entries dropped.
     pub journal_dropped: AtomicU64,
+    /// Batches by size: bucket `i` counts batches of `2^i ..= 2^(i+1)-1` records.
+    pub batch_sizes: [AtomicU64; 24],
+}
+
+impl Stats {
+    /// The batch-size bucket `(from, to)` that holds the median record's batch: half the
+    /// records were committed in batches at most this large.
+    pub fn median_batch(&self) -> Option<(u64, u64)> {
+        let counts: Vec<u64> = self
+            .batch_sizes
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        // weight each bucket by an estimate of the records in it
+        let weights: Vec<u64> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c * (3u64 << i) / 2)
+            .collect();
+        let total: u64 = weights.iter().sum();
+        let mut acc = 0;
+        for (i, w) in weights.iter().enumerate() {
+            acc += w;
+            if total > 0 && acc * 2 >= total {
+                return Some((1 << i, (2 << i) - 1));
+            }
+        }
+        None
+    }
 }
 
 struct Shared {
     failed: Mutex<Option<String>>,
-    closed: AtomicBool,
     stats: Stats,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            failed: Mutex::new(None),
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// An open audit log with its writer thread.
@@ -390,10 +466,17 @@ impl Log {
         }
         let mut writer = Writer {
             path: path.clone(),
-            head_path,
             file,
             key: opts.key.clone(),
-            journal: opts.journal.as_deref().and_then(Journal::connect),
+            committer: Some(Committer {
+                path: path.clone(),
+                head_path,
+                journal: opts.journal.as_deref().and_then(Journal::connect),
+                head: None,
+                head_written: None,
+            }),
+            syncer: None,
+            spare: None,
             next_seq: chain.next_seq,
             prev: chain.prev,
             last_time_us: chain.last_time_us,
@@ -403,7 +486,7 @@ impl Log {
             opts: opts.clone(),
             buf: Vec::with_capacity(opts.max_batch_bytes + MAX_RECORD_BYTES),
             pending: Vec::new(),
-            wrote_checkpoint: None,
+            checkpoint: None,
         };
         let mut recovery = None;
         if let Some(f) = fault {
@@ -451,16 +534,12 @@ impl Log {
                 .map_err(|e| io(&path)(std::io::Error::other(e.to_string())))?;
         }
         let next_seq_at_open = writer.next_seq;
-        let shared = Arc::new(Shared {
-            failed: Mutex::new(None),
-            closed: AtomicBool::new(false),
-            stats: Stats::default(),
-        });
+        let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::sync_channel(opts.queue_capacity.max(1));
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || writer.run(rx, &sh))
+            .spawn(move || writer.run(rx, sh))
             .map_err(io(&path))?;
         Ok(Log {
             path,
@@ -544,10 +623,7 @@ impl Log {
     /// once the record is durable.
     pub fn append(&self, rec: Record) -> Result<Receipt, AppendError> {
         let (tx, body) = self.prepare(&rec)?;
-        let slot = Arc::new(Slot {
-            state: Mutex::new(None),
-            cv: Condvar::new(),
-        });
+        let slot = Slot::new();
         tx.send(Msg {
             kind: rec.kind,
             body,
@@ -601,7 +677,6 @@ impl Log {
 
     fn shutdown(&mut self) -> Result<(), AppendError> {
         self.tx = None;
-        self.shared.closed.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -701,24 +776,154 @@ fn save_tail(dir: &Path, file: &mut File, offset: u64, len: u64) -> std::io::Res
     Ok(p)
 }
 
-struct Writer {
+/// A batch written to the file, waiting to be made durable and acknowledged.
+struct Batch {
+    buf: Vec<u8>,
+    /// (done, ack, kind, line start, line end)
+    pending: Vec<(Done, Ack, Kind, usize, usize)>,
+    head: Option<Head>,
+}
+
+impl Batch {
+    fn fail(&mut self, path: &Path, reason: &str) {
+        for (done, ..) in self.pending.drain(..) {
+            done.complete(Err(AppendError::Failed {
+                path: path.to_path_buf(),
+                reason: reason.to_string(),
+            }));
+        }
+    }
+}
+
+/// Acknowledges durable batches, forwards them to the journal and keeps the head file.
+struct Committer {
     path: PathBuf,
     head_path: PathBuf,
+    journal: Option<Journal>,
+    /// Newest durable checkpoint not yet in the head file, and when the head file was written.
+    head: Option<Head>,
+    head_written: Option<Instant>,
+}
+
+/// The head file is replaced at most this often (and always when the log closes); it always
+/// names a durable checkpoint, at worst not the newest.
+const HEAD_INTERVAL: Duration = Duration::from_millis(500);
+
+impl Committer {
+    /// Called once the batches are durable.
+    fn ack(&mut self, batches: &mut [Batch], stats: &Stats) -> Result<(), String> {
+        let n: u64 = batches.iter().map(|b| b.pending.len() as u64).sum();
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats.records.fetch_add(n, Ordering::Relaxed);
+        let bucket = (63 - n.max(1).leading_zeros() as usize).min(23);
+        stats.batch_sizes[bucket].fetch_add(1, Ordering::Relaxed);
+        for b in batches.iter_mut() {
+            for (done, ack, kind, start, end) in b.pending.drain(..) {
+                if let Some(j) = self.journal.as_mut() {
+                    j.send(ack.seq, kind, &b.buf[start..end - 1]);
+                }
+                done.complete(Ok(ack));
+            }
+            if let Some(h) = b.head.take() {
+                self.head = Some(h);
+            }
+        }
+        if let Some(j) = &self.journal {
+            stats.journal_dropped.store(j.dropped, Ordering::Relaxed);
+        }
+        if self
+            .head_written
+            .is_none_or(|t| t.elapsed() >= HEAD_INTERVAL)
+        {
+            self.write_head()?;
+        }
+        Ok(())
+    }
+
+    fn write_head(&mut self) -> Result<(), String> {
+        if let Some(h) = self.head.take() {
+            h.write(&self.head_path).map_err(|e| e.to_string())?;
+            self.head_written = Some(Instant::now());
+        }
+        Ok(())
+    }
+}
+
+/// The group-commit syncer: takes written batches, makes all that are waiting durable with one
+/// `fdatasync`, acknowledges them. It runs beside the writer so that formatting and writing the
+/// next batch overlaps the sync of the previous ones.
+fn sync_loop(
+    file: File,
+    rx: Receiver<Batch>,
+    spare: SyncSender<Vec<u8>>,
+    mut committer: Committer,
+    shared: Arc<Shared>,
+) -> Committer {
+    let mut batches: Vec<Batch> = Vec::new();
+    while let Ok(b) = rx.recv() {
+        batches.push(b);
+        while let Ok(b) = rx.try_recv() {
+            batches.push(b);
+        }
+        let res = file
+            .sync_data()
+            .map_err(|e| format!("fdatasync: {e}"))
+            .and_then(|()| committer.ack(&mut batches, &shared.stats));
+        if let Err(reason) = res {
+            shared.fail(&reason);
+            for b in batches.iter_mut() {
+                b.fail(&committer.path, &reason);
+            }
+            for mut b in rx.iter() {
+                b.fail(&committer.path, &reason);
+            }
+            return committer;
+        }
+        for mut b in batches.drain(..) {
+            b.buf.clear();
+            let _ = spare.try_send(b.buf);
+        }
+    }
+    committer
+}
+
+impl Shared {
+    fn fail(&self, reason: &str) {
+        let mut g = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(reason.to_string());
+        }
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+struct Writer {
+    path: PathBuf,
     file: File,
     key: SigningKey,
-    journal: Option<Journal>,
     opts: LogOptions,
     next_seq: u64,
     prev: [u8; 32],
     last_time_us: u64,
+    /// Offset after the last byte written.
     end: u64,
     since_checkpoint: u64,
     first_uncovered: Option<Instant>,
     buf: Vec<u8>,
-    /// (done, ack, kind, line start, line end) for the batch being built.
     pending: Vec<(Done, Ack, Kind, usize, usize)>,
-    /// Offset and seq/hash of a checkpoint in the batch being built.
-    wrote_checkpoint: Option<(u64, u64, u64, [u8; 32], CheckpointDetail)>,
+    /// A checkpoint in the batch being built.
+    checkpoint: Option<Head>,
+    /// Acknowledges inline when there is no syncer thread.
+    committer: Option<Committer>,
+    /// To the syncer thread (group commit).
+    syncer: Option<SyncSender<Batch>>,
+    spare: Option<Receiver<Vec<u8>>>,
 }
 
 impl Writer {
@@ -750,18 +955,24 @@ impl Writer {
 
     fn push_checkpoint(&mut self) {
         let time_us = now_us().max(self.last_time_us);
-        self.last_time_us = time_us;
         let detail = CheckpointDetail::sign(&self.key, self.next_seq - 1, &self.prev, time_us);
-        let rec = Record::new(Kind::Checkpoint, "", "")
-            .detail(serde_json::to_value(&detail).unwrap_or_else(|_| serde_json::json!({})));
-        let Ok(body) = rec.encode_body() else { return };
+        let Ok(value) = serde_json::to_value(&detail) else {
+            return;
+        };
+        let Ok(body) = Record::new(Kind::Checkpoint, "", "")
+            .detail(value)
+            .encode_body()
+        else {
+            return;
+        };
         let offset = self.end + self.buf.len() as u64;
-        // `push` reads the clock again; keep the signed time.
         let start = self.buf.len();
         let seq = self.next_seq;
+        // Not `push`: the record's time must be the signed time.
         let hash = record::build_line(&mut self.buf, seq, time_us, &self.prev, &body);
         self.prev = hash;
         self.next_seq += 1;
+        self.last_time_us = time_us;
         self.pending.push((
             Done::Nothing,
             Ack { seq, hash, time_us },
@@ -769,7 +980,13 @@ impl Writer {
             start,
             self.buf.len(),
         ));
-        self.wrote_checkpoint = Some((seq, offset, self.end + self.buf.len() as u64, hash, detail));
+        self.checkpoint = Some(Head {
+            seq,
+            hash: hex::encode(hash),
+            offset,
+            end: self.end + self.buf.len() as u64,
+            checkpoint: detail,
+        });
         self.since_checkpoint = 0;
         self.first_uncovered = None;
     }
@@ -782,70 +999,95 @@ impl Writer {
                     .is_some_and(|t| t.elapsed() >= self.opts.checkpoint_interval))
     }
 
-    /// Writes and syncs the batch in `buf`, then acknowledges it. On failure every record of
-    /// the batch gets the error and the error is returned.
-    fn flush(&mut self, stats: &Stats) -> Result<(), String> {
+    /// Writes the batch being built; hands it to the syncer, or syncs and acknowledges it here.
+    fn flush(&mut self, shared: &Shared) -> Result<(), String> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let mut res = self.file.write_all(&self.buf);
-        if res.is_ok() && self.opts.durability != Durability::NoSync {
-            res = self.file.sync_data();
-        }
-        if let Err(e) = res {
-            let reason = format!("write or fdatasync at byte {}: {e}", self.end);
-            for (done, ..) in self.pending.drain(..) {
-                done.complete(Err(AppendError::Failed {
-                    path: self.path.clone(),
-                    reason: reason.clone(),
-                }));
-            }
-            self.buf.clear();
+        let fresh = self
+            .spare
+            .as_ref()
+            .and_then(|r| r.try_recv().ok())
+            .unwrap_or_else(|| Vec::with_capacity(self.opts.max_batch_bytes + MAX_RECORD_BYTES));
+        let mut batch = Batch {
+            buf: std::mem::replace(&mut self.buf, fresh),
+            pending: std::mem::take(&mut self.pending),
+            head: self.checkpoint.take(),
+        };
+        if let Err(e) = self.file.write_all(&batch.buf) {
+            let reason = format!("write at byte {}: {e}", self.end);
+            batch.fail(&self.path, &reason);
             return Err(reason);
         }
-        self.end += self.buf.len() as u64;
-        stats.batches.fetch_add(1, Ordering::Relaxed);
-        stats
-            .records
-            .fetch_add(self.pending.len() as u64, Ordering::Relaxed);
-        for (done, ack, kind, start, end) in self.pending.drain(..) {
-            if let Some(j) = self.journal.as_mut() {
-                j.send(ack.seq, kind, &self.buf[start..end - 1]);
-            }
-            done.complete(Ok(ack));
+        self.end += batch.buf.len() as u64;
+        if let Some(tx) = &self.syncer {
+            return tx.send(batch).map_err(|mut e| {
+                let reason = shared
+                    .failed()
+                    .unwrap_or_else(|| "the syncer thread stopped".into());
+                e.0.fail(&self.path, &reason);
+                reason
+            });
         }
-        if let Some(j) = &self.journal {
-            stats.journal_dropped.store(j.dropped, Ordering::Relaxed);
+        let mut res = Ok(());
+        if self.opts.durability != Durability::NoSync {
+            res = self
+                .file
+                .sync_data()
+                .map_err(|e| format!("fdatasync at byte {}: {e}", self.end));
         }
-        self.buf.clear();
-        if let Some((seq, offset, end, hash, checkpoint)) = self.wrote_checkpoint.take() {
-            let head = Head {
-                seq,
-                hash: hex::encode(hash),
-                offset,
-                end,
-                checkpoint,
-            };
-            head.write(&self.head_path).map_err(|e| e.to_string())?;
+        let batches = std::slice::from_mut(&mut batch);
+        if let Some(c) = self.committer.as_mut() {
+            res = res.and_then(|()| c.ack(batches, &shared.stats));
         }
+        if let Err(reason) = res {
+            batch.fail(&self.path, &reason);
+            return Err(reason);
+        }
+        batch.buf.clear();
+        self.buf = batch.buf;
         Ok(())
     }
 
     /// Appends one record and makes it durable, on the calling thread (used by `open`).
     fn commit_now(&mut self, rec: Record) -> Result<Ack, String> {
         let body = rec.encode_body().map_err(|e| e.to_string())?;
-        let slot = Arc::new(Slot {
-            state: Mutex::new(None),
-            cv: Condvar::new(),
-        });
+        let slot = Slot::new();
         self.push(rec.kind, &body, Done::Slot(Arc::clone(&slot)));
-        self.flush(&Stats::default())?;
-        Receipt { slot }.wait().map_err(|e| e.to_string())
+        let durability = self.opts.durability;
+        self.opts.durability = Durability::PerRecord;
+        let res = self.flush(&Shared::new());
+        self.opts.durability = durability;
+        res?;
+        slot.wait().map_err(|e| e.to_string())
     }
 
-    fn run(mut self, rx: Receiver<Msg>, shared: &Shared) {
+    fn run(mut self, rx: Receiver<Msg>, shared: Arc<Shared>) {
         let per_record = self.opts.durability == Durability::PerRecord;
-        let mut open = true;
+        let mut syncer = None;
+        if self.opts.durability == Durability::GroupCommit {
+            match (self.file.try_clone(), self.committer.take()) {
+                (Ok(file), Some(committer)) => {
+                    let (tx, brx) = mpsc::sync_channel(8);
+                    let (spare_tx, spare_rx) = mpsc::sync_channel(8);
+                    let sh = Arc::clone(&shared);
+                    match std::thread::Builder::new()
+                        .name("audit-sync".into())
+                        .spawn(move || sync_loop(file, brx, spare_tx, committer, sh))
+                    {
+                        Ok(h) => {
+                            self.syncer = Some(tx);
+                            self.spare = Some(spare_rx);
+                            syncer = Some(h);
+                        }
+                        Err(e) => shared.fail(&format!("cannot start the syncer thread: {e}")),
+                    }
+                }
+                (Err(e), _) => shared.fail(&format!("cannot clone the log's descriptor: {e}")),
+                (_, None) => shared.fail("no committer"),
+            }
+        }
+        let mut open = shared.failed().is_none();
         while open {
             let first = match self.first_uncovered {
                 Some(t) => {
@@ -880,18 +1122,35 @@ impl Writer {
             if self.checkpoint_due() || (!open && self.since_checkpoint > 0) {
                 self.push_checkpoint();
             }
-            if let Err(reason) = self.flush(&shared.stats) {
-                *shared.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
-                // Fail everything still queued; later senders get `Failed` from `append`.
-                while let Ok(mut m) = rx.try_recv() {
-                    if let Some(d) = m.done.take() {
-                        d.complete(Err(AppendError::Failed {
-                            path: self.path.clone(),
-                            reason: reason.clone(),
-                        }));
-                    }
+            if let Err(reason) = self.flush(&shared) {
+                shared.fail(&reason);
+            }
+            if shared.failed().is_some() {
+                break;
+            }
+        }
+        // Stop the syncer after it has acknowledged everything, then write the final head.
+        self.syncer = None;
+        if let Some(h) = syncer {
+            match h.join() {
+                Ok(c) => self.committer = Some(c),
+                Err(_) => shared.fail("the syncer thread panicked"),
+            }
+        }
+        if let Some(c) = self.committer.as_mut()
+            && let Err(reason) = c.write_head()
+        {
+            shared.fail(&reason);
+        }
+        // Fail everything still queued; later senders get `Failed` from `append`.
+        if let Some(reason) = shared.failed() {
+            while let Ok(mut m) = rx.try_recv() {
+                if let Some(d) = m.done.take() {
+                    d.complete(Err(AppendError::Failed {
+                        path: self.path.clone(),
+                        reason: reason.clone(),
+                    }));
                 }
-                return;
             }
         }
     }
