@@ -211,9 +211,15 @@ pub async fn run(opts: Options) -> Result<()> {
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let bus_lost = watch_bus(conn.clone());
     tokio::select! {
         _ = term.recv() => info!("SIGTERM"),
         _ = int.recv() => info!("SIGINT"),
+        e = bus_lost => {
+            // Without the bus nobody can reach us: exit non-zero so systemd restarts the daemon
+            // (Restart=on-failure); the agents keep running and are re-adopted.
+            bail!("lost the D-Bus connection ({e}); exiting, agents keep running");
+        }
     }
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
@@ -226,6 +232,33 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     drop(conn);
     Ok(())
+}
+
+/// Resolves when the bus connection is gone (a ping to the bus fails twice in a row).
+async fn watch_bus(conn: zbus::Connection) -> String {
+    let mut failures = 0;
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let r = conn
+            .call_method(
+                Some("org.freedesktop.DBus"),
+                "/org/freedesktop/DBus",
+                Some("org.freedesktop.DBus.Peer"),
+                "Ping",
+                &(),
+            )
+            .await;
+        match r {
+            Ok(_) => failures = 0,
+            Err(e) => {
+                failures += 1;
+                warn!("D-Bus ping failed: {e}");
+                if failures >= 2 {
+                    return e.to_string();
+                }
+            }
+        }
+    }
 }
 
 /// `agentosd check [--json]`.
