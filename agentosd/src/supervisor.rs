@@ -1193,7 +1193,13 @@ impl Supervisor {
                         i.main_pid = Some(pid);
                         i.main_start_time = rec.main_start_time;
                         i.pidfd = Some(pidfd.clone());
-                        i.unenforced = Vec::new();
+                        // Not persisted: recompute what this cgroup cannot enforce.
+                        i.unenforced = plan_budgets(
+                            &agent.cgroup.controllers().unwrap_or_default(),
+                            &rec.spec.budgets,
+                        )
+                        .1;
+                        i.notes = vec!["re-adopted after a daemon restart".to_string()];
                         i.generation
                     };
                     report.push(format!("{}: re-adopted main process PID {pid}", agent.id));

@@ -301,13 +301,14 @@ fn kill9_of_daemon_then_readopt_same_pids() {
             dir.path(),
             n,
             TICKER,
-            "restart: { policy: on-failure, limit: 3, backoff_ms: 100 }\n",
+            "restart: { policy: on-failure, limit: 3, backoff_ms: 100 }\ncompute: { mem: \"64MiB\" }\n",
         );
         d.ctl_ok(&["start", f.to_str().unwrap()]);
         pids.push(pid_of(&d.wait_state(n, "running", 5)));
     }
     d.ctl_ok(&["freeze", "a3"]);
     let before = d.list_json();
+    let a1_before = d.status_json("a1");
     d.kill9();
     std::thread::sleep(Duration::from_millis(300));
     for p in &pids {
@@ -324,6 +325,11 @@ fn kill9_of_daemon_then_readopt_same_pids() {
     let a1 = d.status_json("a1");
     assert_eq!(a1["state"], "running");
     assert_eq!(pid_of(&a1), pids[0], "same PID after re-adoption");
+    assert_eq!(
+        a1["unenforced_budgets"].as_array().unwrap().len(),
+        a1_before["unenforced_budgets"].as_array().unwrap().len(),
+        "unenforced budgets still reported after re-adoption: {a1}"
+    );
     let a3 = d.status_json("a3");
     assert_eq!(a3["state"], "frozen", "frozen agent re-adopted frozen");
     assert_eq!(pid_of(&a3), pids[2]);
