@@ -809,6 +809,13 @@ impl Supervisor {
                     return;
                 }
                 let failed = !status.success();
+                // Each run has a fresh cgroup, so any OOM kill counted there is this run's.
+                let oom = agent.cgroup.oom_kills() > 0;
+                let what = if oom {
+                    format!("oom-kill, {}", status.describe())
+                } else {
+                    status.describe()
+                };
                 let restart = match i.spec.restart.policy {
                     RestartPolicy::No => false,
                     RestartPolicy::OnFailure => failed,
@@ -817,22 +824,23 @@ impl Supervisor {
                 if restart && i.restarts >= i.spec.restart.limit {
                     i.state = State::Failed;
                     i.result = format!(
-                        "start-limit-hit: gave up after {} restarts ({})",
-                        i.restarts,
-                        status.describe()
+                        "start-limit-hit: gave up after {} restarts ({what})",
+                        i.restarts
                     );
                     (None, 0)
                 } else if restart {
                     let n = i.restarts;
                     i.state = State::Restarting;
-                    i.result = format!("auto-restart after {}", status.describe());
+                    i.result = format!("auto-restart after {what}");
                     (
                         Some(Duration::from_millis(i.spec.restart.delay_ms(n))),
                         n + 1,
                     )
                 } else {
                     i.state = if failed { State::Failed } else { State::Exited };
-                    i.result = if failed {
+                    i.result = if failed && oom {
+                        "oom-kill".to_string()
+                    } else if failed {
                         match status {
                             ExitStatus::Exited(_) => "exit-code".to_string(),
                             ExitStatus::Signaled(_) => "signal".to_string(),

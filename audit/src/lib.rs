@@ -14,6 +14,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod cli;
 mod journal;
 pub mod key;
 mod log;
