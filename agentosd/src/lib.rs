@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod dbus;
 pub mod logs;
 pub mod probe;
+pub mod sandbox;
 pub mod spawn;
 pub mod spec;
 pub mod state;

@@ -1,0 +1,291 @@
+//! The sandbox every agent runs in, built from its contract's capabilities: its own uid/gid,
+//! no capabilities (bounding set included), `no_new_privs`, a Landlock ruleset, and a seccomp
+//! deny-list. Everything that can fail or allocate happens here in the daemon before the clone;
+//! [`PreparedSandbox::apply_in_child`] only makes async-signal-safe system calls between clone
+//! and exec, and reports the failing stage and errno through spawn's exec-status pipe.
+//! The model is described in docs/security.md.
+
+pub mod identity;
+pub mod landlock;
+pub mod seccomp;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use contracts::{Contract, Mechanism};
+
+/// First child stage number used by the sandbox (spawn.rs uses 1-4 and reports these through
+/// [`stage_name`]).
+pub const STAGE_SETGROUPS: i32 = 10;
+pub const STAGE_SETRESGID: i32 = 11;
+pub const STAGE_CAPBSET: i32 = 12;
+pub const STAGE_SETRESUID: i32 = 13;
+pub const STAGE_CAPSET: i32 = 14;
+pub const STAGE_NO_NEW_PRIVS: i32 = 15;
+pub const STAGE_LANDLOCK: i32 = 16;
+pub const STAGE_SECCOMP: i32 = 17;
+
+/// What a child stage number means, for the error that reaches `agentctl`.
+pub fn stage_name(stage: i32) -> Option<&'static str> {
+    Some(match stage {
+        STAGE_SETGROUPS => "sandbox: setgroups(0) for",
+        STAGE_SETRESGID => "sandbox: setresgid for",
+        STAGE_CAPBSET => "sandbox: prctl(PR_CAPBSET_DROP) for",
+        STAGE_SETRESUID => "sandbox: setresuid for",
+        STAGE_CAPSET => "sandbox: capset(0) for",
+        STAGE_NO_NEW_PRIVS => "sandbox: prctl(PR_SET_NO_NEW_PRIVS) for",
+        STAGE_LANDLOCK => "sandbox: landlock_restrict_self for",
+        STAGE_SECCOMP => "sandbox: seccomp(SECCOMP_SET_MODE_FILTER) for",
+        _ => return None,
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    #[error(transparent)]
+    Landlock(#[from] landlock::LandlockError),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+    /// A `must` needs something this kernel cannot enforce: the agent is refused.
+    #[error("{0}")]
+    Unenforceable(String),
+}
+
+/// What the contract grants, with `{state}` expanded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grants {
+    pub fs_read: Vec<PathBuf>,
+    pub fs_write: Vec<PathBuf>,
+    pub fs_exec: Vec<PathBuf>,
+    pub net_connect: Vec<String>,
+    pub net_bind: Vec<String>,
+    pub must_landlock: bool,
+    pub must_seccomp: bool,
+}
+
+impl Grants {
+    pub fn from_contract(c: &Contract, home: &Path) -> Grants {
+        let mut g = Grants::default();
+        for cap in c.capabilities() {
+            let scope = cap.expand_scope(home);
+            match cap.name.as_str() {
+                "fs.read" => g.fs_read.extend(scope.into_iter().map(PathBuf::from)),
+                "fs.write" => g.fs_write.extend(scope.into_iter().map(PathBuf::from)),
+                "fs.exec" => g.fs_exec.extend(scope.into_iter().map(PathBuf::from)),
+                "net.connect" => g.net_connect.extend(scope),
+                "net.bind" => g.net_bind.extend(scope),
+                _ => {}
+            }
+        }
+        let m = &c.must().mechanisms;
+        g.must_landlock = m.contains(&Mechanism::Landlock);
+        g.must_seccomp = m.contains(&Mechanism::Seccomp);
+        g
+    }
+
+    /// The Landlock plan: the baseline (docs/security.md) plus the grants, plus `home`.
+    pub fn plan(&self, home: &Path) -> Result<landlock::Plan, landlock::LandlockError> {
+        let p = |v: &[&str]| v.iter().map(PathBuf::from).collect::<Vec<_>>();
+        let mut plan = landlock::Plan {
+            read: p(landlock::BASE_READ),
+            read_exec: p(landlock::BASE_READ_EXEC),
+            read_write: p(landlock::BASE_READ_WRITE_FILES),
+            connect: landlock::ports(&self.net_connect)?,
+            bind: landlock::ports(&self.net_bind)?,
+        };
+        plan.read.extend(self.fs_read.iter().cloned());
+        plan.read_exec.extend(self.fs_exec.iter().cloned());
+        plan.read_write.push(home.to_path_buf());
+        plan.read_write.extend(self.fs_write.iter().cloned());
+        Ok(plan)
+    }
+}
+
+/// Everything the child applies, prepared in the daemon.
+#[derive(Debug)]
+pub struct PreparedSandbox {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+    /// The filled Landlock ruleset (O_CLOEXEC); `None` when the kernel has no Landlock.
+    pub landlock: Option<OwnedFd>,
+    /// seccomp programs, installed in order.
+    pub seccomp: Vec<Vec<libc::sock_filter>>,
+    /// Gaps the operator should know about (shown by `agentctl status`).
+    pub notes: Vec<String>,
+}
+
+/// Build the sandbox for agent `tenant/name` in the daemon's `state_dir`. A `must` the
+/// kernel cannot meet is [`SandboxError::Unenforceable`].
+pub fn prepare(
+    state_dir: &Path,
+    tenant: &str,
+    name: &str,
+    contract: Option<&Contract>,
+) -> Result<PreparedSandbox, SandboxError> {
+    let id = format!("{tenant}/{name}");
+    let home = identity::home_dir(state_dir, tenant, name);
+    let grants = contract
+        .map(|c| Grants::from_contract(c, &home))
+        .unwrap_or_default();
+    let uid = identity::uid_for(state_dir, &id)?;
+    identity::make_home(state_dir, &home, uid)?;
+    let mut notes = Vec::new();
+    let abi = landlock::kernel_abi();
+    let plan = grants.plan(&home)?;
+    let lock = match abi {
+        None if grants.must_landlock => {
+            return Err(SandboxError::Unenforceable(format!(
+                "agent {id} requires landlock (must) but this kernel has no Landlock (run `agentosd check`)"
+            )));
+        }
+        None => {
+            notes.push("landlock: not available, filesystem and TCP grants not enforced".into());
+            None
+        }
+        Some(v) => {
+            if v < 4 && (plan.connect.is_some() || plan.bind.is_some()) {
+                if grants.must_landlock {
+                    return Err(SandboxError::Unenforceable(format!(
+                        "agent {id} requires landlock (must) with TCP rules, but the kernel's Landlock ABI {v} has none (needs 4)"
+                    )));
+                }
+                notes.push(format!("landlock ABI {v}: TCP port rules not enforced"));
+            }
+            if v < 6 {
+                notes.push(format!(
+                    "landlock ABI {v}: signal and abstract-socket scoping not enforced"
+                ));
+            }
+            let fd = landlock::build(&plan, grants.must_landlock).map_err(|e| {
+                if grants.must_landlock {
+                    SandboxError::Unenforceable(format!("agent {id} requires landlock (must): {e}"))
+                } else {
+                    e.into()
+                }
+            })?;
+            notes.push(format!("landlock ABI {v}"));
+            fd
+        }
+    };
+    if !grants.net_connect.is_empty() || !grants.net_bind.is_empty() {
+        notes.push("net: Landlock filters TCP ports only, not hosts or UDP".into());
+    }
+    let seccomp = seccomp::compile()?;
+    Ok(PreparedSandbox {
+        uid,
+        gid: uid,
+        home,
+        landlock: lock,
+        seccomp,
+        notes,
+    })
+}
+
+const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+impl PreparedSandbox {
+    /// Apply everything in the freshly cloned child. Only async-signal-safe system calls on
+    /// memory prepared before the clone: no allocation, no locks. Returns the failing stage;
+    /// the errno is left in `errno` for the caller to report.
+    ///
+    /// Order: groups and gid first (needs CAP_SETGID), then the bounding set (needs
+    /// CAP_SETPCAP, gone after setuid), then the uid (which clears permitted/effective), then
+    /// an explicit capset(0) and ambient clear, `no_new_privs`, Landlock, and seccomp last so
+    /// that the filter never sees the daemon's own setup calls. execve stays allowed.
+    ///
+    /// # Safety
+    /// Call only in a child between clone and execve.
+    pub unsafe fn apply_in_child(&self) -> Result<(), i32> {
+        // SAFETY: plain system calls on values and on buffers owned by `self`, which the
+        // child's copy of the address space keeps alive until execve.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0 {
+                return Err(STAGE_SETGROUPS);
+            }
+            if libc::setresgid(self.gid, self.gid, self.gid) != 0 {
+                return Err(STAGE_SETRESGID);
+            }
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            );
+            for cap in 0..64 {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                    && *libc::__errno_location() != libc::EINVAL
+                {
+                    return Err(STAGE_CAPBSET);
+                }
+            }
+            if libc::setresuid(self.uid, self.uid, self.uid) != 0 {
+                return Err(STAGE_SETRESUID);
+            }
+            let mut hdr = CapHeader {
+                version: LINUX_CAPABILITY_VERSION_3,
+                pid: 0,
+            };
+            let data = [CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            }; 2];
+            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
+                return Err(STAGE_CAPSET);
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(STAGE_NO_NEW_PRIVS);
+            }
+            if let Some(fd) = &self.landlock
+                && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0
+            {
+                return Err(STAGE_LANDLOCK);
+            }
+            for prog in &self.seccomp {
+                let fprog = libc::sock_fprog {
+                    len: prog.len() as u16,
+                    filter: prog.as_ptr() as *mut libc::sock_filter,
+                };
+                if libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &fprog as *const libc::sock_fprog,
+                ) != 0
+                {
+                    return Err(STAGE_SECCOMP);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Environment the agent gets from its sandbox: its state directory and private tmp.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let h = self.home.display().to_string();
+        vec![
+            ("HOME".into(), h.clone()),
+            ("STATE_DIRECTORY".into(), h.clone()),
+            ("TMPDIR".into(), format!("{h}/tmp")),
+        ]
+    }
+}
