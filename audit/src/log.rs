@@ -629,7 +629,11 @@ impl Log {
             body,
             done: Some(Done::Slot(Arc::clone(&slot))),
         })
-        .map_err(|_| self.send_err())?;
+        .map_err(|mpsc::SendError(mut m)| {
+            // Report once, through the return value, not also through the completion.
+            m.done = None;
+            self.send_err()
+        })?;
         Ok(Receipt { slot })
     }
 
@@ -638,9 +642,9 @@ impl Log {
         self.append(rec)?.wait()
     }
 
-    /// Queues a record and calls `done` on the writer thread once it is durable (or failed).
-    /// `done` must be quick (e.g. send on a `tokio::sync::oneshot`). Blocks while the queue is
-    /// full.
+    /// Queues a record and calls `done` once it is durable (or failed). `done` runs on the
+    /// log's syncer thread: it must be quick (e.g. send on a `tokio::sync::oneshot`) and must not
+    /// append to the log (that can deadlock against a full queue). Blocks while the queue is full.
     pub fn append_then(
         &self,
         rec: Record,
@@ -652,7 +656,37 @@ impl Log {
             body,
             done: Some(Done::Callback(Box::new(done))),
         })
-        .map_err(|_| self.send_err())
+        .map_err(|mpsc::SendError(mut m)| {
+            // Report once, through the return value, not also through the completion.
+            m.done = None;
+            self.send_err()
+        })
+    }
+
+    /// Like [`Log::append_then`] but never blocks: fails with [`AppendError::Full`] when the
+    /// queue is full (then `done` is dropped uncalled). For async callers: on `Full`, retry from
+    /// `spawn_blocking` with `append_then`, or fail closed.
+    pub fn try_append_then(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        let (tx, body) = self.prepare(&rec)?;
+        match tx.try_send(Msg {
+            kind: rec.kind,
+            body,
+            done: Some(Done::Callback(Box::new(done))),
+        }) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(mut m)) => {
+                m.done = None;
+                Err(AppendError::Full(self.path.clone()))
+            }
+            Err(TrySendError::Disconnected(mut m)) => {
+                m.done = None;
+                Err(self.send_err())
+            }
+        }
     }
 
     /// Queues a record without waiting for the queue or the disk; fails with

@@ -124,9 +124,13 @@ fn append_then_and_nowait() {
     log.append_then(gate("a", 1), move |r| tx.send(r).unwrap())
         .unwrap();
     let ack = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
-    log.append_nowait(gate("a", 2)).unwrap();
-    let last = log.append(gate("a", 3)).unwrap().wait().unwrap();
-    assert_eq!(last.seq, ack.seq + 2);
+    let (tx2, rx2) = mpsc::channel();
+    log.try_append_then(gate("a", 2), move |r| tx2.send(r).unwrap())
+        .unwrap();
+    log.append_nowait(gate("a", 3)).unwrap();
+    let last = log.append(gate("a", 4)).unwrap().wait().unwrap();
+    assert_eq!(rx2.recv().unwrap().unwrap().seq, ack.seq + 1);
+    assert_eq!(last.seq, ack.seq + 3);
 }
 
 #[test]
