@@ -260,6 +260,15 @@ impl Cgroup {
         self.write(file, value)
     }
 
+    /// OOM kills in this cgroup and below (`oom_kill` of `memory.events`); 0 without the
+    /// memory controller.
+    pub fn oom_kills(&self) -> u64 {
+        self.read("memory.events")
+            .ok()
+            .and_then(|t| parse_oom_kills(&t))
+            .unwrap_or(0)
+    }
+
     pub fn stats(&self) -> Stats {
         let cpu_usage_usec = self.read("cpu.stat").ok().and_then(|t| {
             t.lines()
@@ -298,6 +307,13 @@ pub fn parse_events(text: &str) -> Events {
         }
     }
     ev
+}
+
+fn parse_oom_kills(memory_events: &str) -> Option<u64> {
+    memory_events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The cgroup v2 path of process `pid` relative to the cgroup2 mount (`0::/…` in
@@ -355,6 +371,13 @@ mod tests {
         assert!(ev.populated && !ev.frozen);
         let ev = parse_events("populated 0\nfrozen 1\n");
         assert!(!ev.populated && ev.frozen);
+    }
+
+    #[test]
+    fn oom_kills_parse() {
+        let t = "low 0\nhigh 3\nmax 9\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(parse_oom_kills(t), Some(1));
+        assert_eq!(parse_oom_kills(""), None);
     }
 
     #[test]
