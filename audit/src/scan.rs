@@ -175,10 +175,13 @@ pub(crate) fn scan<R: BufRead>(
                 found: rec.seq,
             });
         }
-        let prev = hex::encode(chain.prev);
-        if rec.prev != prev {
+        let mut prev = [0u8; 32];
+        if hex::decode_to_slice(&rec.prev, &mut prev).is_err()
+            || prev != chain.prev
+            || rec.prev.bytes().any(|b| b.is_ascii_uppercase())
+        {
             return fault(Problem::BrokenLink {
-                expected: prev,
+                expected: hex::encode(chain.prev),
                 found: rec.prev,
             });
         }

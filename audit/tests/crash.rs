@@ -122,3 +122,95 @@ fn kill_9_mid_storm_loses_no_acknowledged_record() {
         );
     }
 }
+
+const FULL_ENV: &str = "AUDIT_FULL_DIR";
+
+/// The child of `a_failed_write_fails_closed`: runs with a file-size limit, appends until the
+/// log refuses.
+#[test]
+fn full_child() {
+    let Ok(dir) = std::env::var(FULL_ENV) else {
+        return;
+    };
+    let log = Log::open(dir.as_ref(), opts()).unwrap();
+    let mut out = std::io::stdout();
+    for i in 0..100_000 {
+        match log
+            .append(gate("full", i))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .wait()
+        {
+            Ok(ack) => writeln!(out, "ACK {} {}", ack.seq, hex::encode(ack.hash)).unwrap(),
+            Err(e) => {
+                writeln!(out, "ERR {e}").unwrap();
+                break;
+            }
+        }
+    }
+    match log.append(gate("full", 0)) {
+        Ok(r) => writeln!(out, "AFTER {:?}", r.wait()).unwrap(),
+        Err(e) => writeln!(out, "AFTER {e}").unwrap(),
+    }
+    writeln!(out, "CLOSE {:?}", log.close()).unwrap();
+}
+
+/// A write that fails (here: EFBIG past RLIMIT_FSIZE) fails the batch and every later append —
+/// the log fails closed — and the next open recovers, keeping every acknowledged record.
+#[test]
+fn a_failed_write_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = honest_log(dir.path(), 3);
+    let limit = std::fs::metadata(&path).unwrap().len() + 20_000;
+    // SIGXFSZ ignored (inherited through exec), so the write returns EFBIG instead of killing.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --exact full_child --nocapture --test-threads=1"
+        ))
+        .arg(std::env::current_exe().unwrap())
+        .env(FULL_ENV, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks: HashMap<u64, String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACK "))
+        .map(|l| {
+            let (s, h) = l.split_once(' ').unwrap();
+            (s.parse().unwrap(), h.to_string())
+        })
+        .collect();
+    assert!(acks.len() > 10, "{stdout}");
+    let err = stdout
+        .lines()
+        .find(|l| l.starts_with("ERR "))
+        .expect("an error");
+    assert!(
+        err.contains("File too large") && err.contains("no further records"),
+        "{err}"
+    );
+    let after = stdout.lines().find(|l| l.starts_with("AFTER ")).unwrap();
+    assert!(after.contains("no further records"), "{after}");
+    let close = stdout.lines().find(|l| l.starts_with("CLOSE ")).unwrap();
+    assert!(close.contains("Err"), "{close}");
+
+    let log = Log::open(dir.path(), opts()).unwrap();
+    eprintln!("{err}\nreopen: recovery {:?}", log.recovery());
+    log.close().unwrap();
+    verify(&path, &key().verifying_key()).unwrap();
+    let stored: HashMap<u64, String> = Reader::open(&path, Default::default())
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.record.seq, e.record.hash)
+        })
+        .collect();
+    for (seq, hash) in &acks {
+        assert_eq!(stored.get(seq), Some(hash), "acknowledged seq {seq}");
+    }
+}
