@@ -196,6 +196,9 @@ pub struct Status {
     pub exit_status: String,
     pub unenforced_budgets: Vec<String>,
     pub notes: Vec<String>,
+    /// HRT only: deadline overruns seen (absent from older daemons).
+    #[serde(default)]
+    pub deadline_misses: Option<u64>,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -472,6 +475,12 @@ pub fn render_status(st: &Status, log: &[String]) -> String {
     s.push_str(&format!("      Class: {class}\n"));
     for n in &st.notes {
         s.push_str(&format!("             {n}\n"));
+    }
+    if let Some(m) = st.deadline_misses {
+        s.push_str(&format!(
+            "     Misses: {m} deadline overruns seen (sampled every {} ms)\n",
+            crate::sched::MONITOR_INTERVAL.as_millis()
+        ));
     }
     s.push_str(&format!("      Tasks: {}\n", st.tasks_current));
     s.push_str(&format!(

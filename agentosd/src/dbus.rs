@@ -32,6 +32,8 @@ pub enum ApiError {
     Kernel(String),
     Unenforceable(String),
     ExecFailed(String),
+    /// HRT admission refused the agent; the message has the numbers.
+    Unschedulable(String),
     InvalidArgs(String),
     Io(String),
 }
@@ -47,6 +49,7 @@ impl From<supervisor::Error> for ApiError {
             E::Kernel(m) => ApiError::Kernel(m),
             E::Unenforceable(m) => ApiError::Unenforceable(m),
             E::ExecFailed(m) => ApiError::ExecFailed(m),
+            E::Unschedulable(m) => ApiError::Unschedulable(m),
         }
     }
 }
@@ -396,6 +399,12 @@ impl AgentObject {
     #[zbus(property, name = "LatencyClass")]
     async fn latency_class(&self) -> String {
         self.agent.spec().latency_class
+    }
+
+    /// HRT: deadline overruns seen in the current run (a sampled lower bound); 0 otherwise.
+    #[zbus(property(emits_changed_signal = "false"), name = "DeadlineMisses")]
+    async fn deadline_misses(&self) -> u64 {
+        self.status().deadline_misses.unwrap_or(0)
     }
 
     /// CPU time in ns (`cpu.stat usage_usec`); u64::MAX when unknown, like systemd.

@@ -7,6 +7,7 @@ pub mod dbus;
 pub mod logs;
 pub mod probe;
 pub mod sandbox;
+pub mod sched;
 pub mod spawn;
 pub mod spec;
 pub mod state;

@@ -1,5 +1,6 @@
 //! Start an agent's main process directly inside its cgroup: `clone3(CLONE_INTO_CGROUP |
-//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, optional `SCHED_IDLE`,
+//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, the latency class's
+//! policy (`SCHED_IDLE` or `SCHED_DEADLINE`, see `sched.rs`),
 //! `chdir`, `execve`. An exec failure is reported to the parent over a CLOEXEC pipe, so "command
 //! not found" reaches the operator instead of a silent exit 127.
 
@@ -63,7 +64,10 @@ pub struct Command {
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     pub log_file: PathBuf,
-    pub sched_idle: bool,
+    /// The agent's sandbox (uid, capabilities, Landlock, seccomp), applied last before execve.
+    pub sandbox: Option<crate::sandbox::PreparedSandbox>,
+    /// Scheduling policy the child takes before execve (the latency class).
+    pub sched: crate::sched::ChildSched,
 }
 
 /// A started process: its PID and a pidfd that stays valid after it exits.
@@ -152,8 +156,9 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
     // SAFETY: `empty` is a valid sigset_t owned by this frame.
     unsafe { libc::sigemptyset(&mut empty) };
     let sched_param = libc::sched_param { sched_priority: 0 };
-    let sched_idle = cmd.sched_idle;
+    let child_sched = cmd.sched;
 
+    let sandbox = cmd.sandbox.as_ref();
     let mut pidfd: libc::c_int = -1;
     let mut args = CloneArgs {
         flags: CLONE_PIDFD | CLONE_INTO_CGROUP,
@@ -198,13 +203,29 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
             let mut ok = libc::dup2(devnull_fd, 0) >= 0
                 && libc::dup2(log_fd, 1) >= 0
                 && libc::dup2(log_fd, 2) >= 0;
-            if ok && sched_idle {
-                stage = 2;
-                ok = libc::sched_setscheduler(0, libc::SCHED_IDLE, &sched_param) == 0;
+            match child_sched {
+                crate::sched::ChildSched::None => {}
+                crate::sched::ChildSched::Idle if ok => {
+                    stage = 2;
+                    ok = libc::sched_setscheduler(0, libc::SCHED_IDLE, &sched_param) == 0;
+                }
+                crate::sched::ChildSched::Deadline(ref attr) if ok => {
+                    // Deadline tasks may exec but not fork; see sched.rs.
+                    stage = 5;
+                    ok = crate::sched::raw_sched_setattr(0, attr) == 0;
+                }
+                _ => {}
             }
             if ok {
                 stage = 3;
                 ok = libc::chdir(cwd_p) == 0;
+            }
+            if ok && let Some(sb) = sandbox {
+                // SAFETY: we are the child between clone3 and execve.
+                if let Err(st) = sb.apply_in_child() {
+                    stage = st;
+                    ok = false;
+                }
             }
             if ok {
                 stage = 4;
@@ -258,6 +279,14 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
             cmd.program.display().to_string(),
         ),
         3 => ("chdir to", cmd.cwd.display().to_string()),
+        s if crate::sandbox::stage_name(s).is_some() => (
+            crate::sandbox::stage_name(s).unwrap_or("sandbox"),
+            cmd.program.display().to_string(),
+        ),
+        5 => (
+            "sched_setattr(SCHED_DEADLINE) for",
+            cmd.program.display().to_string(),
+        ),
         _ => ("execve", cmd.program.display().to_string()),
     };
     Err(SpawnError::Child {

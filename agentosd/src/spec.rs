@@ -82,6 +82,9 @@ pub struct AgentSpec {
     pub exec: Option<ExecSpec>,
     pub restart: Restart,
     pub budgets: Budgets,
+    /// HRT reservation and cpuset (see `sched.rs`); absent in records of older daemons.
+    #[serde(default)]
+    pub sched: crate::sched::SchedSpec,
 }
 
 impl AgentSpec {
@@ -121,6 +124,7 @@ impl AgentSpec {
                 pids: b.pids,
                 must: b.must,
             },
+            sched: crate::sched::SchedSpec::from_contract(c),
         }
     }
 

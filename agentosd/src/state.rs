@@ -173,6 +173,7 @@ mod tests {
                 exec: None,
                 restart: Restart::default(),
                 budgets: Budgets::default(),
+                sched: Default::default(),
             },
             contract: "name: x".into(),
             origin: "test".into(),

@@ -100,6 +100,9 @@ pub enum Error {
     Unenforceable(String),
     #[error("{0}")]
     ExecFailed(String),
+    /// HRT admission refused the reservation (the message has the numbers).
+    #[error("{0}")]
+    Unschedulable(String),
 }
 
 impl Error {
@@ -113,6 +116,7 @@ impl Error {
             Error::Kernel(_) => "Kernel",
             Error::Unenforceable(_) => "Unenforceable",
             Error::ExecFailed(_) => "ExecFailed",
+            Error::Unschedulable(_) => "Unschedulable",
         }
     }
 }
@@ -166,6 +170,8 @@ pub struct AgentStatus {
     pub exit_status: String,
     pub unenforced_budgets: Vec<String>,
     pub notes: Vec<String>,
+    /// HRT: deadline overruns seen in the current run (sampled lower bound, see sched.rs).
+    pub deadline_misses: Option<u64>,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -206,6 +212,8 @@ pub struct Agent {
     pub object_path: String,
     pub cgroup: Cgroup,
     pub log_path: PathBuf,
+    /// Deadline overruns of the current run (HRT).
+    overruns: Arc<crate::sched::OverrunMonitor>,
     inner: Mutex<Inner>,
     op: tokio::sync::Mutex<()>,
     persist_lock: Mutex<()>,
@@ -284,6 +292,8 @@ impl Agent {
                     exit_status: i.exit_status.map(|s| s.describe()).unwrap_or_default(),
                     unenforced_budgets: i.unenforced.clone(),
                     notes: i.notes.clone(),
+                    deadline_misses: (i.spec.latency_class == "HRT")
+                        .then(|| self.overruns.misses()),
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,
@@ -347,6 +357,8 @@ pub struct Supervisor {
     agents: Mutex<BTreeMap<String, Arc<Agent>>>,
     events: UnboundedSender<Event>,
     boot_id: String,
+    /// Admitted HRT reservations (see sched.rs).
+    admission: crate::sched::Admission,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -375,6 +387,8 @@ impl Supervisor {
         // Best effort: controllers that can be enabled are; the rest is reported per agent.
         root.enable_subtree(cgroup::BUDGET_CONTROLLERS);
         agents_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
+        root.enable_subtree(&["cpuset"]);
+        agents_cg.enable_subtree(&["cpuset"]);
         let cgroup_mount =
             cgroup::cgroup2_mount().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
         Ok(Arc::new(Supervisor {
@@ -386,6 +400,7 @@ impl Supervisor {
             agents: Mutex::new(BTreeMap::new()),
             events,
             boot_id: sys::boot_id(),
+            admission: crate::sched::Admission::default(),
         }))
     }
 
@@ -471,6 +486,7 @@ impl Supervisor {
             name: spec.name.clone(),
             object_path: crate::spec::agent_object_path(&spec.tenant, &spec.name),
             log_path: logs::log_path(&self.cfg.log_dir, &spec.tenant, &spec.name),
+            overruns: Arc::default(),
             cgroup: cg,
             inner: Mutex::new(Inner {
                 spec,
@@ -548,6 +564,12 @@ impl Supervisor {
                     self.root.path().display()
                 )));
             }
+        }
+        if let (Some(d), "HRT") = (&spec.sched.deadline, spec.latency_class.as_str()) {
+            // Refuse an unschedulable agent before anything exists; launch() admits it.
+            self.admission
+                .check(&id, d, &spec.sched.cpuset)
+                .map_err(Error::Unschedulable)?;
         }
         let (agent, is_new) = {
             let mut agents = lock(&self.agents);
@@ -643,10 +665,14 @@ impl Supervisor {
                 );
                 info!(agent = %agent.id, pid = child.pid, "started");
                 self.changed(agent);
+                if spec.sched.deadline.is_some() && spec.latency_class == "HRT" {
+                    self.monitor_overruns(agent.clone(), generation, child.pid);
+                }
                 self.watch(agent.clone(), generation, pidfd);
                 Ok(())
             }
             Err(e) => {
+                self.admission.release(&agent.id);
                 let _ = agent.cgroup.kill();
                 let _ = agent.cgroup.remove();
                 {
@@ -710,29 +736,18 @@ impl Supervisor {
         for (file, value) in to_write {
             cg.set(file, &value)?;
         }
-        let mut notes = Vec::new();
-        let sched_idle = spec.latency_class == "DT";
-        match spec.latency_class.as_str() {
-            "DT" => {
-                if available.iter().any(|c| c == "cpu") {
-                    if cg.set("cpu.idle", "1").is_ok() {
-                        notes.push("class DT: cpu.idle=1 and SCHED_IDLE".to_string());
-                    }
-                } else {
-                    notes.push("class DT: SCHED_IDLE".to_string());
-                }
-            }
-            "" => {}
-            other => notes.push(format!(
-                "class {other}: scheduling not applied by this daemon version"
-            )),
-        }
+        let (child_sched, notes, unenforced) =
+            self.apply_class(agent, spec, cg, &available, unenforced)?;
+        let sandbox = sandbox_for(&self.cfg.state_dir, agent)?;
+        let mut notes = notes;
+        notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
         // Command.
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
         env.insert("AGENTOS_AGENT".into(), agent.id.clone());
         env.insert("AGENTOS_AGENT_NAME".into(), agent.name.clone());
         env.insert("AGENTOS_TENANT".into(), agent.tenant.clone());
+        env.extend(sandbox.env());
         for (k, v) in &exec.env {
             env.insert(k.clone(), v.clone());
         }
@@ -748,7 +763,8 @@ impl Supervisor {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("/")),
             log_file: agent.log_path.clone(),
-            sched_idle,
+            sched: child_sched,
+            sandbox: Some(sandbox),
         };
         logs::append_note(
             &agent.log_path,
@@ -766,6 +782,74 @@ impl Supervisor {
                 other => Error::Kernel(format!("agent {id}: {other}")),
             })?;
         Ok((child, unenforced, notes))
+    }
+
+    /// Admit (HRT) and apply the latency class to the fresh cgroup `cg`; returns what the child
+    /// does before execve, the notes and the unenforced list extended by the class's.
+    fn apply_class(
+        &self,
+        agent: &Agent,
+        spec: &AgentSpec,
+        cg: &Cgroup,
+        available: &[String],
+        mut unenforced: Vec<String>,
+    ) -> Result<(crate::sched::ChildSched, Vec<String>, Vec<String>), Error> {
+        let hrt = spec.latency_class == "HRT";
+        let cpu = match (&spec.sched.deadline, hrt) {
+            (Some(d), true) => Some(
+                self.admission
+                    .admit(&agent.id, d, &spec.sched.cpuset)
+                    .inspect_err(|_| {
+                        let _ = cg.remove();
+                    })
+                    .map_err(Error::Unschedulable)?,
+            ),
+            _ => None,
+        };
+        agent.overruns.reset();
+        let plan = crate::sched::plan(
+            &spec.latency_class,
+            &spec.sched,
+            available,
+            cpu,
+            spec.budgets.memory_bytes,
+            crate::sched::scx_agentos_loaded(),
+        );
+        let mut notes = plan.notes;
+        unenforced.extend(plan.unenforced);
+        let mut partition_failed = false;
+        for (file, value) in &plan.cgroup_files {
+            if partition_failed && file.starts_with("cpuset") {
+                continue;
+            }
+            if let Err(e) = cg.set(file, value) {
+                if *file == "cpuset.cpus.partition" || *file == "cpuset.cpus" {
+                    // Without an exclusive partition a pinned deadline task is refused
+                    // (its affinity must span the root domain): run unpinned instead.
+                    let _ = cg.set("cpuset.cpus", "");
+                    partition_failed = true;
+                    notes.retain(|n| !n.starts_with("pinned:"));
+                    unenforced.push(format!("cpuset pinning {file}={value} ({e})"));
+                } else {
+                    unenforced.push(format!("{file}={value} ({e})"));
+                }
+            }
+        }
+        Ok((plan.child, notes, unenforced))
+    }
+
+    /// Sample the HRT agent's threads for deadline overruns while this run lasts.
+    fn monitor_overruns(&self, agent: Arc<Agent>, generation: u64, pid: u32) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::sched::MONITOR_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                if lock(&agent.inner).generation != generation || !agent.overruns.sample(pid) {
+                    return;
+                }
+            }
+        });
     }
 
     /// Wait for the main process (`pidfd`) to exit, then apply the restart policy.
@@ -857,6 +941,7 @@ impl Supervisor {
             // The main process is gone: nothing else of this run may stay (like systemd's
             // KillMode=control-group). The cgroup goes too; a restart makes a fresh one.
             self.kill_and_wait(&agent).await;
+            self.admission.release(&agent.id);
             let _ = agent.cgroup.remove();
             let Some(delay) = delay else {
                 info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
@@ -979,6 +1064,7 @@ impl Supervisor {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let rm = agent.cgroup.remove();
+        self.admission.release(&agent.id);
         {
             let mut i = lock(&agent.inner);
             i.state = final_state;
@@ -1211,6 +1297,15 @@ impl Supervisor {
                         i.generation
                     };
                     report.push(format!("{}: re-adopted main process PID {pid}", agent.id));
+                    if let (Some(d), "HRT") =
+                        (&rec.spec.sched.deadline, rec.spec.latency_class.as_str())
+                    {
+                        // It runs already: count its reservation, and say when it overloads.
+                        if let Err(e) = self.admission.admit(&agent.id, d, &rec.spec.sched.cpuset) {
+                            report.push(format!("{}: re-adopted over the bound: {e}", agent.id));
+                        }
+                        self.monitor_overruns(agent.clone(), generation, pid);
+                    }
                     logs::append_note(
                         &agent.log_path,
                         &format!("re-adopted main process PID {pid}"),
@@ -1350,6 +1445,30 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a
+/// bare spec (no contract text) gets the baseline with no grants; a contract that no longer
+/// parses is refused rather than run with less than it declared.
+fn sandbox_for(state_dir: &Path, agent: &Agent) -> Result<crate::sandbox::PreparedSandbox, Error> {
+    let (text, origin) = {
+        let i = lock(&agent.inner);
+        (i.contract.clone(), i.origin.clone())
+    };
+    let contract = if text.trim().is_empty() {
+        None
+    } else {
+        Some(
+            contracts::parse_contract(&text, &origin)
+                .map_err(|e| Error::InvalidContract(e.to_string()))?,
+        )
+    };
+    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract.as_ref()).map_err(|e| {
+        match e {
+            crate::sandbox::SandboxError::Unenforceable(m) => Error::Unenforceable(m),
+            other => Error::Kernel(format!("agent {}: sandbox: {other}", agent.id)),
+        }
+    })
 }
 
 /// Split the contract's budgets into cgroup files to write (their controller is `available` in

@@ -393,7 +393,7 @@ fn agents_dir_is_loaded_at_start() {
 
 #[test]
 fn two_hundred_agents() {
-    let (_bus, cg, dir, d) = setup!("many");
+    let (_bus, cg, dir, mut d) = setup!("many");
     const N: usize = 200;
     let t = Instant::now();
     for i in 0..N {
@@ -416,6 +416,17 @@ fn two_hundred_agents() {
         let pid = row["main_pid"].as_u64().unwrap() as u32;
         assert!(common::alive(pid));
         pids.push(pid);
+    }
+    // kill -9 of the daemon with 200 agents: all re-adopted with the same PIDs
+    d.kill9();
+    let t = Instant::now();
+    d.spawn();
+    let readopted = t.elapsed();
+    let again = d.list_json();
+    assert_eq!(again.len(), N);
+    for (row, pid) in again.iter().zip(&pids) {
+        assert_eq!(row["state"], "running", "{row}");
+        assert_eq!(row["main_pid"].as_u64().unwrap() as u32, *pid, "{row}");
     }
     let table = d.ctl_ok(&["list"]);
     assert!(table.contains(&format!("{N} agents listed.")));
@@ -442,10 +453,11 @@ fn two_hundred_agents() {
         .count();
     assert_eq!(left, 0, "agent cgroups left");
     eprintln!(
-        "MEASURED {N} agents: start {:?} ({:?}/agent incl. agentctl), list {:?}, stop all {:?}; daemon had {fds} fds, {threads} threads",
+        "MEASURED {N} agents: start {:?} ({:?}/agent incl. agentctl), list {:?}, kill -9 + restart until answering with all re-adopted {:?}, stop all {:?}; daemon had {fds} fds, {threads} threads",
         started,
         started / N as u32,
         listed,
+        readopted,
         stopped
     );
     assert!(fds < N * 2 + 64, "{fds} fds for {N} agents");

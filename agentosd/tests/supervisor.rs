@@ -29,6 +29,7 @@ fn spec(name: &str, script: &str, restart: Restart) -> AgentSpec {
             pids: Some(64),
             must: false,
         },
+        sched: Default::default(),
     }
 }
 
@@ -267,17 +268,14 @@ async fn must_budgets_refused_without_controllers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_after_leftovers_were_killed() {
     skip_unless_capable!();
-    let (_cg, dir, sup) = setup("leftover");
-    let marker = dir.path().join("runs");
-    let script = format!(
-        "echo run >> {m}; sleep 1000 & if [ $(wc -l < {m}) -lt 2 ]; then exit 4; fi; while true; do sleep 0.1; done",
-        m = marker.display()
-    );
+    let (_cg, _dir, sup) = setup("leftover");
+    // The sandboxed agent may write only its own state directory ($STATE_DIRECTORY).
+    let script = "m=$STATE_DIRECTORY/runs; echo run >> $m; sleep 1000 & if [ $(wc -l < $m) -lt 2 ]; then exit 4; fi; while true; do sleep 0.1; done";
     let a = sup
         .start_spec(
             spec(
                 "leftover",
-                &script,
+                script,
                 Restart {
                     policy: RestartPolicy::OnFailure,
                     limit: 3,

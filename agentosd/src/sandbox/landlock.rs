@@ -109,7 +109,8 @@ pub fn build(plan: &Plan, required: bool) -> Result<Option<OwnedFd>, LandlockErr
         CompatLevel::BestEffort
     };
     let fs_all = AccessFs::from_all(abi);
-    let read = AccessFs::from_read(abi);
+    // Not `from_read`: in the crate that includes Execute.
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let write = AccessFs::from_write(abi);
     let mut rs = Ruleset::default()
         .set_compatibility(level)

@@ -206,6 +206,12 @@ impl PreparedSandbox {
     /// memory prepared before the clone: no allocation, no locks. Returns the failing stage;
     /// the errno is left in `errno` for the caller to report.
     ///
+    /// The credential calls are raw system calls, not glibc's `setgroups`/`setres[ug]id`:
+    /// those apply POSIX process-wide semantics by signalling every thread glibc believes
+    /// exists (`__nptl_setxid`), and after a raw `clone3` from the multi-threaded daemon that
+    /// list still names the parent's threads, so the child could wait forever for them. The
+    /// child has exactly one thread, so the per-thread kernel call is the whole effect.
+    ///
     /// Order: groups and gid first (needs CAP_SETGID), then the bounding set (needs
     /// CAP_SETPCAP, gone after setuid), then the uid (which clears permitted/effective), then
     /// an explicit capset(0) and ambient clear, `no_new_privs`, Landlock, and seccomp last so
@@ -217,10 +223,10 @@ impl PreparedSandbox {
         // SAFETY: plain system calls on values and on buffers owned by `self`, which the
         // child's copy of the address space keeps alive until execve.
         unsafe {
-            if libc::setgroups(0, std::ptr::null()) != 0 {
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {
                 return Err(STAGE_SETGROUPS);
             }
-            if libc::setresgid(self.gid, self.gid, self.gid) != 0 {
+            if libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid) != 0 {
                 return Err(STAGE_SETRESGID);
             }
             libc::prctl(
@@ -237,7 +243,7 @@ impl PreparedSandbox {
                     return Err(STAGE_CAPBSET);
                 }
             }
-            if libc::setresuid(self.uid, self.uid, self.uid) != 0 {
+            if libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) != 0 {
                 return Err(STAGE_SETRESUID);
             }
             let mut hdr = CapHeader {

@@ -1,0 +1,533 @@
+//! The escape suite: hostile attempts, each run as its own agent under a real agentosd, each
+//! asserting the specific errno the kernel returns, next to control actions that must still
+//! work in the same sandbox (so the suite cannot pass by breaking everything).
+//!
+//! This binary is both the suite (`cargo test -p agentosd --test escape`) and the probe the
+//! agents execute (`escape-… probe ATTEMPT ARGS…`). Root only; skips with a message otherwise.
+//! Budget attempts (fork bomb, memory hog) need cgroup controllers: vm-tests/tests/escape.rs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../common/mod.rs"]
+mod common;
+mod probe;
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expect {
+    /// The call must fail with this errno.
+    Denied(&'static str),
+    /// The call must succeed (a control).
+    Allowed,
+}
+use Expect::*;
+
+struct Attempt {
+    name: &'static str,
+    args: Vec<String>,
+    expect: Expect,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("probe") {
+        probe::run(&args[2..]);
+        return;
+    }
+    // `cargo test` passes harness flags; a bare word filters attempts by name.
+    let filter: Option<String> = args[1..].iter().find(|a| !a.starts_with('-')).cloned();
+    if args.iter().any(|a| a == "--list") {
+        return;
+    }
+    if let Some(why) = common::skip_reason() {
+        eprintln!("SKIPPED escape: {why}");
+        return;
+    }
+    if agentosd::sandbox::landlock::kernel_abi().is_none() {
+        eprintln!("SKIPPED escape: kernel without Landlock");
+        return;
+    }
+    std::process::exit(suite(filter.as_deref()));
+}
+
+fn wait_line(log: &Path, secs: u64) -> Option<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.starts_with("{\"attempt\"")) {
+            return serde_json::from_str(l).ok();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+fn suite(filter: Option<&str>) -> i32 {
+    let exe = std::env::current_exe().unwrap();
+    let exe_s = exe.display().to_string();
+    let cg = common::TestCgroup::new("escape");
+    let bus = common::Bus::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The agents' uids must be able to walk to their state directories.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let state = dir.path().join("state");
+    let d = common::Daemon::start(&bus, &cg.path, &state);
+
+    // Granted paths: one readable, one writable; a world-writable /tmp is NOT granted.
+    let grant = tempfile::Builder::new()
+        .prefix("agentos-escape-grant")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(grant.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(grant.path().join("data"), "granted data\n").unwrap();
+    std::fs::set_permissions(
+        grant.path().join("data"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let wgrant = tempfile::Builder::new()
+        .prefix("agentos-escape-wgrant")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(wgrant.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+
+    // Loopback listeners: one granted, one not; and a free port to bind.
+    let granted = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ungranted = TcpListener::bind("127.0.0.1:0").unwrap();
+    let gport = granted.local_addr().unwrap().port();
+    let uport = ungranted.local_addr().unwrap().port();
+    let free = |_: ()| {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let bind_ok = free(());
+    let bind_no = free(());
+
+    let caps = format!(
+        "capabilities:\n  - fs.read: [{}]\n  - fs.write: [{}]\n  - fs.exec: [{}]\n  - net.connect: [\"127.0.0.1:{gport}\"]\n  - net.bind: [\"127.0.0.1:{bind_ok}\"]\nrestart: \"no\"\n",
+        grant.path().display(),
+        wgrant.path().display(),
+        exe_s
+    );
+    let contract = |name: &str, attempt: &str, args: &[String]| {
+        let mut a = vec!["probe".to_string(), attempt.to_string()];
+        a.extend(args.iter().cloned());
+        let a: Vec<String> = a.iter().map(|s| format!("{s:?}")).collect();
+        let text = format!(
+            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: escape\nexec: {{ command: {exe_s:?}, args: [{}] }}\n{caps}",
+            a.join(", ")
+        );
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+
+    // A victim agent to attack: another agent with a secret in its state directory.
+    let vf = contract("victim", "sleep", &[]);
+    d.ctl_ok(&["start", vf.to_str().unwrap()]);
+    let vst = d.wait_state("escape/victim", "running", 10);
+    let victim_pid = vst["main_pid"].as_u64().unwrap().to_string();
+    let victim_home = state.join("home/escape/victim");
+    let secret = victim_home.join("secret");
+    std::fs::write(&secret, "victim's secret\n").unwrap();
+    let victim_uid = std::fs::metadata(&victim_home)
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap();
+    std::os::unix::fs::chown(&secret, Some(victim_uid), Some(victim_uid)).unwrap();
+    let victim_procs = cg.path.join("agents/escape/victim/cgroup.procs");
+    let daemon_pid = d.pid().to_string();
+    let block = std::fs::read_dir("/sys/block")
+        .ok()
+        .and_then(|mut r| r.next())
+        .and_then(|e| e.ok())
+        .map(|e| format!("/dev/{}", e.file_name().to_string_lossy()))
+        .filter(|p| Path::new(p).exists());
+
+    let s = |v: &str| vec![v.to_string()];
+    let mut attempts = vec![
+        // filesystem
+        Attempt {
+            name: "read-shadow",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "read-other-home",
+            args: s(&secret.display().to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "list-other-home",
+            args: s(&victim_home.display().to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "read-home-root",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "write-tmp",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "write-etc",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "write-daemon-state",
+            args: s(&state.join("uids.json").display().to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "write-readonly-grant",
+            args: s(&grant.path().display().to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "dev-kmsg-write",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "proc-sys-write",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "daemon-environ",
+            args: s(&daemon_pid),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "cgroup-escape",
+            args: s(&victim_procs.display().to_string()),
+            expect: Denied("EACCES"),
+        },
+        // exec
+        Attempt {
+            name: "exec-ungranted",
+            args: s(common::agentctl_bin()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "exec-from-home",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        // network
+        Attempt {
+            name: "connect-ungranted",
+            args: s(&uport.to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "bind-ungranted",
+            args: s(&bind_no.to_string()),
+            expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "raw-socket",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "packet-socket",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        // processes
+        Attempt {
+            name: "ptrace-daemon",
+            args: s(&daemon_pid),
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "ptrace-other-agent",
+            args: s(&victim_pid),
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "ptrace-traceme",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "process-vm-read",
+            args: s(&victim_pid),
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "signal-daemon",
+            args: s(&daemon_pid),
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "signal-other-agent",
+            args: s(&victim_pid),
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "setuid-root",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "setgid-root",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "sched-fifo",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "nice-raise",
+            args: vec![],
+            expect: Denied("EACCES"),
+        },
+        // kernel interfaces
+        Attempt {
+            name: "mount-tmpfs",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "chroot",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "userns-unshare",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "userns-clone",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "clone3",
+            args: vec![],
+            expect: Denied("ENOSYS"),
+        },
+        Attempt {
+            name: "bpf-prog-load",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "perf-event-open",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "keyctl",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "kexec-load",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "init-module",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "clock-settime",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "io-uring-setup",
+            args: vec![],
+            expect: Denied("EPERM"),
+        },
+        Attempt {
+            name: "x32-syscall",
+            args: vec![],
+            expect: Denied("ENOSYS"),
+        },
+        // controls: the same sandbox still lets the agent do its job
+        Attempt {
+            name: "identity",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
+            name: "read-granted",
+            args: s(&grant.path().join("data").display().to_string()),
+            expect: Allowed,
+        },
+        Attempt {
+            name: "read-passwd",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
+            name: "write-home",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
+            name: "write-tmpdir",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
+            name: "write-granted",
+            args: s(&wgrant.path().display().to_string()),
+            expect: Allowed,
+        },
+        Attempt {
+            name: "exec-granted",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
+            name: "connect-granted",
+            args: s(&gport.to_string()),
+            expect: Allowed,
+        },
+        Attempt {
+            name: "bind-granted",
+            args: s(&bind_ok.to_string()),
+            expect: Allowed,
+        },
+        Attempt {
+            name: "fork-and-signal-own-child",
+            args: vec![],
+            expect: Allowed,
+        },
+    ];
+    if let Some(m) = ["/dev/mem", "/dev/kmem", "/dev/port"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    {
+        attempts.push(Attempt {
+            name: "dev-mem",
+            args: s(m),
+            expect: Denied("EACCES"),
+        });
+    } else {
+        println!("skip dev-mem: no /dev/mem, /dev/kmem or /dev/port on this host");
+    }
+    if let Some(b) = block {
+        attempts.push(Attempt {
+            name: "block-device",
+            args: s(&b),
+            expect: Denied("EACCES"),
+        });
+    }
+    if let Some(f) = filter {
+        attempts.retain(|a| a.name.contains(f));
+    }
+
+    let mut failures = Vec::new();
+    let mut denied = 0;
+    for a in &attempts {
+        let f = contract(&format!("esc-{}", a.name), a.name, &a.args);
+        let out = d.ctl(&["start", f.to_str().unwrap()]);
+        if !out.status.success() {
+            failures.push(format!(
+                "{}: agent did not start: {}",
+                a.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            continue;
+        }
+        let log = state.join(format!("logs/escape/esc-{}.log", a.name));
+        let Some(v) = wait_line(&log, 15) else {
+            failures.push(format!(
+                "{}: no result line; agent log:\n{}",
+                a.name,
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ));
+            continue;
+        };
+        let got_ok = v["ok"].as_bool().unwrap_or(false);
+        let got_errno = v["errno"].as_str().unwrap_or("").to_string();
+        let pass = match a.expect {
+            Denied(e) => !got_ok && got_errno == e,
+            Allowed => got_ok,
+        };
+        if a.name == "identity" {
+            let detail = v["detail"].as_str().unwrap_or("");
+            let checks = [
+                "capeff=0000000000000000",
+                "capprm=0000000000000000",
+                "capbnd=0000000000000000",
+                "capamb=0000000000000000",
+                "nnp=1",
+                "seccomp=2",
+            ];
+            let uid_ok = detail
+                .strip_prefix("uid=")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|u| u.parse::<u32>().ok())
+                .is_some_and(|u| {
+                    (agentosd::sandbox::identity::UID_MIN..=agentosd::sandbox::identity::UID_MAX)
+                        .contains(&u)
+                });
+            if !uid_ok || checks.iter().any(|c| !detail.contains(c)) {
+                failures.push(format!("identity: unexpected {detail}"));
+                continue;
+            }
+        }
+        if matches!(a.expect, Denied(_)) && pass {
+            denied += 1;
+        }
+        let line = format!(
+            "{:<28} expect {:<16} got {}",
+            a.name,
+            match a.expect {
+                Denied(e) => e.to_string(),
+                Allowed => "success".into(),
+            },
+            if got_ok {
+                format!("success ({})", v["detail"].as_str().unwrap_or(""))
+            } else {
+                got_errno.clone()
+            }
+        );
+        println!("{} {line}", if pass { "ok  " } else { "FAIL" });
+        if !pass {
+            failures.push(line);
+        }
+    }
+    // The victim is untouched.
+    assert!(
+        common::alive(victim_pid.parse().unwrap()),
+        "victim agent died"
+    );
+    assert!(
+        !Path::new(&format!("/tmp/agentos-escape-{}", 0)).exists(),
+        "write-tmp left a file"
+    );
+    let _ = d.ctl(&["stop", "escape/victim"]);
+    drop(granted);
+    drop(ungranted);
+    let _: PathBuf = exe;
+    println!(
+        "escape suite: {} attempts, {denied} denied as expected, {} failures",
+        attempts.len(),
+        failures.len()
+    );
+    if failures.is_empty() {
+        0
+    } else {
+        eprintln!("FAILURES:\n{}", failures.join("\n"));
+        1
+    }
+}
