@@ -5,6 +5,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod install;
 mod vm;
@@ -33,6 +34,11 @@ enum Cmd {
     Install(install::InstallArgs),
     /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
     Demo(demo::DemoArgs),
+    /// Benchmarks (results in docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        cmd: bench::BenchCmd,
+    },
 }
 
 fn main() -> Result<()> {
@@ -41,6 +47,7 @@ fn main() -> Result<()> {
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::Install(args) => install::run(args),
         Cmd::Demo(args) => demo::run(args),
+        Cmd::Bench { cmd } => bench::run(cmd),
     }
 }
 

@@ -1,0 +1,412 @@
+//! `cargo xtask bench hrt`: a periodic loop (10 ms period, ~2 ms of CPU work per period) run
+//! as an HRT agent under SCHED_DEADLINE (applied with agentosd's own `sched` code, as the
+//! daemon's child does before execve) and side by side as a plain nice-0 process, while DT
+//! burners (SCHED_IDLE busy loops, one per CPU) load every CPU; then the kernel's floor in the
+//! same run and under the same load: `cyclicdeadline` and `cyclictest` (Debian's rt-tests).
+//!
+//! A miss is a period whose work finished after its deadline (activation + deadline).
+//! Lateness is wake-up time minus activation time (activation jitter).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+#[derive(Args)]
+pub struct HrtArgs {
+    /// Seconds per phase (loops side by side, cyclicdeadline, cyclictest): three phases.
+    #[arg(long, default_value_t = 60)]
+    pub secs: u64,
+    /// Period of the loop (µs).
+    #[arg(long, default_value_t = 10_000)]
+    pub period_us: u64,
+    /// CPU work per period (µs of thread CPU time).
+    #[arg(long, default_value_t = 2_000)]
+    pub work_us: u64,
+    /// SCHED_DEADLINE runtime reserved per period (µs).
+    #[arg(long, default_value_t = 3_000)]
+    pub runtime_us: u64,
+    /// Leave out the DT burners (idle machine).
+    #[arg(long)]
+    pub no_load: bool,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct LoopArgs {
+    /// `deadline` or `normal`.
+    #[arg(long)]
+    pub mode: String,
+    #[arg(long)]
+    pub secs: u64,
+    #[arg(long)]
+    pub period_us: u64,
+    #[arg(long)]
+    pub work_us: u64,
+    #[arg(long)]
+    pub runtime_us: u64,
+    /// Where to write the JSON result.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn now(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn sleep_until(t: u64) {
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as libc::time_t,
+        tv_nsec: (t % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        // SAFETY: `ts` is a valid timespec; the remaining-time pointer may be null with
+        // TIMER_ABSTIME.
+        let r = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+        if r != libc::EINTR {
+            return;
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], pct: usize) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) * pct / 100).min(sorted.len() - 1)]
+}
+
+/// The measured loop (runs in its own process).
+pub fn rtloop(a: LoopArgs) -> Result<()> {
+    // SAFETY: mlockall has no memory-safety preconditions.
+    unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+    let period = a.period_us * 1000;
+    let work = a.work_us * 1000;
+    if a.mode == "deadline" {
+        let d = agentosd::sched::Deadline {
+            runtime_ns: a.runtime_us * 1000,
+            deadline_ns: period,
+            period_ns: period,
+        };
+        agentosd::sched::set_attr(0, &agentosd::sched::SchedAttr::deadline(&d))
+            .context("sched_setattr(SCHED_DEADLINE)")?;
+    }
+    let n = a.secs * 1_000_000_000 / period;
+    let mut lateness = Vec::with_capacity(n as usize);
+    let mut misses = 0u64;
+    let mut skipped = 0u64;
+    let mut next = now(libc::CLOCK_MONOTONIC) + period;
+    let mut k = 0;
+    while k < n {
+        sleep_until(next);
+        let woke = now(libc::CLOCK_MONOTONIC);
+        lateness.push(woke.saturating_sub(next));
+        let cpu0 = now(libc::CLOCK_THREAD_CPUTIME_ID);
+        while now(libc::CLOCK_THREAD_CPUTIME_ID) - cpu0 < work {}
+        let done = now(libc::CLOCK_MONOTONIC);
+        if done > next + period {
+            misses += 1;
+        }
+        next += period;
+        k += 1;
+        // Activations that passed while we were still working are missed too.
+        while done > next + period && k < n {
+            misses += 1;
+            skipped += 1;
+            next += period;
+            k += 1;
+        }
+    }
+    lateness.sort_unstable();
+    let r = json!({
+        "mode": a.mode,
+        "periods": n,
+        "misses": misses,
+        "skipped": skipped,
+        "lateness_p50_us": percentile(&lateness, 50) as f64 / 1000.0,
+        "lateness_p99_us": percentile(&lateness, 99) as f64 / 1000.0,
+        "lateness_max_us": lateness.last().copied().unwrap_or(0) as f64 / 1000.0,
+    });
+    std::fs::write(&a.out, serde_json::to_vec(&r)?)?;
+    Ok(())
+}
+
+/// A SCHED_IDLE busy loop for `secs` (a DT agent's worst case).
+pub fn burn(secs: u64) -> Result<()> {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `p` is a valid sched_param; this changes only the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) } != 0 {
+        bail!(
+            "sched_setscheduler(SCHED_IDLE): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut x = 0u64;
+    while Instant::now() < end {
+        for i in 0..100_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+    }
+    Ok(())
+}
+
+/// Children of this benchmark, killed by PID when dropped.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn burners(n: usize, secs: u64) -> Result<Procs> {
+    let exe = std::env::current_exe()?;
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(
+            Command::new(&exe)
+                .args(["bench", "burn", "--secs", &secs.to_string()])
+                .spawn()
+                .context("start a DT burner")?,
+        );
+    }
+    // Let them reach the CPUs.
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(Procs(v))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn need(tool: &str) -> Result<()> {
+    let ok = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        bail!("{tool} not found: apt-get install -y rt-tests");
+    }
+    Ok(())
+}
+
+fn run_loops(a: &HrtArgs, dir: &Path) -> Result<(Value, Value)> {
+    let exe = std::env::current_exe()?;
+    let mut kids = Vec::new();
+    for mode in ["deadline", "normal"] {
+        kids.push((
+            mode,
+            Command::new(&exe)
+                .args(["bench", "rt-loop", "--mode", mode])
+                .args(["--secs", &a.secs.to_string()])
+                .args(["--period-us", &a.period_us.to_string()])
+                .args(["--work-us", &a.work_us.to_string()])
+                .args(["--runtime-us", &a.runtime_us.to_string()])
+                .arg("--out")
+                .arg(dir.join(format!("{mode}.json")))
+                .spawn()?,
+        ));
+    }
+    for (mode, mut c) in kids {
+        let st = c.wait()?;
+        if !st.success() {
+            bail!("{mode} loop failed ({st})");
+        }
+    }
+    let read = |m: &str| -> Result<Value> {
+        Ok(serde_json::from_slice(&std::fs::read(
+            dir.join(format!("{m}.json")),
+        )?)?)
+    };
+    Ok((read("deadline")?, read("normal")?))
+}
+
+fn cyclicdeadline(a: &HrtArgs, dir: &Path) -> Result<Value> {
+    let out = dir.join("cyclicdeadline.json");
+    let st = Command::new("cyclicdeadline")
+        .args(["-q", "-t", "1", "-i", &a.period_us.to_string()])
+        .args(["-D", &a.secs.to_string()])
+        .arg(format!("--json={}", out.display()))
+        .stdout(Stdio::null())
+        .status()?;
+    if !st.success() {
+        bail!("cyclicdeadline failed ({st})");
+    }
+    let v: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
+    let t = &v["thread"]["0"];
+    Ok(json!({
+        "cycles": t["cycles"], "min_us": t["min"], "avg_us": t["avg"], "max_us": t["max"],
+    }))
+}
+
+/// cyclictest at the loop's period (SCHED_FIFO 80, one thread), with a 1 µs histogram: a
+/// wake-up later than period - work would have missed the loop's deadline.
+fn cyclictest(a: &HrtArgs) -> Result<Value> {
+    let out = Command::new("cyclictest")
+        .args(["-q", "-m", "-p", "80", "-t", "1", "-h", "20000"])
+        .args(["-i", &a.period_us.to_string()])
+        .args(["-D", &a.secs.to_string()])
+        .output()?;
+    if !out.status.success() {
+        bail!("cyclictest failed ({})", out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut hist = Vec::new();
+    let mut overflows = 0u64;
+    let mut max = 0u64;
+    for l in text.lines() {
+        if let Some(v) = l.strip_prefix("# Histogram Overflows:") {
+            overflows = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = l.strip_prefix("# Max Latencies:") {
+            max = v.trim().parse().unwrap_or(0);
+        } else if !l.starts_with('#') {
+            let mut it = l.split_whitespace();
+            if let (Some(b), Some(c)) = (it.next(), it.next())
+                && let (Ok(b), Ok(c)) = (b.parse::<u64>(), c.parse::<u64>())
+            {
+                hist.push((b, c));
+            }
+        }
+    }
+    let total: u64 = hist.iter().map(|h| h.1).sum::<u64>() + overflows;
+    let pct = |p: u64| {
+        let want = (total * p).div_ceil(100);
+        let mut acc = 0;
+        for (b, c) in &hist {
+            acc += c;
+            if acc >= want {
+                return *b;
+            }
+        }
+        max
+    };
+    let slack = a.period_us - a.work_us;
+    let late: u64 = hist
+        .iter()
+        .filter(|h| h.0 > slack)
+        .map(|h| h.1)
+        .sum::<u64>()
+        + overflows;
+    Ok(json!({
+        "cycles": total, "p50_us": pct(50), "p99_us": pct(99), "max_us": max,
+        "would_miss": late,
+    }))
+}
+
+pub fn run(a: HrtArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench hrt needs root (SCHED_DEADLINE, SCHED_FIFO, mlockall)");
+    }
+    need("cyclicdeadline")?;
+    need("cyclictest")?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = tempfile_dir()?;
+    let load_before = loadavg();
+    let phase = |name: &str| eprintln!("bench hrt: {name} ({} s)…", a.secs);
+    let load = || -> Result<Procs> {
+        if a.no_load {
+            Ok(Procs(Vec::new()))
+        } else {
+            burners(cpus, a.secs + 10)
+        }
+    };
+
+    phase("HRT loop (SCHED_DEADLINE) and nice-0 loop side by side");
+    let b = load()?;
+    let (dl, normal) = run_loops(&a, &dir)?;
+    drop(b);
+    phase("cyclicdeadline");
+    let b = load()?;
+    let cd = cyclicdeadline(&a, &dir)?;
+    drop(b);
+    phase("cyclictest");
+    let b = load()?;
+    let ct = cyclictest(&a)?;
+    drop(b);
+    let load_after = loadavg();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let load_text = if a.no_load {
+        "none".to_string()
+    } else {
+        format!("{cpus} DT burners (SCHED_IDLE busy loops)")
+    };
+    println!(
+        "HRT benchmark: period {} µs, work {} µs, SCHED_DEADLINE runtime {} µs, {} s per phase, load: {load_text}",
+        a.period_us, a.work_us, a.runtime_us, a.secs
+    );
+    println!("loadavg before: {load_before}; after: {load_after}\n");
+    println!("| run | periods | deadline misses | lateness p50 µs | p99 µs | max µs |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, v) in [
+        ("HRT agent (SCHED_DEADLINE)", &dl),
+        ("same loop, nice 0", &normal),
+    ] {
+        println!(
+            "| {name} | {} | {} | {:.0} | {:.0} | {:.0} |",
+            v["periods"],
+            v["misses"],
+            v["lateness_p50_us"].as_f64().unwrap_or(0.0),
+            v["lateness_p99_us"].as_f64().unwrap_or(0.0),
+            v["lateness_max_us"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "| floor: cyclictest (SCHED_FIFO 80) | {} | {} (wake-ups > {} µs late) | {} | {} | {} |",
+        ct["cycles"],
+        ct["would_miss"],
+        a.period_us - a.work_us,
+        ct["p50_us"],
+        ct["p99_us"],
+        ct["max_us"]
+    );
+    println!(
+        "| floor: cyclicdeadline (its latency: min / avg / max) | {} | n/a | avg {} | — | {} |",
+        cd["cycles"], cd["avg_us"], cd["max_us"]
+    );
+    if let Some(p) = &a.json {
+        std::fs::write(
+            p,
+            serde_json::to_vec_pretty(&json!({
+                "hrt": dl, "nice0": normal, "cyclictest": ct, "cyclicdeadline": cd,
+                "loadavg_before": load_before, "loadavg_after": load_after,
+                "secs": a.secs, "period_us": a.period_us, "work_us": a.work_us,
+                "runtime_us": a.runtime_us, "load": load_text,
+            }))?,
+        )?;
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("agentos-bench-hrt-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
