@@ -234,7 +234,9 @@ pub async fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
-/// Resolves when the bus connection is gone (a ping to the bus fails twice in a row).
+/// Resolves when the bus connection is gone: a call to the bus driver gets no reply twice in a
+/// row. `GetNameOwner(org.agentos1)` is allowed by every bus policy (`Peer.Ping` to the driver
+/// is not, on Debian's system bus); any reply, an error reply included, proves the link works.
 async fn watch_bus(conn: zbus::Connection) -> String {
     let mut failures = 0;
     loop {
@@ -243,16 +245,20 @@ async fn watch_bus(conn: zbus::Connection) -> String {
             .call_method(
                 Some("org.freedesktop.DBus"),
                 "/org/freedesktop/DBus",
-                Some("org.freedesktop.DBus.Peer"),
-                "Ping",
-                &(),
+                Some("org.freedesktop.DBus"),
+                "GetNameOwner",
+                &(crate::dbus::SERVICE,),
             )
             .await;
         match r {
             Ok(_) => failures = 0,
+            Err(zbus::Error::MethodError(name, msg, _)) => {
+                failures = 0;
+                warn!("bus driver answered GetNameOwner with {name}: {msg:?}");
+            }
             Err(e) => {
                 failures += 1;
-                warn!("D-Bus ping failed: {e}");
+                warn!("D-Bus connection check failed: {e}");
                 if failures >= 2 {
                     return e.to_string();
                 }

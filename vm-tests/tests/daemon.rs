@@ -44,6 +44,17 @@ fn systemd_runs_agentosd_as_notify_service() {
         cg.trim().ends_with("/agentosd.service/supervisor"),
         "agentosd runs in {cg}"
     );
+    // It stays up: its bus-connection check (every 5 s, exits after two failures) must work
+    // under the system bus's policy, so the same process is there 12 s later and systemd
+    // never had to restart it.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        show("MainPID"),
+        pid.to_string(),
+        "agentosd was restarted:\n{}",
+        cmd("journalctl", &["-u", "agentosd", "--no-pager", "-n", "30"])
+    );
+    assert_eq!(show("NRestarts"), "0", "systemd restarted agentosd");
 }
 
 #[test]
