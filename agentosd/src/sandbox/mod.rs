@@ -173,7 +173,7 @@ pub fn prepare(
     if !grants.net_connect.is_empty() || !grants.net_bind.is_empty() {
         notes.push("net: Landlock filters TCP ports only, not hosts or UDP".into());
     }
-    let seccomp = seccomp::compile()?;
+    let seccomp = seccomp::compiled()?;
     Ok(PreparedSandbox {
         uid,
         gid: uid,

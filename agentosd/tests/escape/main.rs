@@ -66,6 +66,111 @@ fn wait_line(log: &Path, secs: u64) -> Option<serde_json::Value> {
     None
 }
 
+/// One rule taken out of an otherwise complete sandbox, and the attempt that must then get
+/// through (so its test fails): proof that the suite tests that rule.
+struct Mutation {
+    rule: &'static str,
+    attempt: &'static str,
+    weaken: Weaken,
+}
+
+enum Weaken {
+    /// Compile the seccomp policy without this syscall's rules.
+    Seccomp(&'static str),
+    /// Change the Landlock plan before the ruleset is built.
+    Landlock(fn(&mut agentosd::sandbox::landlock::Plan)),
+}
+
+const MUTATIONS: &[Mutation] = &[
+    Mutation {
+        rule: "seccomp ptrace",
+        attempt: "ptrace-traceme",
+        weaken: Weaken::Seccomp("ptrace"),
+    },
+    Mutation {
+        rule: "seccomp keyctl",
+        attempt: "keyctl",
+        weaken: Weaken::Seccomp("keyctl"),
+    },
+    Mutation {
+        rule: "seccomp io_uring_setup",
+        attempt: "io-uring-setup",
+        weaken: Weaken::Seccomp("io_uring_setup"),
+    },
+    Mutation {
+        rule: "seccomp unshare(CLONE_NEWUSER)",
+        attempt: "userns-unshare",
+        weaken: Weaken::Seccomp("unshare"),
+    },
+    Mutation {
+        rule: "landlock: /tmp not writable",
+        attempt: "write-tmp",
+        weaken: Weaken::Landlock(|p| p.read_write.push("/tmp".into())),
+    },
+    Mutation {
+        rule: "landlock: execute only where granted",
+        attempt: "exec-ungranted",
+        weaken: Weaken::Landlock(|p| p.read_exec.push("/".into())),
+    },
+    Mutation {
+        rule: "landlock: TCP connect only to granted ports",
+        attempt: "connect-ungranted",
+        weaken: Weaken::Landlock(|p| p.connect = None),
+    },
+];
+
+/// Run one attempt in the agent sandbox its contract `file` describes, built with the daemon's
+/// own `sandbox::prepare` and started with its `spawn` (clone3 into a fresh cgroup), weakened by
+/// `m` when given; returns the probe's result line.
+fn run_direct(
+    cg_root: &Path,
+    dir: &Path,
+    file: &Path,
+    m: Option<&Mutation>,
+) -> Option<serde_json::Value> {
+    use agentosd::sandbox;
+    let text = std::fs::read_to_string(file).unwrap();
+    let c = contracts::parse_contract(&text, &file.display().to_string()).unwrap();
+    let name = c.name().to_string();
+    let state = dir.join("mutation-state");
+    let mut sb = sandbox::prepare(&state, "mutation", &name, Some(&c)).unwrap();
+    match m.map(|m| &m.weaken) {
+        Some(Weaken::Seccomp(sys)) => {
+            sb.seccomp = sandbox::seccomp::compile_without(&[sys]).unwrap();
+        }
+        Some(Weaken::Landlock(f)) => {
+            let mut plan = sandbox::Grants::from_contract(&c, &sb.home)
+                .plan(&sb.home)
+                .unwrap();
+            f(&mut plan);
+            sb.landlock = sandbox::landlock::build(&plan, false).unwrap();
+        }
+        None => {}
+    }
+    let exec = c.exec().unwrap();
+    let tag = if m.is_some() { "weak" } else { "intact" };
+    let cg = agentosd::cgroup::Cgroup::new(cg_root.join(format!("{name}-{tag}")));
+    cg.create().unwrap();
+    let log = dir.join(format!("{name}-{tag}.log"));
+    let mut env = sb.env();
+    env.push(("PATH".into(), "/usr/bin:/bin".into()));
+    let cmd = agentosd::spawn::Command {
+        program: exec.command.clone().into(),
+        args: exec.args.clone(),
+        env,
+        cwd: "/".into(),
+        log_file: log.clone(),
+        sandbox: Some(sb),
+        sched: Default::default(),
+    };
+    let child = agentosd::spawn::spawn(&cmd, &cg.open_dir().unwrap()).unwrap();
+    let mut status = 0;
+    // SAFETY: waiting for the child we just started; `status` is writable.
+    unsafe { libc::waitpid(child.pid as libc::pid_t, &mut status, 0) };
+    let _ = cg.remove();
+    wait_line(&log, 5)
+}
+
 fn suite(filter: Option<&str>) -> i32 {
     let exe = std::env::current_exe().unwrap();
     let exe_s = exe.display().to_string();
@@ -504,6 +609,43 @@ fn suite(filter: Option<&str>) -> i32 {
         println!("{} {line}", if pass { "ok  " } else { "FAIL" });
         if !pass {
             failures.push(line);
+        }
+    }
+    // Mutation check: the suite must notice a sandbox with one rule taken out.
+    if filter.is_none() {
+        let find = |n: &str| attempts.iter().find(|a| a.name == n);
+        for m in MUTATIONS {
+            let Some(a) = find(m.attempt) else {
+                failures.push(format!("mutation {}: no attempt {}", m.rule, m.attempt));
+                continue;
+            };
+            let f = contract(&format!("mut-{}", a.name), a.name, &a.args);
+            let intact = run_direct(&cg.path, dir.path(), &f, None);
+            let weak = run_direct(&cg.path, dir.path(), &f, Some(m));
+            let verdict = |v: &Option<serde_json::Value>| {
+                v.as_ref().is_some_and(|v| match a.expect {
+                    Denied(e) => v["ok"] == false && v["errno"] == e,
+                    Allowed => v["ok"] == true,
+                })
+            };
+            let (i, w) = (verdict(&intact), verdict(&weak));
+            let line = format!(
+                "mutation: without {:<46} {:<18} intact {} / weakened {}",
+                m.rule,
+                a.name,
+                if i { "pass" } else { "FAIL" },
+                if w {
+                    "pass (NOT DETECTED)"
+                } else {
+                    "fails (detected)"
+                }
+            );
+            println!("{} {line}", if i && !w { "ok  " } else { "FAIL" });
+            if !i || w {
+                failures.push(format!(
+                    "{line}\n  intact: {intact:?}\n  weakened: {weak:?}"
+                ));
+            }
         }
     }
     // The victim is untouched.
