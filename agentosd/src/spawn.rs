@@ -1,5 +1,6 @@
 //! Start an agent's main process directly inside its cgroup: `clone3(CLONE_INTO_CGROUP |
-//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, the latency class's
+//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, every other fd
+//! close-on-exec, the latency class's
 //! policy (`SCHED_IDLE` or `SCHED_DEADLINE`, see `sched.rs`),
 //! `chdir`, `execve`. An exec failure is reported to the parent over a CLOEXEC pipe, so "command
 //! not found" reaches the operator instead of a silent exit 127.
@@ -203,6 +204,18 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
             let mut ok = libc::dup2(devnull_fd, 0) >= 0
                 && libc::dup2(log_fd, 1) >= 0
                 && libc::dup2(log_fd, 2) >= 0;
+            if ok {
+                // Nothing but stdio crosses the exec, whatever the daemon itself inherited
+                // without CLOEXEC: every fd from 3 up is closed by execve (the status pipe
+                // and the Landlock ruleset stay usable until then).
+                stage = 6;
+                ok = libc::syscall(
+                    libc::SYS_close_range,
+                    3u32,
+                    u32::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                ) == 0;
+            }
             match child_sched {
                 crate::sched::ChildSched::None => {}
                 crate::sched::ChildSched::Idle if ok => {
@@ -285,6 +298,10 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
         ),
         5 => (
             "sched_setattr(SCHED_DEADLINE) for",
+            cmd.program.display().to_string(),
+        ),
+        6 => (
+            "close_range(3, ~0, CLOSE_RANGE_CLOEXEC) for",
             cmd.program.display().to_string(),
         ),
         _ => ("execve", cmd.program.display().to_string()),

@@ -471,6 +471,11 @@ fn suite(filter: Option<&str>) -> i32 {
             expect: Allowed,
         },
         Attempt {
+            name: "open-fds",
+            args: vec![],
+            expect: Allowed,
+        },
+        Attempt {
             name: "read-granted",
             args: s(&grant.path().join("data").display().to_string()),
             expect: Allowed,
@@ -587,6 +592,23 @@ fn suite(filter: Option<&str>) -> i32 {
                 });
             if !uid_ok || checks.iter().any(|c| !detail.contains(c)) {
                 failures.push(format!("identity: unexpected {detail}"));
+                continue;
+            }
+        }
+        if a.name == "open-fds" {
+            // Only stdin (/dev/null) and stdout/stderr (its log): nothing of the daemon's.
+            let detail = v["detail"].as_str().unwrap_or("");
+            let fds: Vec<&str> = detail.trim_start_matches("fds=").split(',').collect();
+            let ok = fds.len() == 3
+                && fds[0] == "0:/dev/null"
+                && fds[1].starts_with("1:")
+                && fds[1].ends_with(".log")
+                && fds[2].starts_with("2:")
+                && fds[2].ends_with(".log");
+            if !ok {
+                failures.push(format!(
+                    "open-fds: the agent holds more than stdio: {detail}"
+                ));
                 continue;
             }
         }

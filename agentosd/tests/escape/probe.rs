@@ -342,6 +342,26 @@ pub fn run(args: &[String]) {
                 field("Seccomp:"),
             ))
         })(),
+        // Every descriptor the agent holds, except the one reading the directory: a leaked
+        // daemon fd (state directory, cgroup, bus socket) would be a way out.
+        "open-fds" => (|| {
+            let rd =
+                std::fs::read_dir("/proc/self/fd").map_err(|e| e.raw_os_error().unwrap_or(0))?;
+            let mut fds: Vec<String> = Vec::new();
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                let target = std::fs::read_link(e.path())
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default();
+                if target != "/proc/self/fd"
+                    && !target.starts_with(&format!("/proc/{}/fd", std::process::id()))
+                {
+                    fds.push(format!("{n}:{target}"));
+                }
+            }
+            fds.sort();
+            Ok(format!("fds={}", fds.join(",")))
+        })(),
         "read-granted" => std::fs::read_to_string(arg(args, 1))
             .map(|s| format!("read {} bytes", s.len()))
             .map_err(|e| e.raw_os_error().unwrap_or(0)),
