@@ -115,6 +115,21 @@ pub struct PreparedSandbox {
     pub seccomp: Vec<Vec<libc::sock_filter>>,
     /// Gaps the operator should know about (shown by `agentctl status`).
     pub notes: Vec<String>,
+    /// The highest capability number the kernel knows (`/proc/sys/kernel/cap_last_cap`): the
+    /// child drops 0..=last_cap from its bounding set.
+    pub last_cap: u32,
+}
+
+/// `/proc/sys/kernel/cap_last_cap`, read once; 63 (every possible bit) when unreadable.
+pub fn cap_last_cap() -> u32 {
+    static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|n| *n < 64)
+            .unwrap_or(63)
+    })
 }
 
 /// Build the sandbox for agent `tenant/name` in the daemon's `state_dir`. A `must` the
@@ -181,6 +196,7 @@ pub fn prepare(
         landlock: lock,
         seccomp,
         notes,
+        last_cap: cap_last_cap(),
     })
 }
 
@@ -236,7 +252,7 @@ impl PreparedSandbox {
                 0,
                 0,
             );
-            for cap in 0..64 {
+            for cap in 0..=self.last_cap {
                 if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
                     && *libc::__errno_location() != libc::EINVAL
                 {
