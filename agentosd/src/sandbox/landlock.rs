@@ -56,6 +56,9 @@ pub struct Plan {
     pub connect: Option<Vec<u16>>,
     /// TCP ports it may bind; `None` = any port.
     pub bind: Option<Vec<u16>>,
+    /// Leave out signal and abstract-socket scoping (only the escape suite's mutation check
+    /// sets this, to show the suite notices).
+    pub unscoped: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +128,9 @@ pub fn build(plan: &Plan, required: bool) -> Result<Option<OwnedFd>, LandlockErr
     if !net.is_empty() {
         rs = rs.handle_access(net)?;
     }
-    rs = rs.scope(Scope::from_all(abi))?;
+    if !plan.unscoped {
+        rs = rs.scope(Scope::from_all(abi))?;
+    }
     let mut created = rs.create()?;
     created = created
         .add_rules(path_beneath_rules(

@@ -94,6 +94,7 @@ impl Grants {
             read_write: p(landlock::BASE_READ_WRITE_FILES),
             connect: landlock::ports(&self.net_connect)?,
             bind: landlock::ports(&self.net_bind)?,
+            unscoped: false,
         };
         plan.read.extend(self.fs_read.iter().cloned());
         plan.read_exec.extend(self.fs_exec.iter().cloned());

@@ -113,6 +113,11 @@ const MUTATIONS: &[Mutation] = &[
         weaken: Weaken::Landlock(|p| p.read_exec.push("/".into())),
     },
     Mutation {
+        rule: "landlock: abstract-socket scoping",
+        attempt: "abstract-socket",
+        weaken: Weaken::Landlock(|p| p.unscoped = true),
+    },
+    Mutation {
         rule: "landlock: TCP connect only to granted ports",
         attempt: "connect-ungranted",
         weaken: Weaken::Landlock(|p| p.connect = None),
@@ -208,6 +213,14 @@ fn suite(filter: Option<&str>) -> i32 {
     let free = |_: ()| {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
+    };
+    // An abstract Unix socket of the host (outside every agent's Landlock domain).
+    let abstract_name = format!("agentos-escape-{}", std::process::id());
+    let abstract_listener = {
+        use std::os::linux::net::SocketAddrExt;
+        let a =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        std::os::unix::net::UnixListener::bind_addr(&a).unwrap()
     };
     let bind_ok = free(());
     let bind_no = free(());
@@ -336,6 +349,11 @@ fn suite(filter: Option<&str>) -> i32 {
             name: "bind-ungranted",
             args: s(&bind_no.to_string()),
             expect: Denied("EACCES"),
+        },
+        Attempt {
+            name: "abstract-socket",
+            args: s(&abstract_name),
+            expect: Denied("EPERM"),
         },
         Attempt {
             name: "raw-socket",
@@ -681,6 +699,7 @@ fn suite(filter: Option<&str>) -> i32 {
     );
     let _ = d.ctl(&["stop", "escape/victim"]);
     drop(granted);
+    drop(abstract_listener);
     drop(ungranted);
     let _: PathBuf = exe;
     println!(

@@ -175,6 +175,16 @@ pub fn run(args: &[String]) {
         })(),
         // --- network
         "connect-ungranted" | "connect-granted" => tcp(num(args, 1) as u16, false),
+        // An abstract Unix socket has no file and no permission bits: only Landlock's scoping
+        // (ABI 6) keeps an agent from the host's (D-Bus, X11, container runtimes use them).
+        "abstract-socket" => (|| {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(arg(args, 1).as_bytes())
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+            std::os::unix::net::UnixStream::connect_addr(&addr)
+                .map(|_| format!("connected to @{}", arg(args, 1)))
+                .map_err(|e| e.raw_os_error().unwrap_or(0))
+        })(),
         "bind-ungranted" | "bind-granted" => tcp(num(args, 1) as u16, true),
         // SAFETY (all below): raw system calls with constant or NULL arguments; the attempt
         // is that the kernel refuses them.
