@@ -36,7 +36,7 @@ fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
 }
 
 /// The budget controllers the daemon knows how to use.
-pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
+pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
 
 /// The contents of `cgroup.events`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -358,7 +358,50 @@ pub fn budget_files(b: &crate::spec::Budgets) -> Vec<(&'static str, &'static str
     if let Some(v) = b.pids {
         out.push(("pids", "pids.max", v.to_string()));
     }
+    for line in io_max_lines(b).into_iter().flatten() {
+        out.push(("io", "io.max", line));
+    }
     out
+}
+
+/// The `io.max` line for each `compute.io` entry (`MAJ:MIN rbps=… wbps=… riops=… wiops=…`, unset
+/// keys left out so they stay `max`), or why its device cannot be used here.
+pub fn io_max_lines(b: &crate::spec::Budgets) -> Vec<Result<String, String>> {
+    b.io.iter()
+        .map(|l| {
+            let dev = device_number(&l.device)?;
+            let mut line = dev;
+            for (k, v) in [
+                ("rbps", l.rbps),
+                ("wbps", l.wbps),
+                ("riops", l.riops),
+                ("wiops", l.wiops),
+            ] {
+                if let Some(v) = v {
+                    line.push_str(&format!(" {k}={v}"));
+                }
+            }
+            Ok(line)
+        })
+        .collect()
+}
+
+/// `MAJOR:MINOR` of a block device given as a path or already as a number.
+pub fn device_number(device: &str) -> Result<String, String> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
+    if !device.starts_with('/') {
+        return Ok(device.to_string());
+    }
+    let md = std::fs::metadata(device)
+        .map_err(|e| format!("io.max for {device}: {e} (compute.io device)"))?;
+    if !md.file_type().is_block_device() {
+        return Err(format!(
+            "io.max for {device}: not a block device (compute.io device)"
+        ));
+    }
+    let rdev = md.rdev();
+    Ok(format!("{}:{}", libc::major(rdev), libc::minor(rdev)))
 }
 
 #[cfg(test)]
@@ -387,9 +430,43 @@ mod tests {
             memory_bytes: Some(256 << 20),
             memory_high_bytes: None,
             pids: Some(64),
+            io: vec![
+                crate::spec::IoBudget {
+                    device: "7:0".into(),
+                    wbps: Some(1 << 20),
+                    riops: Some(100),
+                    ..Default::default()
+                },
+                crate::spec::IoBudget {
+                    device: "/dev/null".into(),
+                    rbps: Some(1),
+                    ..Default::default()
+                },
+                crate::spec::IoBudget {
+                    device: "/dev/no-such-disk".into(),
+                    rbps: Some(1),
+                    ..Default::default()
+                },
+            ],
             must: false,
         };
         let f = budget_files(&b);
+        assert_eq!(
+            f[3],
+            ("io", "io.max", "7:0 wbps=1048576 riops=100".to_string())
+        );
+        assert_eq!(f.len(), 4, "unusable devices are not written");
+        let lines = io_max_lines(&b);
+        assert_eq!(
+            lines[1],
+            Err("io.max for /dev/null: not a block device (compute.io device)".to_string())
+        );
+        assert!(
+            lines[2]
+                .as_ref()
+                .is_err_and(|e| e.contains("/dev/no-such-disk") && e.contains("No such file")),
+            "{lines:?}"
+        );
         assert_eq!(f[0], ("cpu", "cpu.max", "50000 100000".to_string()));
         assert_eq!(f[1], ("memory", "memory.max", (256u64 << 20).to_string()));
         assert_eq!(f[2], ("pids", "pids.max", "64".to_string()));

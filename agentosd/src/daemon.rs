@@ -119,8 +119,9 @@ pub async fn run(opts: Options) -> Result<()> {
     let missing = sup.missing_controllers();
     if missing.is_empty() {
         info!(
-            "cgroup root {}: budgets enforced (cpu, memory, pids)",
-            root.display()
+            "cgroup root {}: budgets enforced ({})",
+            root.display(),
+            crate::cgroup::BUDGET_CONTROLLERS.join(", ")
         );
     } else {
         warn!(
@@ -133,6 +134,7 @@ pub async fn run(opts: Options) -> Result<()> {
                     "cpu" => "compute.cpu (cpu.max)",
                     "memory" => "compute.mem (memory.max/memory.high)",
                     "pids" => "compute.pids (pids.max)",
+                    "io" => "compute.io (io.max)",
                     _ => "?",
                 })
                 .collect::<Vec<_>>()

@@ -61,7 +61,33 @@ pub struct Budgets {
     pub memory_bytes: Option<u64>,
     pub memory_high_bytes: Option<u64>,
     pub pids: Option<u64>,
+    /// Per-device `io.max` limits (absent in records of older daemons).
+    #[serde(default)]
+    pub io: Vec<IoBudget>,
     pub must: bool,
+}
+
+/// One `compute.io` entry as the supervisor keeps it (see `contracts::IoLimit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct IoBudget {
+    /// `/dev/...` path or `MAJOR:MINOR`; resolved when the agent starts.
+    pub device: String,
+    pub rbps: Option<u64>,
+    pub wbps: Option<u64>,
+    pub riops: Option<u64>,
+    pub wiops: Option<u64>,
+}
+
+impl From<&contracts::IoLimit> for IoBudget {
+    fn from(l: &contracts::IoLimit) -> Self {
+        IoBudget {
+            device: l.device.clone(),
+            rbps: l.rbps,
+            wbps: l.wbps,
+            riops: l.riops,
+            wiops: l.wiops,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -122,6 +148,7 @@ impl AgentSpec {
                 memory_bytes: b.memory_bytes,
                 memory_high_bytes: b.memory_high_bytes,
                 pids: b.pids,
+                io: b.io.iter().map(IoBudget::from).collect(),
                 must: b.must,
             },
             sched: crate::sched::SchedSpec::from_contract(c),

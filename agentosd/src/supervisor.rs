@@ -701,8 +701,11 @@ impl Supervisor {
         let tenant_cg = self.agents_cg.child(&spec.tenant);
         if !tenant_cg.exists() {
             tenant_cg.create()?;
-            tenant_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
         }
+        // Every time, not only on creation: a tenant cgroup made by an older daemon gets the
+        // controllers this one uses (a no-op when they are on or not available).
+        tenant_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
+        tenant_cg.enable_subtree(&["cpuset"]);
         let cg = &agent.cgroup;
         if cg.exists() {
             if cg.populated() {
@@ -1486,6 +1489,7 @@ pub fn plan_budgets(
             unenforced.push(format!("{file}={value} ({ctl} controller not available)"));
         }
     }
+    unenforced.extend(cgroup::io_max_lines(budgets).into_iter().filter_map(Result::err));
     (to_write, unenforced)
 }
 
@@ -1580,6 +1584,11 @@ mod tests {
             memory_bytes: Some(64 << 20),
             memory_high_bytes: Some(48 << 20),
             pids: Some(16),
+            io: vec![crate::spec::IoBudget {
+                device: "8:16".into(),
+                wbps: Some(4096),
+                ..Default::default()
+            }],
             must: false,
         };
         let all: Vec<String> = ["cpu", "memory", "pids", "io"].map(String::from).to_vec();
@@ -1592,11 +1601,12 @@ mod tests {
                 ("memory.high", (48u64 << 20).to_string()),
                 ("memory.max", (64u64 << 20).to_string()),
                 ("pids.max", "16".to_string()),
+                ("io.max", "8:16 wbps=4096".to_string()),
             ]
         );
         let (w, u) = plan_budgets(&["pids".to_string()], &b);
         assert_eq!(w, vec![("pids.max", "16".to_string())]);
-        assert_eq!(u.len(), 3);
+        assert_eq!(u.len(), 4);
         assert!(u[0].starts_with("cpu.max=25000 100000 (cpu controller"));
         let (w, u) = plan_budgets(&[], &crate::spec::Budgets::default());
         assert!(w.is_empty() && u.is_empty());

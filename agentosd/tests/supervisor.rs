@@ -27,6 +27,7 @@ fn spec(name: &str, script: &str, restart: Restart) -> AgentSpec {
             memory_bytes: Some(256 << 20),
             memory_high_bytes: None,
             pids: Some(64),
+            io: vec![],
             must: false,
         },
         sched: Default::default(),

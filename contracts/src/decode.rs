@@ -1027,7 +1027,7 @@ fn decode_compute(n: &N, dec: &mut Dec, c: &mut Compute) {
     let Some(f) = dec.fields(
         n,
         "compute",
-        &["cpu", "mem", "mem_high", "pids", "cpuset", "must"],
+        &["cpu", "mem", "mem_high", "pids", "cpuset", "io", "must"],
     ) else {
         return;
     };
@@ -1079,9 +1079,95 @@ fn decode_compute(n: &N, dec: &mut Dec, c: &mut Compute) {
             _ => dec.mismatch(x, "compute.cpuset", "a list of CPU numbers"),
         }
     }
+    if let Some(x) = f.get("io") {
+        match &x.v {
+            V::Seq(items) => {
+                for (i, it) in items.iter().enumerate() {
+                    if let Some(l) = decode_io_limit(it, dec, &format!("compute.io[{i}]")) {
+                        c.io.push(l);
+                    }
+                }
+            }
+            _ => dec.mismatch(
+                x,
+                "compute.io",
+                "a list of { device, rbps, wbps, riops, wiops } maps",
+            ),
+        }
+    }
     if let Some(x) = f.get("must") {
         c.must = dec.boolean(x, "compute.must").unwrap_or(false);
     }
+}
+
+/// Whether `s` is a `MAJOR:MINOR` device number.
+fn is_dev_number(s: &str) -> bool {
+    s.split_once(':').is_some_and(|(a, b)| {
+        !a.is_empty()
+            && !b.is_empty()
+            && a.bytes().all(|c| c.is_ascii_digit())
+            && b.bytes().all(|c| c.is_ascii_digit())
+            && a.len() <= 4
+            && b.len() <= 7
+    })
+}
+
+fn decode_io_limit(n: &N, dec: &mut Dec, path: &str) -> Option<IoLimit> {
+    let f = dec.fields(n, path, &["device", "rbps", "wbps", "riops", "wiops"])?;
+    let mut l = IoLimit::default();
+    let field = format!("{path}.device");
+    match f.get("device") {
+        None => {
+            dec.err(
+                n.pos,
+                &field,
+                format!("{field}: missing (a block device such as /dev/vda, or MAJOR:MINOR)"),
+            );
+            return None;
+        }
+        Some(x) => {
+            let d = dec.scalar_text(x, &field, "a block device path or MAJOR:MINOR")?;
+            if !(d.starts_with("/dev/") && !d.contains("..") || is_dev_number(&d)) {
+                dec.err(
+                    x.pos,
+                    &field,
+                    format!("{field}: {d:?} is neither a path under /dev/ nor MAJOR:MINOR"),
+                );
+                return None;
+            }
+            l.device = d;
+        }
+    }
+    for (key, out) in [("rbps", &mut l.rbps), ("wbps", &mut l.wbps)] {
+        let field = format!("{path}.{key}");
+        if let Some(x) = f.get(key)
+            && let Some(s) =
+                dec.scalar_text(x, &field, "a rate in bytes per second such as \"10MiB\"")
+        {
+            match units::parse_memory(&s) {
+                Ok(0) => dec.err(x.pos, &field, format!("{field}: must be positive")),
+                Ok(v) => *out = Some(v),
+                Err(e) => dec.err(x.pos, &field, format!("{field}: {e}")),
+            }
+        }
+    }
+    for (key, out) in [("riops", &mut l.riops), ("wiops", &mut l.wiops)] {
+        if let Some(x) = f.get(key) {
+            *out = dec.uint(x, &format!("{path}.{key}"), 1, u64::from(u32::MAX));
+        }
+    }
+    if ["rbps", "wbps", "riops", "wiops"]
+        .iter()
+        .all(|k| f.get(k).is_none())
+    {
+        dec.err(
+            n.pos,
+            path,
+            format!("{path}: no limit: give at least one of rbps, wbps, riops, wiops"),
+        );
+        return None;
+    }
+    Some(l)
 }
 
 fn env_name_ok(s: &str) -> bool {

@@ -94,6 +94,8 @@ pub struct Budgets {
     pub memory_bytes: Option<u64>,
     pub memory_high_bytes: Option<u64>,
     pub pids: Option<u64>,
+    /// Per-device I/O limits (`compute.io`).
+    pub io: Vec<IoLimit>,
     /// True when the contract marks budgets as hard requirements (`compute.must: true`).
     pub must: bool,
 }
@@ -165,7 +167,25 @@ pub struct Compute {
     pub pids: Option<u64>,
     /// CPUs to pin to (cpuset); empty = any.
     pub cpuset: Vec<u32>,
+    /// Per-device I/O limits (`io.max`).
+    pub io: Vec<IoLimit>,
     pub must: bool,
+}
+
+/// One `compute.io` entry: limits for one block device, written to `io.max`. Unset limits
+/// stay `max`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct IoLimit {
+    /// A block device path (`/dev/vda`) or its `MAJOR:MINOR`.
+    pub device: String,
+    /// Bytes read per second.
+    pub rbps: Option<u64>,
+    /// Bytes written per second.
+    pub wbps: Option<u64>,
+    /// Read operations per second.
+    pub riops: Option<u64>,
+    /// Write operations per second.
+    pub wiops: Option<u64>,
 }
 
 /// `modelPolicy`.
@@ -442,6 +462,7 @@ impl Contract {
             memory_bytes: self.compute.mem_bytes,
             memory_high_bytes: self.compute.mem_high_bytes,
             pids: self.compute.pids,
+            io: self.compute.io.clone(),
             must: self.compute.must,
         }
     }

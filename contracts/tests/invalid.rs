@@ -2,6 +2,15 @@
 
 const EXPECTED: &[(&str, &[&str])] = &[
     (
+        "bad-io.yaml",
+        &[
+            "4:17: compute.io[0].device: \"sda\" is neither a path under /dev/ nor MAJOR:MINOR",
+            "5:7: compute.io[1]: no limit: give at least one of rbps, wbps, riops, wiops",
+            "6:31: compute.io[2].riops: must be positive, found 0",
+            "6:40: compute.io[2].wbps: memory \"fast\" is not a size (write \"2GiB\", \"512MiB\" or a number of bytes)",
+        ],
+    ),
+    (
         "bad-name.yaml",
         &[
             "1:7: name: \"Doc_RAG\" is not a valid agent name: use 1-63 lower-case letters, digits and '-', starting with a letter or digit (it becomes a cgroup directory and a D-Bus object path)",

@@ -40,6 +40,7 @@ fn canonical_paper_example() {
             memory_bytes: Some(2 << 30),
             memory_high_bytes: None,
             pids: None,
+            io: vec![],
             must: false
         }
     );
@@ -189,6 +190,33 @@ fn runnable_examples() {
     assert_eq!(c.cpuset(), [1]);
     assert_eq!(c.restart().policy, RestartPolicy::Always);
     assert_eq!(c.restart().limit, 3);
+}
+
+#[test]
+fn io_limits_parse() {
+    let c = parse_contract(
+        "name: x\ncompute:\n  io:\n    - { device: /dev/vda, rbps: \"10MiB\", wiops: 200 }\n    - { device: \"7:0\", wbps: 1048576 }\n",
+        "io.yaml",
+    )
+    .unwrap();
+    let io = c.budgets().io;
+    assert_eq!(
+        io,
+        vec![
+            IoLimit {
+                device: "/dev/vda".into(),
+                rbps: Some(10 << 20),
+                wbps: None,
+                riops: None,
+                wiops: Some(200),
+            },
+            IoLimit {
+                device: "7:0".into(),
+                wbps: Some(1 << 20),
+                ..Default::default()
+            },
+        ]
+    );
 }
 
 #[test]

@@ -1,9 +1,11 @@
-//! Contract budgets become cgroup v2 limits the kernel enforces: memory.max, pids.max, cpu.max.
+//! Contract budgets become cgroup v2 limits the kernel enforces: memory.max, pids.max, cpu.max,
+//! io.max.
 
 use std::time::{Duration, Instant};
 
 use vm_tests::{
-    Agent, agentctl, cg_key, contract_yaml, helper, read_cg, require_vm, wait_for, write_contract,
+    Agent, agentctl, cg_key, cmd, contract_yaml, helper, read_cg, require_vm, wait_for,
+    write_contract,
 };
 
 #[test]
@@ -161,4 +163,76 @@ fn cpu_max_throttles_a_busy_loop() {
         used <= 0.2 * wall,
         "the busy loop used {used:.2} s of CPU in {wall:.2} s under cpu.max {max}"
     );
+}
+
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn io_max_throttles_direct_writes() {
+    require_vm();
+    // A block device of our own: a loop device over a file in the guest's RAM root.
+    cmd("modprobe", &["loop"]).ok();
+    let img = "/var/tmp/vmt-io.img";
+    cmd("truncate", &["-s", "64M", img]).ok();
+    let dev = cmd("losetup", &["--find", "--show", img])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    assert!(dev.starts_with("/dev/loop"), "losetup gave {dev:?}");
+    // The agent's own uid must be able to open it; Landlock grants it below.
+    cmd("chmod", &["0666", &dev]).ok();
+    let script = format!(
+        "dd if=/dev/zero of={dev} bs=64k count=48 oflag=direct 2>&1; echo DD-DONE; exec sleep 600"
+    );
+    let mut text = contract_yaml(
+        "vmt-io",
+        "/bin/sh",
+        &["-c", &script],
+        &format!("mem: \"64MiB\", pids: 16, io: [{{ device: {dev}, wbps: \"1MiB\" }}]"),
+    );
+    text.push_str(&format!("capabilities:\n  - fs.write: [{dev}]\n"));
+    let c = write_contract("vmt-io", &text);
+    let t = Instant::now();
+    let agent = Agent::start("vmt-io", &c);
+    let cg = agent.cgroup();
+    let rdev = cmd("stat", &["-c", "%t:%T", &dev]).ok().stdout;
+    let (maj, min) = rdev.trim().split_once(':').expect("stat %t:%T");
+    let majmin = format!(
+        "{}:{}",
+        u32::from_str_radix(maj, 16).expect("major"),
+        u32::from_str_radix(min, 16).expect("minor")
+    );
+    assert_eq!(
+        read_cg(&cg, "io.max"),
+        format!("{majmin} rbps=max wbps=1048576 riops=max wiops=max"),
+        "io.max"
+    );
+    // 3 MiB at 1 MiB/s: the kernel holds the writes back for about 2 s or more.
+    wait_for("dd to finish", Duration::from_secs(60), || {
+        agentctl(&["logs", "vmt-io"])
+            .stdout
+            .contains("DD-DONE")
+            .then_some(())
+    });
+    let took = t.elapsed();
+    let log = agentctl(&["logs", "vmt-io"]).stdout;
+    assert!(
+        log.contains("3145728 bytes"),
+        "dd did not write 3 MiB:\n{log}"
+    );
+    let written = read_cg(&cg, "io.stat")
+        .split_whitespace()
+        .find_map(|kv| {
+            kv.strip_prefix("wbytes=")
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    assert!(written >= 3 << 20, "io.stat wbytes {written}");
+    assert!(
+        took >= Duration::from_millis(1800),
+        "3 MiB under wbps=1MiB took only {took:?}:\n{log}"
+    );
+    drop(agent);
+    cmd("losetup", &["-d", &dev]).ok();
+    let _ = std::fs::remove_file(img);
 }

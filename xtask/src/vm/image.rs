@@ -33,9 +33,9 @@ const GUEST_PACKAGES: &[&str] = &[
     "iproute2",
     "procps",
 ];
-/// Kernel modules copied (decompressed, with their dependencies) into the guest; everything the
-/// tests need today is built in.
-const MODULES: &[&str] = &["veth", "dummy"];
+/// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
+/// the io.max test a block device.
+const MODULES: &[&str] = &["veth", "dummy", "loop"];
 /// Units that only cost boot time in a throwaway guest.
 const MASKED_UNITS: &[&str] = &[
     "apt-daily.timer",
