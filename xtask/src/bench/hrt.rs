@@ -1,6 +1,8 @@
 //! `cargo xtask bench hrt`: a periodic loop (10 ms period, ~2 ms of CPU work per period) run
-//! as an HRT agent under SCHED_DEADLINE (applied with agentosd's own `sched` code, as the
-//! daemon's child does before execve) and side by side as a plain nice-0 process, while DT
+//! as an HRT agent — started the way agentosd starts one: admission, a fresh cgroup,
+//! `clone3(CLONE_INTO_CGROUP)`, `SCHED_DEADLINE` set in the child before execve, then the
+//! agent's complete sandbox (own uid, no capabilities, Landlock, seccomp) — and side by side as
+//! a plain nice-0 process, while DT
 //! burners (SCHED_IDLE busy loops, one per CPU) load every CPU; then the kernel's floor in the
 //! same run and under the same load: `cyclicdeadline` and `cyclictest` (Debian's rt-tests).
 //!
@@ -11,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentosd::cgroup::Cgroup;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
@@ -39,7 +42,8 @@ pub struct HrtArgs {
 
 #[derive(Args)]
 pub struct LoopArgs {
-    /// `deadline` or `normal`.
+    /// `agent` (started by `bench hrt` as an HRT agent: SCHED_DEADLINE already set) or
+    /// `normal`.
     #[arg(long)]
     pub mode: String,
     #[arg(long)]
@@ -100,14 +104,14 @@ pub fn rtloop(a: LoopArgs) -> Result<()> {
     unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
     let period = a.period_us * 1000;
     let work = a.work_us * 1000;
-    if a.mode == "deadline" {
-        let d = agentosd::sched::Deadline {
-            runtime_ns: a.runtime_us * 1000,
-            deadline_ns: period,
-            period_ns: period,
-        };
-        agentosd::sched::set_attr(0, &agentosd::sched::SchedAttr::deadline(&d))
-            .context("sched_setattr(SCHED_DEADLINE)")?;
+    if a.mode == "agent" {
+        // The spawn path set the class before execve: check it is really there.
+        let attr = agentosd::sched::get_attr(0).context("sched_getattr")?;
+        if attr.sched_policy != agentosd::sched::SCHED_DEADLINE
+            || attr.sched_runtime != a.runtime_us * 1000
+        {
+            bail!("the agent does not run SCHED_DEADLINE: {attr:?}");
+        }
     }
     let n = a.secs * 1_000_000_000 / period;
     let mut lateness = Vec::with_capacity(n as usize);
@@ -216,35 +220,104 @@ fn need(tool: &str) -> Result<()> {
     Ok(())
 }
 
+fn loop_args(a: &HrtArgs, mode: &str, out: &Path) -> Vec<String> {
+    [
+        "bench",
+        "rt-loop",
+        "--mode",
+        mode,
+        "--secs",
+        &a.secs.to_string(),
+        "--period-us",
+        &a.period_us.to_string(),
+        "--work-us",
+        &a.work_us.to_string(),
+        "--runtime-us",
+        &a.runtime_us.to_string(),
+        "--out",
+        &out.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Start the loop as an HRT agent: what agentosd's supervisor does for a start, with its own
+/// code (admission, fresh cgroup, sandbox from a contract, spawn with SCHED_DEADLINE).
+fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
+    let d = agentosd::sched::Deadline {
+        runtime_ns: a.runtime_us * 1000,
+        deadline_ns: a.period_us * 1000,
+        period_ns: a.period_us * 1000,
+    };
+    let cpu = agentosd::sched::Admission::default()
+        .admit("bench/hrt-loop", &d, &[])
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let text = format!(
+        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: hrt-loop\ntenant: bench\n\
+         class: {{ latency: HRT, slo: {{ runtime_ms: {r}, deadline_ms: {p}, period_ms: {p} }} }}\n\
+         exec: {{ command: {exe:?} }}\ncapabilities:\n  - fs.exec: [{dir}]\n  - fs.write: [{dir}]\n",
+        r = a.runtime_us as f64 / 1000.0,
+        p = a.period_us as f64 / 1000.0,
+        exe = exe.display().to_string(),
+        dir = dir.display()
+    );
+    let contract =
+        contracts::parse_contract(&text, "hrt-loop.yaml").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mount = agentosd::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
+    let cg = Cgroup::new(mount.join(format!("agentos-bench-hrt-{}", std::process::id())));
+    cg.create()?;
+    let sandbox =
+        agentosd::sandbox::prepare(&dir.join("state"), "bench", "hrt-loop", Some(&contract))?;
+    let cmd = agentosd::spawn::Command {
+        program: exe.to_path_buf(),
+        args: loop_args(a, "agent", &dir.join("agent.json")),
+        env: sandbox.env(),
+        cwd: PathBuf::from("/"),
+        log_file: dir.join("agent.log"),
+        sandbox: Some(sandbox),
+        sched: agentosd::sched::ChildSched::Deadline(agentosd::sched::SchedAttr::deadline(&d)),
+    };
+    let child = agentosd::spawn::spawn(&cmd, &cg.open_dir()?)?;
+    eprintln!(
+        "bench hrt: HRT agent pid {} in {} (admitted on CPU {cpu}, sandboxed)",
+        child.pid,
+        cg.path().display()
+    );
+    Ok((cg, child.pid))
+}
+
 fn run_loops(a: &HrtArgs, dir: &Path) -> Result<(Value, Value)> {
-    let exe = std::env::current_exe()?;
-    let mut kids = Vec::new();
-    for mode in ["deadline", "normal"] {
-        kids.push((
-            mode,
-            Command::new(&exe)
-                .args(["bench", "rt-loop", "--mode", mode])
-                .args(["--secs", &a.secs.to_string()])
-                .args(["--period-us", &a.period_us.to_string()])
-                .args(["--work-us", &a.work_us.to_string()])
-                .args(["--runtime-us", &a.runtime_us.to_string()])
-                .arg("--out")
-                .arg(dir.join(format!("{mode}.json")))
-                .spawn()?,
-        ));
+    // The agent runs as its own uid: it needs to execute a copy of this binary and write its
+    // result into `dir` (granted in its contract).
+    let exe = dir.join("xtask");
+    std::fs::copy(std::env::current_exe()?, &exe)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))?;
+    let (cg, pid) = start_agent(a, dir, &exe)?;
+    let mut normal = Command::new(&exe)
+        .args(loop_args(a, "normal", &dir.join("normal.json")))
+        .spawn()?;
+    let mut status = 0;
+    // SAFETY: waiting for the agent we started; `status` is writable.
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+    let st = normal.wait()?;
+    let _ = cg.remove();
+    if status != 0 {
+        bail!(
+            "HRT agent failed (wait status {status:#x}); its log:\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
     }
-    for (mode, mut c) in kids {
-        let st = c.wait()?;
-        if !st.success() {
-            bail!("{mode} loop failed ({st})");
-        }
+    if !st.success() {
+        bail!("nice-0 loop failed ({st})");
     }
     let read = |m: &str| -> Result<Value> {
         Ok(serde_json::from_slice(&std::fs::read(
             dir.join(format!("{m}.json")),
         )?)?)
     };
-    Ok((read("deadline")?, read("normal")?))
+    Ok((read("agent")?, read("normal")?))
 }
 
 fn cyclicdeadline(a: &HrtArgs, dir: &Path) -> Result<Value> {

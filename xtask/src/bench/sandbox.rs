@@ -16,7 +16,6 @@
 //! | `bwrap` | `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --cap-drop ALL --new-session --die-with-parent` |
 
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -145,7 +144,6 @@ impl Bench {
             sched: Default::default(),
         };
         let child = agentosd::spawn::spawn(&cmd, &fd)?;
-        let _ = fd.as_raw_fd();
         let status = wait_pid(child.pid)?;
         let t = self.read_log(&log);
         cg.remove()?;
