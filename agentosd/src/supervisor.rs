@@ -1489,7 +1489,11 @@ pub fn plan_budgets(
             unenforced.push(format!("{file}={value} ({ctl} controller not available)"));
         }
     }
-    unenforced.extend(cgroup::io_max_lines(budgets).into_iter().filter_map(Result::err));
+    unenforced.extend(
+        cgroup::io_max_lines(budgets)
+            .into_iter()
+            .filter_map(Result::err),
+    );
     (to_write, unenforced)
 }
 
