@@ -35,6 +35,10 @@ pub struct HrtArgs {
     /// Leave out the DT burners (idle machine).
     #[arg(long)]
     pub no_load: bool,
+    /// Burners as nice-0 processes instead of SCHED_IDLE (DT agents): ordinary contention, where
+    /// the nice-0 loop has to share the CPUs.
+    #[arg(long)]
+    pub normal_load: bool,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -153,11 +157,11 @@ pub fn rtloop(a: LoopArgs) -> Result<()> {
     Ok(())
 }
 
-/// A SCHED_IDLE busy loop for `secs` (a DT agent's worst case).
-pub fn burn(secs: u64) -> Result<()> {
+/// A busy loop for `secs`: SCHED_IDLE (a DT agent's worst case) unless `normal`.
+pub fn burn(secs: u64, normal: bool) -> Result<()> {
     let p = libc::sched_param { sched_priority: 0 };
     // SAFETY: `p` is a valid sched_param; this changes only the calling thread.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) } != 0 {
+    if !normal && unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) } != 0 {
         bail!(
             "sched_setscheduler(SCHED_IDLE): {}",
             std::io::Error::last_os_error()
@@ -185,13 +189,14 @@ impl Drop for Procs {
     }
 }
 
-fn burners(n: usize, secs: u64) -> Result<Procs> {
+fn burners(n: usize, secs: u64, normal: bool) -> Result<Procs> {
     let exe = std::env::current_exe()?;
     let mut v = Vec::new();
     for _ in 0..n {
         v.push(
             Command::new(&exe)
                 .args(["bench", "burn", "--secs", &secs.to_string()])
+                .args(normal.then_some("--normal"))
                 .spawn()
                 .context("start a DT burner")?,
         );
@@ -407,7 +412,7 @@ pub fn run(a: HrtArgs) -> Result<()> {
         if a.no_load {
             Ok(Procs(Vec::new()))
         } else {
-            burners(cpus, a.secs + 10)
+            burners(cpus, a.secs + 10, a.normal_load)
         }
     };
 
@@ -428,6 +433,8 @@ pub fn run(a: HrtArgs) -> Result<()> {
 
     let load_text = if a.no_load {
         "none".to_string()
+    } else if a.normal_load {
+        format!("{cpus} nice-0 burners (busy loops)")
     } else {
         format!("{cpus} DT burners (SCHED_IDLE busy loops)")
     };

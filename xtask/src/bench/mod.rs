@@ -22,6 +22,9 @@ pub enum BenchCmd {
     Burn {
         #[arg(long)]
         secs: u64,
+        /// nice 0 instead of SCHED_IDLE.
+        #[arg(long)]
+        normal: bool,
     },
 }
 
@@ -30,6 +33,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Hrt(a) => hrt::run(a),
         BenchCmd::Sandbox(a) => sandbox::run(a),
         BenchCmd::RtLoop(a) => hrt::rtloop(a),
-        BenchCmd::Burn { secs } => hrt::burn(secs),
+        BenchCmd::Burn { secs, normal } => hrt::burn(secs, normal),
     }
 }
