@@ -5,6 +5,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "bench")]
 mod bench;
 mod demo;
 mod install;
@@ -35,19 +36,49 @@ enum Cmd {
     /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
     Demo(demo::DemoArgs),
     /// Benchmarks (results in docs/benchmarks.md).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
         cmd: bench::BenchCmd,
     },
+    /// Benchmarks (results in docs/benchmarks.md): `cargo xtask bench --help`. Runs a release
+    /// build of xtask with the `bench` feature.
+    #[cfg(not(feature = "bench"))]
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
+    let cmd = Cli::parse().cmd;
+    // Every task builds agentosd (or the VM payload with it), whose build needs these; xtask
+    // itself builds without them, so a fresh machine gets them here.
+    vm::host::ensure_build_packages()?;
+    match cmd {
         Cmd::Test { host_only } => test(host_only),
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::Install(args) => install::run(args),
         Cmd::Demo(args) => demo::run(args),
+        #[cfg(feature = "bench")]
         Cmd::Bench { cmd } => bench::run(cmd),
+        #[cfg(not(feature = "bench"))]
+        Cmd::Bench { args } => {
+            let mut all = vec![
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "xtask",
+                "--features",
+                "bench",
+                "--",
+                "bench",
+            ];
+            all.extend(args.iter().map(String::as_str));
+            cargo(&all)
+        }
     }
 }
 
@@ -69,6 +100,7 @@ fn test(host_only: bool) -> Result<()> {
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--",
         "-D",
         "warnings",

@@ -56,10 +56,36 @@ pub const HOST_NEEDS: &[(&str, &str)] = &[
     ),
 ];
 
+/// What building the workspace needs on the host (agentosd's build.rs compiles ebpf/ with
+/// clang against libbpf's and the kernel's headers; sched-ext/ needs clang >= 15 for scx's
+/// headers and builds a vendored libbpf with make, libelf and zlib), and what the host tests
+/// use (a private dbus-daemon).
+pub const BUILD_NEEDS: &[(&str, &str)] = &[
+    ("clang", "clang"),
+    ("clang-19", "clang-19"),
+    ("llvm-strip", "llvm"),
+    ("/usr/include/bpf/bpf_helpers.h", "libbpf-dev"),
+    ("/usr/include/linux/bpf.h", "linux-libc-dev"),
+    ("/usr/include/libelf.h", "libelf-dev"),
+    ("/usr/include/zlib.h", "zlib1g-dev"),
+    ("make", "make"),
+    ("pkg-config", "pkg-config"),
+    ("dbus-daemon", "dbus"),
+];
+
 /// Installs the host packages of [`HOST_NEEDS`] that are missing, with the system's own apt
 /// configuration (used, never changed).
 pub fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = HOST_NEEDS
+    ensure(HOST_NEEDS, "the VM test bed")
+}
+
+/// Installs the packages of [`BUILD_NEEDS`] that are missing (root only; otherwise says which).
+pub fn ensure_build_packages() -> Result<()> {
+    ensure(BUILD_NEEDS, "building agentos")
+}
+
+fn ensure(needs: &[(&str, &str)], purpose: &str) -> Result<()> {
+    let missing: Vec<&str> = needs
         .iter()
         .filter(|(what, _)| !present(what))
         .map(|(_, pkg)| *pkg)
@@ -67,13 +93,16 @@ pub fn ensure_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !Path::new("/usr/bin/apt-get").exists() {
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
         bail!(
-            "the VM test bed needs these Debian packages on the host: {} (no apt-get here; install them by hand)",
+            "{purpose} needs these Debian packages on the host: {} (run as root to have them installed, or `apt-get install` them)",
             missing.join(" ")
         );
     }
-    eprintln!("vm: installing host packages: {}", missing.join(" "));
+    eprintln!(
+        "xtask: installing host packages for {purpose}: {}",
+        missing.join(" ")
+    );
     let install = |cmd: &mut Command| {
         cmd.env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-q", "--no-install-recommends"])
@@ -89,7 +118,7 @@ pub fn ensure_packages() -> Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing))?;
     }
-    let still: Vec<&str> = HOST_NEEDS
+    let still: Vec<&str> = needs
         .iter()
         .filter(|(what, _)| !present(what))
         .map(|(what, _)| *what)

@@ -6,7 +6,7 @@
 //! second cpio with the freshly built binaries, boots, installs agentosd the way a user would and
 //! runs the `vm-tests` suite; `shell` boots the same guest interactively. See docs/vm-tests.md.
 
-mod host;
+pub mod host;
 mod image;
 mod payload;
 mod qemu;
