@@ -199,6 +199,9 @@ pub struct Status {
     /// HRT only: deadline overruns seen (absent from older daemons).
     #[serde(default)]
     pub deadline_misses: Option<u64>,
+    /// Kernel denials since the daemon started (absent from older daemons).
+    #[serde(default)]
+    pub denials: u64,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -480,6 +483,12 @@ pub fn render_status(st: &Status, log: &[String]) -> String {
         s.push_str(&format!(
             "     Misses: {m} deadline overruns seen (sampled every {} ms)\n",
             crate::sched::MONITOR_INTERVAL.as_millis()
+        ));
+    }
+    if st.denials > 0 {
+        s.push_str(&format!(
+            "    Denials: {} by the kernel since agentosd started (agentctl audit show --agent {})\n",
+            st.denials, st.name
         ));
     }
     s.push_str(&format!("      Tasks: {}\n", st.tasks_current));

@@ -23,6 +23,14 @@ pub struct Options {
     pub bus_address: Option<String>,
     pub stop_timeout: Duration,
     pub stop_agents_on_exit: bool,
+    /// Audit log directory [default: STATE_DIR/audit].
+    pub audit_dir: Option<PathBuf>,
+    /// Audit signing key, created 0600 when missing [default: STATE_DIR/audit.key].
+    pub audit_key: Option<PathBuf>,
+    /// Forward audit records to the journal when its socket exists.
+    pub audit_journal: bool,
+    /// Load the sched_ext scheduler scx_agentos (`--sched-ext`); see scx.rs.
+    pub sched_ext: bool,
 }
 
 impl Default for Options {
@@ -35,6 +43,10 @@ impl Default for Options {
             bus_address: None,
             stop_timeout: Duration::from_secs(10),
             stop_agents_on_exit: false,
+            audit_dir: None,
+            audit_key: None,
+            audit_journal: true,
+            sched_ext: false,
         }
     }
 }
@@ -113,9 +125,20 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::new(cfg, tx).map_err(anyhow::Error::msg)?;
+    // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
+    // agents go back into the class map).
+    let scx = crate::scx::start(opts.sched_ext);
+    if let Some(s) = &scx {
+        sup.set_scx(s.clone());
+    }
     let report = crate::probe::probe(&crate::probe::ProbeOptions {
         cgroup_root: Some(root.clone()),
     });
+    let trail = open_audit(&opts);
+    sup.set_audit(trail.clone());
+    sup.set_host_offer(crate::audit_trail::host_offer(&report));
+    sup.set_net(setup_net(&root.join("agents"), &report));
+    sup.spawn_denial_reader();
     let missing = sup.missing_controllers();
     if missing.is_empty() {
         info!(
@@ -232,8 +255,103 @@ pub async fn run(opts: Options) -> Result<()> {
     } else {
         info!("leaving agents running; they are re-adopted at the next start");
     }
+    let _ = trail
+        .commit(trail.lifecycle(
+            "",
+            "",
+            "daemon-stopping",
+            None,
+            serde_json::json!({"pid": std::process::id(), "stop_agents": opts.stop_agents_on_exit}),
+        ))
+        .await;
+    if let Err(e) = trail.close() {
+        warn!("{e}");
+    }
+    // The kernel returns every task (agents included) to the fair class.
+    if let Some(s) = &scx {
+        s.unload();
+    }
     drop(conn);
     Ok(())
+}
+
+/// Load the cgroup BPF network programs and attach them to `agents` (the daemon's own
+/// `ROOT/agents`, which holds nothing but agents). Says so loudly when it cannot, and reports
+/// the BPF LSM state (defence in depth; Landlock covers the same scopes without it).
+fn setup_net(
+    agents: &Path,
+    report: &crate::probe::HostReport,
+) -> Result<std::sync::Arc<crate::enforce::net::NetEnforcer>, String> {
+    let r = crate::enforce::net::NetEnforcer::load().and_then(|n| {
+        n.attach(agents)?;
+        Ok(n)
+    });
+    match r {
+        Ok(n) => {
+            info!(
+                "network enforcement: cgroup BPF {} attached to {}",
+                crate::enforce::net::PROGRAMS.join(", "),
+                agents.display()
+            );
+            match n.lsm_status() {
+                Ok(()) => info!(
+                    "BPF LSM: lsm/socket_connect attached (the same network policy, defence in depth)"
+                ),
+                Err(e) => warn!(
+                    "BPF LSM: lsm/socket_connect {e}; relying on cgroup BPF and Landlock (probe: {})",
+                    report
+                        .why_missing(crate::probe::Mechanism::BpfLsm)
+                        .unwrap_or_else(|| "bpf lsm available".into())
+                ),
+            }
+            Ok(n)
+        }
+        Err(e) => {
+            warn!(
+                "network enforcement: cgroup BPF unavailable: {e}; agents' destinations are NOT enforced by BPF (Landlock TCP port rules still apply; contracts that require cgroup_bpf are refused)"
+            );
+            Err(e.to_string())
+        }
+    }
+}
+
+/// Open the audit trail under the state directory (creating the host key if missing) and
+/// record the daemon's start. A log that cannot be opened (unwritable, locked, tampered) does
+/// not stop the daemon, which still re-adopts its agents, but every new start is refused with
+/// the reason (fail closed).
+fn open_audit(opts: &Options) -> std::sync::Arc<crate::audit_trail::AuditTrail> {
+    use crate::audit_trail::{AuditTrail, TrailPaths};
+    let mut paths = TrailPaths::under(&opts.state_dir);
+    if let Some(d) = &opts.audit_dir {
+        paths.dir = d.clone();
+    }
+    if let Some(k) = &opts.audit_key {
+        paths.key = k.clone();
+    }
+    match AuditTrail::open(&paths, opts.audit_journal) {
+        Ok(t) => {
+            info!("audit trail {}", t.path().display());
+            t.submit(t.lifecycle(
+                "",
+                "",
+                "daemon-started",
+                None,
+                serde_json::json!({
+                    "pid": std::process::id(),
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "key": audit::key::public_path(&paths.key).display().to_string(),
+                }),
+            ));
+            t
+        }
+        Err(e) => {
+            let why = format!("cannot open the audit trail: {e}");
+            tracing::error!(
+                "{why}; agents will NOT be started until this is fixed and agentosd restarts"
+            );
+            AuditTrail::unavailable(&paths, why)
+        }
+    }
 }
 
 /// Resolves when the bus connection is gone: a call to the bus driver gets no reply twice in a
@@ -283,6 +401,22 @@ pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.render_table());
+        // agentos's own programs, loaded (not attached) to show they pass the verifier here.
+        match crate::enforce::net::NetEnforcer::load() {
+            Ok(n) => {
+                println!(
+                    "agentos network programs (ebpf/net.bpf.c: cgroup/connect4, connect6, sendmsg4, sendmsg6): load OK"
+                );
+                match n.lsm_status() {
+                    Err(e) if e.starts_with("loaded") => {
+                        println!("agentos BPF LSM program (lsm/socket_connect): load OK")
+                    }
+                    Err(e) => println!("agentos BPF LSM program (lsm/socket_connect): {e}"),
+                    Ok(()) => {}
+                }
+            }
+            Err(e) => println!("agentos network programs (ebpf/net.bpf.c): NOT loadable: {e}"),
+        }
     }
     0
 }

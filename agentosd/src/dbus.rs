@@ -407,6 +407,12 @@ impl AgentObject {
         self.status().deadline_misses.unwrap_or(0)
     }
 
+    /// Kernel denials (cgroup BPF, BPF LSM) reported since the daemon started.
+    #[zbus(property(emits_changed_signal = "false"), name = "Denials")]
+    async fn denials(&self) -> u64 {
+        self.status().denials
+    }
+
     /// CPU time in ns (`cpu.stat usage_usec`); u64::MAX when unknown, like systemd.
     #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
     async fn cpu_usage_nsec(&self) -> u64 {

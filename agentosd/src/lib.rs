@@ -1,13 +1,16 @@
 //! agentosd: the agentos daemon. Modules are named for what they manage.
 
+pub mod audit_trail;
 pub mod cgroup;
 pub mod client;
 pub mod daemon;
 pub mod dbus;
+pub mod enforce;
 pub mod logs;
 pub mod probe;
 pub mod sandbox;
 pub mod sched;
+pub mod scx;
 pub mod spawn;
 pub mod spec;
 pub mod state;

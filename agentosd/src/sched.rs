@@ -298,6 +298,12 @@ pub fn plan(
     p
 }
 
+/// Whether a `cpuset.cpus.partition` reading is a working partition root (not `member`, not
+/// `root invalid (…)`, which the kernel accepts as a write but does not apply).
+pub fn partition_is_valid_root(state: &str) -> bool {
+    state.trim() == "root"
+}
+
 /// The CPUs SCHED_DEADLINE tasks may use: the online CPUs.
 pub fn online_cpus() -> Vec<u32> {
     std::fs::read_to_string("/sys/devices/system/cpu/online")
@@ -595,6 +601,16 @@ mod tests {
         assert_eq!(a.admit("t/b", &ms(6, 10, 10), &[]), Ok(1));
         assert!(a.release("t/a"));
         assert_eq!(a.admit("t/c", &ms(6, 10, 10), &[0]), Ok(0));
+    }
+
+    #[test]
+    fn partition_states() {
+        assert!(partition_is_valid_root("root\n"));
+        assert!(!partition_is_valid_root(
+            "root invalid (Parent is not a partition root)\n"
+        ));
+        assert!(!partition_is_valid_root("member\n"));
+        assert!(!partition_is_valid_root(""));
     }
 
     #[test]

@@ -172,6 +172,8 @@ pub struct AgentStatus {
     pub notes: Vec<String>,
     /// HRT: deadline overruns seen in the current run (sampled lower bound, see sched.rs).
     pub deadline_misses: Option<u64>,
+    /// Kernel denials (cgroup BPF, BPF LSM) reported since the daemon started.
+    pub denials: u64,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -294,6 +296,7 @@ impl Agent {
                     notes: i.notes.clone(),
                     deadline_misses: (i.spec.latency_class == "HRT")
                         .then(|| self.overruns.misses()),
+                    denials: 0,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,
@@ -359,7 +362,18 @@ pub struct Supervisor {
     boot_id: String,
     /// Admitted HRT reservations (see sched.rs).
     admission: crate::sched::Admission,
+    /// The audit trail (set by the daemon; absent in library tests). See supervisor_hooks.rs.
+    audit: std::sync::OnceLock<Arc<crate::audit_trail::AuditTrail>>,
+    /// What this host offers contract bindings (for the binding hash in audit records).
+    offer: std::sync::OnceLock<contracts::HostOffer>,
+    /// cgroup BPF network enforcement, or why it is unavailable (set by the daemon).
+    net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
+    /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
+    scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
 }
+
+#[path = "supervisor_hooks.rs"]
+mod hooks;
 
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -401,6 +415,10 @@ impl Supervisor {
             events,
             boot_id: sys::boot_id(),
             admission: crate::sched::Admission::default(),
+            audit: std::sync::OnceLock::new(),
+            offer: std::sync::OnceLock::new(),
+            net: std::sync::OnceLock::new(),
+            scx: std::sync::OnceLock::new(),
         }))
     }
 
@@ -450,6 +468,25 @@ impl Supervisor {
         lock(&self.agents).values().cloned().collect()
     }
 
+    /// Classify SRT/DT agents with `scx` from now on (the daemon sets it once, before readopt).
+    pub fn set_scx(&self, scx: Arc<crate::scx::Scx>) {
+        let _ = self.scx.set(scx);
+    }
+
+    /// Put the agent's cgroup `cg` into scx_agentos's class map (a note for status), if loaded.
+    fn scx_register(&self, agent: &Agent, cg: &Cgroup, latency: &str) -> Option<String> {
+        self.scx
+            .get()
+            .and_then(|s| s.register(&agent.id, cg.path(), latency))
+    }
+
+    /// Take the agent's cgroup out of scx_agentos's class map.
+    fn scx_forget(&self, agent: &Agent) {
+        if let Some(s) = self.scx.get() {
+            s.forget(&agent.id);
+        }
+    }
+
     /// Find an agent by `tenant/name`, or by `name` when only one tenant has it.
     pub fn find(&self, key: &str) -> Result<Arc<Agent>, Error> {
         let agents = lock(&self.agents);
@@ -475,7 +512,9 @@ impl Supervisor {
     }
 
     pub fn status_of(&self, agent: &Agent) -> AgentStatus {
-        agent.status(&self.cgroup_mount)
+        let mut st = agent.status(&self.cgroup_mount);
+        st.denials = self.net().map(|n| n.denials(&agent.id)).unwrap_or(0);
+        st
     }
 
     fn new_agent(&self, spec: AgentSpec, contract: String, origin: String, enabled: bool) -> Agent {
@@ -521,7 +560,8 @@ impl Supervisor {
         enabled: bool,
     ) -> Result<Arc<Agent>, Error> {
         let contract = contracts::parse_contract(text, origin)
-            .map_err(|e| Error::InvalidContract(e.to_string()))?;
+            .map_err(|e| Error::InvalidContract(e.to_string()))
+            .inspect_err(|e| self.audit_refused("", "", origin, e))?;
         let spec = AgentSpec::from_contract(&contract);
         self.start_spec(spec, text.to_string(), origin.to_string(), enabled)
             .await
@@ -535,6 +575,26 @@ impl Supervisor {
         contract: String,
         origin: String,
         enabled: bool,
+    ) -> Result<Arc<Agent>, Error> {
+        let (tenant, name, from) = (spec.tenant.clone(), spec.name.clone(), origin.clone());
+        let mut launched = false;
+        let r = self
+            .start_spec_inner(spec, contract, origin, enabled, &mut launched)
+            .await;
+        if let (Err(e), false) = (&r, launched) {
+            // launch() records its own outcome; this is a refusal before anything ran.
+            self.audit_refused(&tenant, &name, &from, e);
+        }
+        r
+    }
+
+    async fn start_spec_inner(
+        self: &Arc<Self>,
+        spec: AgentSpec,
+        contract: String,
+        origin: String,
+        enabled: bool,
+        launched: &mut bool,
     ) -> Result<Arc<Agent>, Error> {
         check_name(&spec.tenant, "tenant")?;
         check_name(&spec.name, "name")?;
@@ -611,6 +671,7 @@ impl Supervisor {
         } else {
             self.emit(Event::New(agent.clone()));
         }
+        *launched = true;
         let r = self.launch(&agent).await;
         drop(op);
         r.map(|()| agent)
@@ -645,7 +706,11 @@ impl Supervisor {
             (i.spec.clone(), i.generation)
         };
         self.emit(Event::Changed(agent.clone()));
-        match self.prepare_and_spawn(agent, &spec).await {
+        let spawned = match self.audit_start(agent).await {
+            Ok(()) => self.prepare_and_spawn(agent, &spec).await,
+            Err(e) => Err(e),
+        };
+        match spawned {
             Ok((child, unenforced, notes)) => {
                 let pidfd = Arc::new(child.pidfd);
                 {
@@ -664,6 +729,16 @@ impl Supervisor {
                     &format!("started {}, main process PID {}", agent.id, child.pid),
                 );
                 info!(agent = %agent.id, pid = child.pid, "started");
+                self.audit_event(
+                    agent,
+                    "started",
+                    Some(audit::Decision::Allow),
+                    serde_json::json!({
+                        "pid": child.pid,
+                        "cgroup": agent.cgroup.path().display().to_string(),
+                        "cgroup_id": hooks::cgroup_id(agent.cgroup.path()),
+                    }),
+                );
                 self.changed(agent);
                 if spec.sched.deadline.is_some() && spec.latency_class == "HRT" {
                     self.monitor_overruns(agent.clone(), generation, child.pid);
@@ -675,6 +750,8 @@ impl Supervisor {
                 self.admission.release(&agent.id);
                 let _ = agent.cgroup.kill();
                 let _ = agent.cgroup.remove();
+                self.net_clear(agent);
+                self.scx_forget(agent);
                 {
                     let mut i = lock(&agent.inner);
                     i.state = State::Failed;
@@ -684,6 +761,12 @@ impl Supervisor {
                 }
                 logs::append_note(&agent.log_path, &format!("failed to start: {e}"));
                 warn!(agent = %agent.id, "start failed: {e}");
+                self.audit_event(
+                    agent,
+                    "start-failed",
+                    Some(audit::Decision::Deny),
+                    serde_json::json!({"reason": e.to_string(), "error": e.dbus_name()}),
+                );
                 self.changed(agent);
                 Err(e)
             }
@@ -723,6 +806,10 @@ impl Supervisor {
             cg.remove()?;
         }
         cg.create()?;
+        // Network policy in the BPF map before the first process exists.
+        let net_notes = self.net_prepare(agent, cg).await?;
+        // The class in scx_agentos's map before the first process exists too.
+        let scx_note = self.scx_register(agent, cg, &spec.latency_class);
         // Budgets.
         let available = cg.controllers().unwrap_or_default();
         let (to_write, unenforced) = plan_budgets(&available, &spec.budgets);
@@ -744,6 +831,8 @@ impl Supervisor {
         let sandbox = sandbox_for(&self.cfg.state_dir, agent)?;
         let mut notes = notes;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
+        notes.extend(net_notes);
+        notes.extend(scx_note);
         // Command.
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
@@ -820,8 +909,30 @@ impl Supervisor {
         );
         let mut notes = plan.notes;
         unenforced.extend(plan.unenforced);
+        let mut plan_files = plan.cgroup_files;
+        // A deadline task may be pinned only inside a valid partition root of its own, and a
+        // partition root needs a partition-root parent: without one, do not pin at all.
+        let parent_partition = cg
+            .path()
+            .parent()
+            .map(|p| p.join("cpuset.cpus.partition"))
+            .filter(|p| p.exists())
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default());
+        if plan_files.iter().any(|(f, _)| *f == "cpuset.cpus.partition")
+            && let Some(state) = parent_partition
+            && !crate::sched::partition_is_valid_root(&state)
+        {
+            plan_files.retain(|(f, _)| !f.starts_with("cpuset."));
+            notes.retain(|n| !n.starts_with("pinned:"));
+            unenforced.push(format!(
+                "cpuset pinning: the parent cgroup's cpuset.cpus.partition is {:?}, so this \
+                 cgroup cannot be an exclusive partition (needed to pin a deadline task); \
+                 running unpinned",
+                state.trim()
+            ));
+        }
         let mut partition_failed = false;
-        for (file, value) in &plan.cgroup_files {
+        for (file, value) in &plan_files {
             if partition_failed && file.starts_with("cpuset") {
                 continue;
             }
@@ -829,13 +940,32 @@ impl Supervisor {
                 if *file == "cpuset.cpus.partition" || *file == "cpuset.cpus" {
                     // Without an exclusive partition a pinned deadline task is refused
                     // (its affinity must span the root domain): run unpinned instead.
-                    let _ = cg.set("cpuset.cpus", "");
+                    unpin(cg);
                     partition_failed = true;
                     notes.retain(|n| !n.starts_with("pinned:"));
                     unenforced.push(format!("cpuset pinning {file}={value} ({e})"));
                 } else {
                     unenforced.push(format!("{file}={value} ({e})"));
                 }
+            }
+        }
+        if !partition_failed && plan_files.iter().any(|(f, _)| *f == "cpuset.cpus.partition")
+        {
+            // The kernel takes the write even when the partition cannot be valid (its parent is
+            // no partition root) and then reads back "root invalid (…)": the task would be
+            // pinned outside any root domain of its own and sched_setattr(SCHED_DEADLINE) fails
+            // with EPERM. Only a valid partition keeps the pin.
+            let state = std::fs::read_to_string(cg.path().join("cpuset.cpus.partition"))
+                .unwrap_or_default();
+            if !crate::sched::partition_is_valid_root(&state) {
+                unpin(cg);
+                notes.retain(|n| !n.starts_with("pinned:"));
+                unenforced.push(format!(
+                    "cpuset pinning: cpuset.cpus.partition is {:?}: an exclusive CPU for a \
+                     deadline task needs every ancestor cgroup to be a partition root; running \
+                     unpinned",
+                    state.trim()
+                ));
             }
         }
         Ok((plan.child, notes, unenforced))
@@ -946,6 +1076,9 @@ impl Supervisor {
             self.kill_and_wait(&agent).await;
             self.admission.release(&agent.id);
             let _ = agent.cgroup.remove();
+            self.net_clear(&agent);
+            self.scx_forget(&agent);
+            self.audit_exit(&agent, pid, &status);
             let Some(delay) = delay else {
                 info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
                 self.changed(&agent);
@@ -968,6 +1101,12 @@ impl Supervisor {
             logs::append_note(
                 &agent.log_path,
                 &format!("restart {restart_no} of {}", agent.id),
+            );
+            self.audit_event(
+                &agent,
+                "restarted",
+                None,
+                serde_json::json!({"restart": restart_no, "by": "restart policy"}),
             );
             // launch() starts a new watcher; this one ends.
             let _ = self.launch(&agent).await;
@@ -1067,6 +1206,8 @@ impl Supervisor {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let rm = agent.cgroup.remove();
+        self.net_clear(agent);
+        self.scx_forget(agent);
         self.admission.release(&agent.id);
         {
             let mut i = lock(&agent.inner);
@@ -1077,6 +1218,12 @@ impl Supervisor {
             i.pidfd = None;
         }
         logs::append_note(&agent.log_path, &format!("{} {}", result, agent.id));
+        self.audit_event(
+            agent,
+            "stopped",
+            None,
+            serde_json::json!({"result": result, "graceful": graceful.is_ok()}),
+        );
         self.changed(agent);
         rm.map_err(Error::from)
     }
@@ -1100,6 +1247,7 @@ impl Supervisor {
         if let Err(e) = self.store.delete(&agent.tenant, &agent.name) {
             warn!(agent = %agent.id, "{e}");
         }
+        self.audit_event(agent, "removed", None, serde_json::json!({}));
         self.emit(Event::Removed {
             id: agent.id.clone(),
             object_path: agent.object_path.clone(),
@@ -1148,6 +1296,12 @@ impl Supervisor {
                 )));
             }
         }
+        self.audit_event(
+            agent,
+            "signal",
+            None,
+            serde_json::json!({"signal": signal, "whom": if whom.is_empty() { "all" } else { whom }}),
+        );
         Ok(())
     }
 
@@ -1222,6 +1376,16 @@ impl Supervisor {
         if res.is_err() && frozen {
             let _ = agent.cgroup.set_freeze(false);
         }
+        self.audit_event(
+            agent,
+            if frozen { "freeze" } else { "thaw" },
+            None,
+            serde_json::json!({
+                "state": agent.state().as_str(),
+                "ok": res.is_ok(),
+                "error": res.as_ref().err().map(|e| e.to_string()),
+            }),
+        );
         self.changed(agent);
         res.map_err(Error::from)
     }
@@ -1300,6 +1464,15 @@ impl Supervisor {
                         i.generation
                     };
                     report.push(format!("{}: re-adopted main process PID {pid}", agent.id));
+                    self.audit_readopted(&agent, pid).await;
+                    if let Err(e) = self.net_prepare(&agent, &agent.cgroup).await {
+                        report.push(format!("{}: network policy: {e}", agent.id));
+                    }
+                    if let Some(note) =
+                        self.scx_register(&agent, &agent.cgroup, &rec.spec.latency_class)
+                    {
+                        report.push(format!("{}: {note}", agent.id));
+                    }
                     if let (Some(d), "HRT") =
                         (&rec.spec.sched.deadline, rec.spec.latency_class.as_str())
                     {
@@ -1323,6 +1496,8 @@ impl Supervisor {
                     // Dead (or never got past its backoff) while the daemon was away.
                     self.kill_and_wait(&agent).await;
                     let _ = agent.cgroup.remove();
+                    self.net_clear(&agent);
+                    self.scx_forget(&agent);
                     let (restart, state_msg) = {
                         let mut i = lock(&agent.inner);
                         i.main_pid = None;
@@ -1355,6 +1530,16 @@ impl Supervisor {
                         (restart, i.result.clone())
                     };
                     report.push(format!("{}: {state_msg}", agent.id));
+                    self.audit_event(
+                        &agent,
+                        "lost",
+                        None,
+                        serde_json::json!({
+                            "result": state_msg,
+                            "state": agent.state().as_str(),
+                            "will_restart": restart,
+                        }),
+                    );
                     self.changed(&agent);
                     if restart {
                         let _op = agent.op.lock().await;
@@ -1448,6 +1633,18 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Undo a cpuset pin: back to a plain member with every CPU of the parent (written out: an
+/// empty write may not reach the kernel).
+fn unpin(cg: &Cgroup) {
+    let _ = cg.set("cpuset.cpus.partition", "member");
+    let parent_cpus = cg
+        .path()
+        .parent()
+        .and_then(|p| std::fs::read_to_string(p.join("cpuset.cpus.effective")).ok())
+        .unwrap_or_default();
+    let _ = cg.set("cpuset.cpus", parent_cpus.trim());
 }
 
 /// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a

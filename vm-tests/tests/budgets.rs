@@ -149,15 +149,28 @@ fn cpu_max_throttles_a_busy_loop() {
         "cpu.max {max:?} is not 0.1 CPU"
     );
 
+    // Under the sched_ext scheduler scx_agentos (the VM install enables it) the scheduler
+    // enforces cpu.max itself and the kernel's CFS counters (nr_throttled, throttled_usec) stay
+    // 0: there the usage below is the evidence.
+    let scx = std::fs::read_to_string("/sys/kernel/sched_ext/state")
+        .is_ok_and(|s| s.trim() == "enabled")
+        && std::fs::read_to_string("/sys/kernel/sched_ext/root/ops")
+            .is_ok_and(|o| o.trim().starts_with("agentos"));
     let usage0 = cg_key(&cg, "cpu.stat", "usage_usec");
     let t0 = Instant::now();
-    wait_for("cpu.stat nr_throttled > 0", Duration::from_secs(30), || {
-        (cg_key(&cg, "cpu.stat", "nr_throttled") > 0).then_some(())
-    });
-    std::thread::sleep(Duration::from_secs(3));
+    if scx {
+        std::thread::sleep(Duration::from_secs(5));
+    } else {
+        wait_for("cpu.stat nr_throttled > 0", Duration::from_secs(30), || {
+            (cg_key(&cg, "cpu.stat", "nr_throttled") > 0).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(3));
+    }
     let used = (cg_key(&cg, "cpu.stat", "usage_usec") - usage0) as f64 / 1e6;
     let wall = t0.elapsed().as_secs_f64();
-    assert!(cg_key(&cg, "cpu.stat", "throttled_usec") > 0);
+    if !scx {
+        assert!(cg_key(&cg, "cpu.stat", "throttled_usec") > 0);
+    }
     // 0.1 CPU, with room for the period boundaries and emulation jitter.
     assert!(
         used <= 0.2 * wall,

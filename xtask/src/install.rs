@@ -266,6 +266,30 @@ pub fn run(args: InstallArgs) -> Result<()> {
         }
     }
 
+    // The host's audit signing key, created here (never into a DESTDIR image, which would give
+    // every machine installed from it the same key: there, agentosd creates it at first start).
+    if destdir.is_none() {
+        let key = Path::new("/var/lib/agentos/audit.key");
+        let out = Command::new(bin_dir.join("agentosd"))
+            .arg("keygen")
+            .arg("--audit-key")
+            .arg(key)
+            .output()
+            .context("running agentosd keygen")?;
+        if !out.status.success() {
+            bail!(
+                "agentosd keygen failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        log.add("audit signing key (0600)", key);
+    } else {
+        log.lines.push(
+            "  (audit signing key: not staged; agentosd creates /var/lib/agentos/audit.key at first start)"
+                .to_string(),
+        );
+    }
+
     println!("installed:");
     for l in &log.lines {
         println!("{l}");

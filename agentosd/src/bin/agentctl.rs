@@ -101,8 +101,87 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Read and verify the audit trail (reads the files directly; root or group agentos)
+    Audit {
+        #[command(subcommand)]
+        cmd: AuditCmd,
+    },
     /// Print shell completions
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct AuditFiles {
+    /// The daemon's state directory: the log is STATE_DIR/audit/audit.log, the public key
+    /// STATE_DIR/audit.key.pub
+    #[arg(long, default_value = "/var/lib/agentos")]
+    state_dir: PathBuf,
+    /// The log file [default: STATE_DIR/audit/audit.log]
+    #[arg(long)]
+    log: Option<PathBuf>,
+}
+
+impl AuditFiles {
+    fn log(&self) -> PathBuf {
+        self.log
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("audit").join("audit.log"))
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum AuditCmd {
+    /// Check the whole chain, the checkpoints' signatures and the head file; exit 1 and name
+    /// the first bad record when anything was edited, removed, reordered or truncated
+    Verify {
+        #[command(flatten)]
+        files: AuditFiles,
+        /// The host's public key [default: STATE_DIR/audit.key.pub]
+        #[arg(long)]
+        key: Option<PathBuf>,
+    },
+    /// Print records: TIME SEQ KIND TENANT/AGENT DECISION DETAIL
+    Show {
+        #[command(flatten)]
+        files: AuditFiles,
+        /// Only this agent's records (its name)
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only records since: YYYY-MM-DD[ HH:MM[:SS]] (UTC), @UNIX_SECONDS, or 15m, 2h, 7d
+        #[arg(long)]
+        since: Option<String>,
+        /// Keep printing new records
+        #[arg(short, long)]
+        follow: bool,
+        /// The stored JSON lines, unchanged
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn audit(cmd: AuditCmd) -> i32 {
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    match cmd {
+        AuditCmd::Verify { files, key } => {
+            let key = key.unwrap_or_else(|| files.state_dir.join("audit.key.pub"));
+            audit::cli::verify(&files.log(), &key, &mut out, &mut err)
+        }
+        AuditCmd::Show {
+            files,
+            agent,
+            since,
+            follow,
+            json,
+        } => {
+            let opts = audit::cli::ShowOptions {
+                agent,
+                since,
+                follow,
+                json,
+            };
+            audit::cli::show(&files.log(), &opts, &mut out, &mut err)
+        }
+    }
 }
 
 fn main() {
@@ -132,6 +211,7 @@ fn run(cli: Cli) -> i32 {
                 &mut std::io::stderr(),
             );
         }
+        Cmd::Audit { cmd } => return audit(cmd),
         Cmd::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -187,7 +267,10 @@ fn run(cli: Cli) -> i32 {
                 lines,
                 follow,
             } => client::logs(&c, &agent, lines, follow).await,
-            Cmd::Validate { .. } | Cmd::Completions { .. } | Cmd::Check { .. } => exit::OK,
+            Cmd::Validate { .. }
+            | Cmd::Completions { .. }
+            | Cmd::Check { .. }
+            | Cmd::Audit { .. } => exit::OK,
         }
     })
 }

@@ -42,12 +42,28 @@ struct RunArgs {
     /// Stop all agents when the daemon exits (default: leave them running)
     #[arg(long, global = true)]
     stop_agents_on_exit: bool,
+    /// Audit log directory [default: STATE_DIR/audit]
+    #[arg(long, global = true)]
+    audit_dir: Option<PathBuf>,
+    /// Audit signing key, created 0600 when missing [default: STATE_DIR/audit.key]
+    #[arg(long, global = true)]
+    audit_key: Option<PathBuf>,
+    /// Do not forward audit records to the journal
+    #[arg(long, global = true)]
+    no_audit_journal: bool,
+    /// Load the sched_ext scheduler scx_agentos (SRT agents first, DT on idle time) when the
+    /// kernel has sched_ext; without it, say so and keep the cpu.weight fallback. Also enabled
+    /// by AGENTOSD_SCHED_EXT=1 in the environment (a systemd drop-in)
+    #[arg(long, global = true)]
+    sched_ext: bool,
 }
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the daemon (the default)
     Run,
+    /// Create the audit signing key if it is missing (0600, public key KEY.pub); print the public key
+    Keygen,
     /// Probe what this host can enforce and print it
     Check {
         /// Print JSON
@@ -59,6 +75,22 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Some(Cmd::Keygen) => {
+            let key = cli
+                .run
+                .audit_key
+                .unwrap_or_else(|| cli.run.state_dir.join("audit.key"));
+            let (created, public) = agentosd::audit_trail::ensure_key(&key)?;
+            let hex = std::fs::read_to_string(&public)?;
+            println!(
+                "{} {} (public key {}: {})",
+                if created { "created" } else { "kept existing" },
+                key.display(),
+                public.display(),
+                hex.trim()
+            );
+            Ok(())
+        }
         Some(Cmd::Check { json }) => {
             std::process::exit(agentosd::daemon::check(cli.run.cgroup_root, json))
         }
@@ -81,6 +113,11 @@ fn main() -> anyhow::Result<()> {
                 bus_address: r.bus_address,
                 stop_timeout: Duration::from_secs_f64(r.stop_timeout.max(0.0)),
                 stop_agents_on_exit: r.stop_agents_on_exit,
+                audit_dir: r.audit_dir,
+                audit_key: r.audit_key,
+                audit_journal: !r.no_audit_journal,
+                sched_ext: r.sched_ext
+                    || std::env::var("AGENTOSD_SCHED_EXT").is_ok_and(|v| v == "1" || v == "yes"),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

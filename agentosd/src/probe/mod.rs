@@ -1112,7 +1112,8 @@ fn probe_sched_ext(has_ops_btf: Option<bool>) -> Check {
                 .ok()
                 .filter(|s| !s.is_empty());
             let detail = match (state.as_str(), ops) {
-                ("disabled", _) => "/sys/kernel/sched_ext/state: disabled (no BPF scheduler loaded; scx_agentos can load)".to_string(),
+                ("disabled", _) => "/sys/kernel/sched_ext/state: disabled (no BPF scheduler loaded; scx_agentos can load: agentosd --sched-ext)".to_string(),
+                ("enabled", Some(ops)) if scx_agentos::is_agentos_ops(&ops) => format!("/sys/kernel/sched_ext/state: enabled, scx_agentos loaded (root/ops {ops}): SRT first, DT on idle time"),
                 (s, Some(ops)) => format!("/sys/kernel/sched_ext/state: {s}, scheduler {ops} loaded (another scheduler blocks scx_agentos until it exits)"),
                 (s, None) => format!("/sys/kernel/sched_ext/state: {s}"),
             };

@@ -240,6 +240,9 @@ const INSTALL_SH: &str = r#"#!/bin/sh
 echo "== install agentosd: systemd-sysusers, systemd-tmpfiles, daemon-reload, start"
 systemd-sysusers
 systemd-tmpfiles --create
+# The suite exercises the sched_ext scheduler scx_agentos: enable it as an operator would.
+mkdir -p /etc/systemd/system/agentosd.service.d
+printf '[Service]\nEnvironment=AGENTOSD_SCHED_EXT=1\n' > /etc/systemd/system/agentosd.service.d/sched-ext.conf
 systemctl daemon-reload
 systemctl reload dbus || true
 if systemctl start agentosd; then

@@ -1,0 +1,476 @@
+//! The daemon's audit trail: the `audit` crate's hash-chained log, opened at start under the
+//! state directory with the host signing key, plus what the daemon adds: one record builder for
+//! agent lifecycle events and kernel denials, the agents' binding hashes, and fail-closed health.
+//!
+//! Async callers never wait for `fdatasync` on a runtime thread: [`AuditTrail::commit`] queues
+//! with `try_append_then` and awaits a oneshot; [`AuditTrail::submit`] queues and returns. When a
+//! write or sync fails, the log accepts nothing more and [`AuditTrail::health`] says why: the
+//! supervisor then refuses new starts (invariant 1). See docs/audit.md, "In the daemon".
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use audit::{Ack, AppendError, Decision, Kind, Log, LogOptions, Record};
+use serde_json::{Value, json};
+use tracing::{error, info};
+
+/// Why the trail could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum TrailError {
+    #[error(transparent)]
+    Key(#[from] audit::key::KeyError),
+    #[error(transparent)]
+    Open(#[from] audit::OpenError),
+    #[error("audit directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Where the trail lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrailPaths {
+    /// Directory of `audit.log` and `audit.head` (default `STATE_DIR/audit`).
+    pub dir: PathBuf,
+    /// The private signing key (default `STATE_DIR/audit.key`); its public key is `KEY.pub`.
+    pub key: PathBuf,
+}
+
+impl TrailPaths {
+    /// The defaults under a state directory.
+    pub fn under(state_dir: &Path) -> Self {
+        TrailPaths {
+            dir: state_dir.join("audit"),
+            key: state_dir.join("audit.key"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    /// The first failure; once set, nothing more is accepted.
+    failed: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn fail(&self, why: &str) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            error!(
+                "audit trail failed: {why}; new agent starts are refused until agentosd restarts with a writable log"
+            );
+            *f = Some(why.to_string());
+        }
+    }
+}
+
+/// The open audit trail.
+pub struct AuditTrail {
+    log: Mutex<Option<Arc<Log>>>,
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// Agent id (`tenant/name`) → its sealed binding manifest hash.
+    bindings: Mutex<HashMap<String, String>>,
+    /// Best-effort records (kernel denials) not queued because the queue was full.
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for AuditTrail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditTrail")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Creates the signing key if it is missing (0600, and `KEY.pub` 0644); returns whether it was
+/// created and the public key path.
+pub fn ensure_key(key: &Path) -> Result<(bool, PathBuf), TrailError> {
+    let existed = key.exists();
+    if let Some(parent) = key.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| TrailError::Dir {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    audit::key::load_or_create(key)?;
+    Ok((!existed, audit::key::public_path(key)))
+}
+
+impl AuditTrail {
+    /// Opens (or creates) the log in `paths.dir` with the key at `paths.key` (created 0600 when
+    /// missing). Forwards records to the journal when `journal` and its socket exists.
+    pub fn open(paths: &TrailPaths, journal: bool) -> Result<Arc<AuditTrail>, TrailError> {
+        std::fs::create_dir_all(&paths.dir).map_err(|source| TrailError::Dir {
+            path: paths.dir.clone(),
+            source,
+        })?;
+        set_mode(&paths.dir, 0o750);
+        let (created, _) = ensure_key(&paths.key)?;
+        if created {
+            info!(
+                "created the audit signing key {} (public key {})",
+                paths.key.display(),
+                audit::key::public_path(&paths.key).display()
+            );
+        }
+        let key = audit::key::load(&paths.key)?;
+        let mut opts = LogOptions::new(key);
+        if journal && Path::new(audit::JOURNAL_SOCKET).exists() {
+            opts = opts.with_system_journal();
+        }
+        let log = Log::open(&paths.dir, opts)?;
+        if let Some(r) = log.recovery() {
+            info!(
+                "audit log {}: cut a torn tail of {} bytes at byte {} after a crash (saved as {}); recorded at seq {}",
+                log.path().display(),
+                r.bytes,
+                r.offset,
+                r.saved_as.display(),
+                r.record_seq
+            );
+        }
+        give_group_read(&paths.dir);
+        Ok(Arc::new(AuditTrail {
+            path: log.path().to_path_buf(),
+            log: Mutex::new(Some(Arc::new(log))),
+            shared: Arc::default(),
+            bindings: Mutex::default(),
+            dropped: Default::default(),
+        }))
+    }
+
+    /// A trail whose log could not be opened: it accepts nothing and [`AuditTrail::health`]
+    /// gives `why`, so the daemon runs (and re-adopts its agents) but refuses new starts.
+    pub fn unavailable(paths: &TrailPaths, why: String) -> Arc<AuditTrail> {
+        let shared = Arc::new(Shared::default());
+        *lock(&shared.failed) = Some(why);
+        Arc::new(AuditTrail {
+            log: Mutex::new(None),
+            path: paths.dir.join(audit::LOG_FILE),
+            shared,
+            bindings: Mutex::default(),
+            dropped: Default::default(),
+        })
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `Ok` while the log accepts records; otherwise why it does not.
+    pub fn health(&self) -> Result<(), String> {
+        match lock(&self.shared.failed).clone() {
+            Some(why) => Err(why),
+            None if lock(&self.log).is_none() => {
+                Err(format!("audit log {} is closed", self.path.display()))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn log(&self) -> Result<Arc<Log>, AppendError> {
+        if let Some(why) = lock(&self.shared.failed).clone() {
+            return Err(AppendError::Failed {
+                path: self.path.clone(),
+                reason: why,
+            });
+        }
+        lock(&self.log)
+            .clone()
+            .ok_or_else(|| AppendError::Closed(self.path.clone()))
+    }
+
+    /// Remembers (or forgets, with `None`) an agent's binding hash for its later records.
+    pub fn set_binding(&self, agent_id: &str, hash: Option<String>) {
+        let mut b = lock(&self.bindings);
+        match hash {
+            Some(h) => b.insert(agent_id.to_string(), h),
+            None => b.remove(agent_id),
+        };
+    }
+
+    /// The binding hash recorded for an agent.
+    pub fn binding(&self, agent_id: &str) -> Option<String> {
+        lock(&self.bindings).get(agent_id).cloned()
+    }
+
+    /// A record about agent `tenant/name` with its binding hash, if known.
+    pub fn agent_record(&self, kind: Kind, tenant: &str, name: &str) -> Record {
+        let r = Record::new(kind, name, tenant);
+        match self.binding(&format!("{tenant}/{name}")) {
+            Some(h) => r.binding(h),
+            None => r,
+        }
+    }
+
+    /// A lifecycle record: `detail` is an object; `event` is put first.
+    pub fn lifecycle(
+        &self,
+        tenant: &str,
+        name: &str,
+        event: &str,
+        decision: Option<Decision>,
+        detail: Value,
+    ) -> Record {
+        let mut d = serde_json::Map::new();
+        d.insert("event".into(), json!(event));
+        if let Value::Object(m) = detail {
+            d.extend(m);
+        }
+        let r = self
+            .agent_record(Kind::Lifecycle, tenant, name)
+            .detail(Value::Object(d));
+        match decision {
+            Some(x) => r.decision(x),
+            None => r,
+        }
+    }
+
+    /// Appends and waits until the record is durable, without blocking a runtime thread. A
+    /// failure marks the trail failed.
+    pub async fn commit(&self, rec: Record) -> Result<Ack, AppendError> {
+        let log = self.log()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let shared = self.shared.clone();
+        let done = move |r: Result<Ack, AppendError>| {
+            if let Err(e) = &r {
+                shared.fail(&e.to_string());
+            }
+            let _ = tx.send(r);
+        };
+        match log.try_append_then(rec.clone(), done) {
+            Ok(()) => {}
+            Err(AppendError::Full(_)) => {
+                // Back-pressure: wait for room off the runtime.
+                let (tx, rx2) = tokio::sync::oneshot::channel();
+                let shared = self.shared.clone();
+                let res = tokio::task::spawn_blocking(move || {
+                    log.append_then(rec, move |r| {
+                        if let Err(e) = &r {
+                            shared.fail(&e.to_string());
+                        }
+                        let _ = tx.send(r);
+                    })
+                })
+                .await
+                .map_err(|_| AppendError::Abandoned)?;
+                res.inspect_err(|e| self.note_err(e))?;
+                return rx2.await.map_err(|_| AppendError::Abandoned)?;
+            }
+            Err(e) => {
+                self.note_err(&e);
+                return Err(e);
+            }
+        }
+        rx.await.map_err(|_| AppendError::Abandoned)?
+    }
+
+    /// Queues a record without waiting for it (it is durable shortly, in order with the other
+    /// records queued from this task). A failure marks the trail failed and is logged.
+    pub fn submit(&self, rec: Record) {
+        let log = match self.log() {
+            Ok(l) => l,
+            Err(e) => {
+                error!("audit record lost: {e}: {}", record_text(&rec));
+                return;
+            }
+        };
+        let shared = self.shared.clone();
+        let done = move |r: Result<Ack, AppendError>| {
+            if let Err(e) = r {
+                shared.fail(&e.to_string());
+            }
+        };
+        match log.try_append_then(rec.clone(), done) {
+            Ok(()) => {}
+            Err(AppendError::Full(_)) => {
+                let shared = self.shared.clone();
+                // The queue is full: wait for room on a blocking thread, never on the runtime.
+                let run = move || {
+                    let s2 = shared.clone();
+                    if let Err(e) = log.append_then(rec, move |r| {
+                        if let Err(e) = r {
+                            s2.fail(&e.to_string());
+                        }
+                    }) {
+                        shared.fail(&e.to_string());
+                    }
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) => {
+                        h.spawn_blocking(run);
+                    }
+                    Err(_) => run(),
+                }
+            }
+            Err(e) => {
+                self.note_err(&e);
+                error!("audit record lost: {e}: {}", record_text(&rec));
+            }
+        }
+    }
+
+    /// Queues a record if the queue has room; otherwise counts it in [`AuditTrail::dropped`]
+    /// and returns false. For floods an agent can cause (kernel denials): the daemon stays
+    /// responsive and reports the count as a record of its own instead.
+    pub fn submit_or_count(&self, rec: Record) -> bool {
+        let Ok(log) = self.log() else {
+            self.dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        };
+        let shared = self.shared.clone();
+        let done = move |r: Result<Ack, AppendError>| {
+            if let Err(e) = r {
+                shared.fail(&e.to_string());
+            }
+        };
+        match log.try_append_then(rec, done) {
+            Ok(()) => true,
+            Err(AppendError::Full(_)) => {
+                self.dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                false
+            }
+            Err(e) => {
+                self.note_err(&e);
+                self.dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Best-effort records not written since the daemon started (see `submit_or_count`).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn note_err(&self, e: &AppendError) {
+        if !matches!(e, AppendError::Invalid(_)) {
+            self.shared.fail(&e.to_string());
+        }
+    }
+
+    /// Commits everything queued, writes the final checkpoint and closes the log.
+    pub fn close(&self) -> Result<(), AppendError> {
+        let Some(log) = lock(&self.log).take() else {
+            return Ok(());
+        };
+        match Arc::try_unwrap(log) {
+            Ok(l) => l.close(),
+            // A record in flight still holds it: dropping the last reference closes it.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// What this host offers a contract's binding, from the start-up probe.
+pub fn host_offer(report: &crate::probe::HostReport) -> contracts::HostOffer {
+    use crate::probe::Mechanism as P;
+    use contracts::Mechanism as C;
+    let mut offer = contracts::HostOffer::default();
+    for (p, c) in [
+        (P::CpuController, C::CgroupCpu),
+        (P::MemoryController, C::CgroupMemory),
+        (P::PidsController, C::CgroupPids),
+        (P::CpusetController, C::CgroupCpuset),
+        (P::SchedDeadline, C::SchedDeadline),
+        (P::SchedExt, C::SchedExt),
+        (P::Landlock, C::Landlock),
+        (P::Seccomp, C::Seccomp),
+        (P::BpfLsm, C::BpfLsm),
+        (P::BpfCgroupSockAddr, C::CgroupBpf),
+    ] {
+        if report.has(p) {
+            offer.mechanisms.insert(c);
+        }
+    }
+    offer
+}
+
+/// The sealed binding manifest hash of `contract` against `offer`, or why it does not bind.
+pub fn binding_hash(
+    contract: &contracts::Contract,
+    offer: &contracts::HostOffer,
+) -> Result<String, String> {
+    contracts::bind(contract, offer)
+        .map(|m| m.sha256)
+        .map_err(|e| e.to_string())
+}
+
+fn record_text(r: &Record) -> String {
+    serde_json::to_string(r).unwrap_or_default()
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+}
+
+/// The `agentos` group (operators) may read the log (`agentctl audit show/verify`): give the
+/// directory and its files to that group when it exists.
+fn give_group_read(dir: &Path) {
+    let Ok(Some(g)) = nix::unistd::Group::from_name("agentos") else {
+        return;
+    };
+    let chgrp = |p: &Path| {
+        let _ = nix::unistd::chown(p, None, Some(g.gid));
+    };
+    chgrp(dir);
+    for f in [audit::LOG_FILE, audit::HEAD_FILE] {
+        chgrp(&dir.join(f));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn commit_and_submit_keep_order_and_carry_the_binding() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = TrailPaths::under(dir.path());
+        let t = AuditTrail::open(&paths, false).unwrap();
+        assert!(paths.key.exists());
+        t.set_binding("acme/a", Some("ab".repeat(32)));
+        t.submit(t.lifecycle(
+            "acme",
+            "a",
+            "refused",
+            Some(Decision::Deny),
+            json!({"reason": "x"}),
+        ));
+        let ack = t
+            .commit(t.lifecycle("acme", "a", "start", Some(Decision::Allow), json!({})))
+            .await
+            .unwrap();
+        t.close().unwrap();
+        assert!(t.health().is_err(), "a closed trail refuses");
+        let recs: Vec<_> = audit::Reader::open(
+            &dir.path().join("audit/audit.log"),
+            audit::Filter::default(),
+        )
+        .unwrap()
+        .map(|e| e.unwrap().record)
+        .collect();
+        let ours: Vec<_> = recs.iter().filter(|r| r.agent == "a").collect();
+        assert_eq!(ours.len(), 2);
+        assert_eq!(ours[0].detail["event"], "refused");
+        assert_eq!(ours[1].detail["event"], "start");
+        assert_eq!(ours[1].seq, ack.seq);
+        assert_eq!(ours[1].binding.as_deref(), Some("ab".repeat(32).as_str()));
+        assert_eq!(ours[1].tenant, "acme");
+        let key = audit::key::load_public(&audit::key::public_path(&paths.key)).unwrap();
+        audit::verify(&dir.path().join("audit/audit.log"), &key).unwrap();
+    }
+}

@@ -1,0 +1,803 @@
+//! Network destinations per agent, enforced by cgroup BPF (`ebpf/net.bpf.c`).
+//!
+//! The programs are attached to `ROOT/agents` only, so they see nothing but agents. Each agent's
+//! cgroup id maps to its granted destinations (from the contract's `net.connect` scopes, host
+//! names resolved when the agent starts). A destination not granted, or a process under
+//! `agents/` without a policy entry, is refused with EPERM and reported through the ring buffer.
+//! Dropped reports are counted in the `stats` map and surfaced, never silent.
+
+use std::collections::HashMap as StdHashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsFd as _;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use aya::maps::{Array, HashMap, MapData, RingBuf};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use serde::Serialize;
+
+/// The embedded object (empty when clang was missing at build time).
+static NET_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/net.bpf.o"));
+
+/// Program names in `ebpf/net.bpf.c`.
+pub const PROGRAMS: [&str; 4] = [
+    "agentos_connect4",
+    "agentos_connect6",
+    "agentos_sendmsg4",
+    "agentos_sendmsg6",
+];
+
+/// The BPF LSM program (defence in depth; loads only where the kernel allows BPF LSM).
+pub const LSM_PROGRAM: &str = "agentos_lsm_connect";
+
+/// `AGENTOS_MAX_RULES` in `ebpf/intf.h`.
+pub const MAX_RULES: usize = 32;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const ALLOW_ALL: u32 = 1;
+const STAT_ALLOWED: u32 = 0;
+const STAT_DENIED: u32 = 1;
+const STAT_DROPPED: u32 = 2;
+
+/// `struct agentos_net_rule`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawRule {
+    pub addr: [u32; 4],
+    pub mask: [u32; 4],
+    pub family: u16,
+    pub port: u16,
+    pub _pad: u32,
+}
+
+/// `struct agentos_net_policy`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawPolicy {
+    pub n_rules: u32,
+    pub flags: u32,
+    pub rules: [RawRule; MAX_RULES],
+}
+
+/// `struct agentos_net_event`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawEvent {
+    pub cgroup_id: u64,
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub addr: [u32; 4],
+    pub family: u16,
+    pub port: u16,
+    pub protocol: u32,
+    pub hook: u8,
+    pub reason: u8,
+    pub _pad: [u8; 6],
+    pub comm: [u8; 16],
+}
+
+// SAFETY: plain `#[repr(C)]` integers and arrays of them with explicit padding fields, no
+// pointers: any bit pattern is valid and the layout matches `ebpf/intf.h` (sizes tested below).
+unsafe impl aya::Pod for RawPolicy {}
+
+/// One granted destination: an address prefix (or any address) and a port (or any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// `None`: any address of `family`.
+    pub net: Option<(IpAddr, u8)>,
+    pub family: u16,
+    /// 0 = any port.
+    pub port: u16,
+}
+
+impl Rule {
+    fn raw(&self) -> RawRule {
+        let mut r = RawRule {
+            family: self.family,
+            port: self.port,
+            ..RawRule::default()
+        };
+        let (bytes, prefix): (Vec<u8>, u8) = match self.net {
+            None => (Vec::new(), 0),
+            Some((IpAddr::V4(a), p)) => (a.octets().to_vec(), p.min(32)),
+            Some((IpAddr::V6(a), p)) => (a.octets().to_vec(), p.min(128)),
+        };
+        let mut addr = [0u8; 16];
+        let mut mask = [0u8; 16];
+        for (i, b) in bytes.iter().enumerate() {
+            let bits = (prefix as usize).saturating_sub(i * 8).min(8) as u32;
+            let m = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+            mask[i] = m;
+            addr[i] = b & m;
+        }
+        for w in 0..4 {
+            let chunk = |a: &[u8; 16]| {
+                u32::from_ne_bytes([a[w * 4], a[w * 4 + 1], a[w * 4 + 2], a[w * 4 + 3]])
+            };
+            r.addr[w] = chunk(&addr);
+            r.mask[w] = chunk(&mask);
+        }
+        r
+    }
+}
+
+/// An agent's network policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub allow_all: bool,
+    pub rules: Vec<Rule>,
+    /// What the operator should know (names that did not resolve…).
+    pub notes: Vec<String>,
+}
+
+impl Policy {
+    pub fn raw(&self) -> RawPolicy {
+        let mut p = RawPolicy {
+            n_rules: self.rules.len().min(MAX_RULES) as u32,
+            flags: if self.allow_all { ALLOW_ALL } else { 0 },
+            rules: [RawRule::default(); MAX_RULES],
+        };
+        for (slot, r) in p.rules.iter_mut().zip(&self.rules) {
+            *slot = r.raw();
+        }
+        p
+    }
+
+    /// One line for `agentctl status`.
+    pub fn describe(&self) -> String {
+        if self.allow_all {
+            return "any destination (net.connect *:*)".into();
+        }
+        if self.rules.is_empty() {
+            return "no destination granted: every connect/sendto to IPv4/IPv6 is refused".into();
+        }
+        let mut v: Vec<String> = self
+            .rules
+            .iter()
+            .map(|r| {
+                let host = match r.net {
+                    None if r.family == AF_INET => "0.0.0.0/0".to_string(),
+                    None => "::/0".to_string(),
+                    Some((IpAddr::V4(a), 32)) => a.to_string(),
+                    Some((IpAddr::V6(a), 128)) => format!("[{a}]"),
+                    Some((a, p)) => format!("{a}/{p}"),
+                };
+                let port = if r.port == 0 {
+                    "*".to_string()
+                } else {
+                    r.port.to_string()
+                };
+                format!("{host}:{port}")
+            })
+            .collect();
+        v.dedup();
+        v.join(", ")
+    }
+}
+
+/// Why a scope cannot be turned into rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error(
+        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *)"
+    )]
+    Scope(String),
+    #[error(
+        "net.connect grants {0} destinations after name resolution; at most {MAX_RULES} are supported"
+    )]
+    TooMany(usize),
+}
+
+/// Parse one `HOST:PORT` scope into (host, port); port 0 = any.
+fn split_scope(scope: &str) -> Result<(&str, u16), PolicyError> {
+    let bad = || PolicyError::Scope(scope.to_string());
+    let (host, port) = scope.rsplit_once(':').ok_or_else(bad)?;
+    let port = match port {
+        "*" => 0,
+        p => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?,
+    };
+    let host = host
+        .strip_prefix('[')
+        .map(|h| h.strip_suffix(']').unwrap_or(h))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+/// The policy of `net.connect` scopes. `resolve` turns a host name into addresses (DNS in the
+/// daemon; a fake in tests). A name that does not resolve grants nothing and is noted.
+pub fn policy_from_scopes(
+    scopes: &[String],
+    resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
+) -> Result<Policy, PolicyError> {
+    let mut p = Policy::default();
+    for s in scopes {
+        let (host, port) = split_scope(s)?;
+        if host == "*" {
+            if port == 0 {
+                p.allow_all = true;
+            }
+            p.rules.push(Rule {
+                net: None,
+                family: AF_INET,
+                port,
+            });
+            p.rules.push(Rule {
+                net: None,
+                family: AF_INET6,
+                port,
+            });
+            continue;
+        }
+        if let Some((a, len)) = host.split_once('/') {
+            let addr: IpAddr = a.parse().map_err(|_| PolicyError::Scope(s.clone()))?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| PolicyError::Scope(s.clone()))?;
+            p.rules.push(rule_for(addr, len, port));
+            continue;
+        }
+        let addrs = match host.parse::<IpAddr>() {
+            Ok(a) => vec![a],
+            Err(_) => match resolve(host) {
+                Ok(v) if !v.is_empty() => v,
+                Ok(_) => {
+                    p.notes.push(format!(
+                        "net.connect {s}: {host} has no address; nothing granted"
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    p.notes.push(format!(
+                        "net.connect {s}: cannot resolve {host} ({e}); nothing granted"
+                    ));
+                    continue;
+                }
+            },
+        };
+        for a in addrs {
+            let len = if a.is_ipv4() { 32 } else { 128 };
+            p.rules.push(rule_for(a, len, port));
+        }
+    }
+    p.rules.dedup();
+    if p.rules.len() > MAX_RULES && !p.allow_all {
+        return Err(PolicyError::TooMany(p.rules.len()));
+    }
+    p.rules.truncate(MAX_RULES);
+    Ok(p)
+}
+
+fn rule_for(addr: IpAddr, len: u8, port: u16) -> Rule {
+    // An IPv4-mapped IPv6 address reaches IPv4 via connect6: grant it both ways.
+    Rule {
+        family: if addr.is_ipv4() { AF_INET } else { AF_INET6 },
+        net: Some((addr, len)),
+        port,
+    }
+}
+
+/// Resolve a host name with the system resolver (blocking: call off the runtime).
+pub fn system_resolve(host: &str) -> Result<Vec<IpAddr>, String> {
+    use std::net::ToSocketAddrs as _;
+    (host, 0u16)
+        .to_socket_addrs()
+        .map(|it| {
+            let mut v: Vec<IpAddr> = it.map(|a| a.ip()).collect();
+            v.sort();
+            v.dedup();
+            v
+        })
+        .map_err(|e| e.to_string())
+}
+
+/// One denial, decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    pub cgroup_id: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// `connect` or `sendmsg`.
+    pub syscall: &'static str,
+    /// `cgroup/connect4`, …
+    pub hook: &'static str,
+    pub family: &'static str,
+    pub protocol: String,
+    pub addr: IpAddr,
+    pub port: u16,
+    /// `not-granted` or `no-policy`.
+    pub reason: &'static str,
+}
+
+impl Denial {
+    pub fn decode(bytes: &[u8]) -> Option<Denial> {
+        if bytes.len() < std::mem::size_of::<RawEvent>() {
+            return None;
+        }
+        // SAFETY: the buffer holds at least size_of::<RawEvent>() bytes and RawEvent is a
+        // plain-old-data #[repr(C)] struct valid for any bit pattern; read_unaligned copes with
+        // the ring buffer's 8-byte alignment not being guaranteed to the slice.
+        let e: RawEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let v6 = e.family == AF_INET6;
+        let mut b = [0u8; 16];
+        for w in 0..4 {
+            b[w * 4..w * 4 + 4].copy_from_slice(&e.addr[w].to_ne_bytes());
+        }
+        let addr = if v6 {
+            IpAddr::V6(Ipv6Addr::from(b))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+        };
+        let (syscall, hook) = match e.hook {
+            0 => ("connect", "cgroup/connect4"),
+            1 => ("connect", "cgroup/connect6"),
+            2 => ("sendmsg", "cgroup/sendmsg4"),
+            3 => ("sendmsg", "cgroup/sendmsg6"),
+            _ => ("connect", "lsm/socket_connect"),
+        };
+        let end = e.comm.iter().position(|c| *c == 0).unwrap_or(e.comm.len());
+        Some(Denial {
+            cgroup_id: e.cgroup_id,
+            pid: e.pid,
+            tid: e.tid,
+            comm: String::from_utf8_lossy(&e.comm[..end]).into_owned(),
+            syscall,
+            hook,
+            family: if v6 { "inet6" } else { "inet" },
+            protocol: match e.protocol {
+                6 => "tcp".into(),
+                17 => "udp".into(),
+                0 => "".into(),
+                n => n.to_string(),
+            },
+            addr,
+            port: e.port,
+            reason: if e.reason == 1 {
+                "no-policy"
+            } else {
+                "not-granted"
+            },
+        })
+    }
+}
+
+/// Errors of loading and using the programs.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error(
+        "the BPF programs were not built (clang or libbpf-dev missing when agentosd was compiled)"
+    )]
+    NotBuilt,
+    #[error("loading ebpf/net.bpf.o: {0}")]
+    Load(String),
+    #[error("BPF program {program}: {error}")]
+    Program { program: String, error: String },
+    #[error("BPF map {map}: {error}")]
+    Map { map: &'static str, error: String },
+    #[error("opening cgroup {path}: {error}")]
+    Cgroup { path: String, error: std::io::Error },
+}
+
+/// Counters from the `stats` map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub allowed: u64,
+    pub denied: u64,
+    /// Denials not reported as events because the ring buffer was full.
+    pub events_dropped: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Maps {
+    policy: HashMap<MapData, u64, RawPolicy>,
+    stats: Array<MapData, u64>,
+}
+
+/// The loaded programs, their maps and the agents they know.
+pub struct NetEnforcer {
+    bpf: Mutex<aya::Ebpf>,
+    maps: Mutex<Maps>,
+    events: Mutex<Option<RingBuf<MapData>>>,
+    /// Agent id → (cgroup id, tenant, name) of the entry in the policy map.
+    agents: Mutex<StdHashMap<String, (u64, String, String)>>,
+    /// Cgroup id → (tenant, name) of agents whose entry was cleared recently: their last
+    /// denials may still be in the ring buffer.
+    gone: Mutex<std::collections::VecDeque<(u64, String, String)>>,
+    /// Agent id → kernel denials reported since the daemon started.
+    denials: Mutex<StdHashMap<String, u64>>,
+    attached: Mutex<Option<String>>,
+    /// The BPF LSM program: `Ok(true)` attached, `Ok(false)` loaded, `Err` why not.
+    lsm: Mutex<Result<bool, String>>,
+}
+
+impl std::fmt::Debug for NetEnforcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetEnforcer")
+            .field("attached", &*lock(&self.attached))
+            .finish()
+    }
+}
+
+impl NetEnforcer {
+    /// Load the programs into the kernel (not attached yet).
+    pub fn load() -> Result<Arc<NetEnforcer>, NetError> {
+        if NET_OBJ.is_empty() {
+            return Err(NetError::NotBuilt);
+        }
+        let mut bpf = aya::Ebpf::load(NET_OBJ).map_err(|e| NetError::Load(e.to_string()))?;
+        for name in PROGRAMS {
+            let prog: &mut CgroupSockAddr = bpf
+                .program_mut(name)
+                .ok_or_else(|| NetError::Program {
+                    program: name.into(),
+                    error: "not in the object".into(),
+                })?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| NetError::Program {
+                    program: name.into(),
+                    error: e.to_string(),
+                })?;
+            prog.load().map_err(|e| NetError::Program {
+                program: name.into(),
+                error: format!("{e}{}", source_chain(&e)),
+            })?;
+        }
+        let lsm = load_lsm(&mut bpf);
+        let map_err = |map: &'static str| {
+            move |e: aya::maps::MapError| NetError::Map {
+                map,
+                error: e.to_string(),
+            }
+        };
+        let take = |bpf: &mut aya::Ebpf, map: &'static str| {
+            bpf.take_map(map).ok_or(NetError::Map {
+                map,
+                error: "not in the object".into(),
+            })
+        };
+        let policy =
+            HashMap::try_from(take(&mut bpf, "net_policy")?).map_err(map_err("net_policy"))?;
+        let stats = Array::try_from(take(&mut bpf, "stats")?).map_err(map_err("stats"))?;
+        let events = RingBuf::try_from(take(&mut bpf, "events")?).map_err(map_err("events"))?;
+        Ok(Arc::new(NetEnforcer {
+            bpf: Mutex::new(bpf),
+            maps: Mutex::new(Maps { policy, stats }),
+            events: Mutex::new(Some(events)),
+            agents: Mutex::default(),
+            gone: Mutex::default(),
+            denials: Mutex::default(),
+            attached: Mutex::new(None),
+            lsm: Mutex::new(lsm),
+        }))
+    }
+
+    /// Attach the four programs to `agents_cgroup` (the daemon's `ROOT/agents`; never a cgroup
+    /// that holds anything but agents). They stay attached while this value lives.
+    pub fn attach(&self, agents_cgroup: &Path) -> Result<(), NetError> {
+        let dir = std::fs::File::open(agents_cgroup).map_err(|error| NetError::Cgroup {
+            path: agents_cgroup.display().to_string(),
+            error,
+        })?;
+        let mut bpf = lock(&self.bpf);
+        for name in PROGRAMS {
+            let prog: &mut CgroupSockAddr = bpf
+                .program_mut(name)
+                .and_then(|p| p.try_into().ok())
+                .ok_or_else(|| NetError::Program {
+                program: name.into(),
+                error: "not loaded".into(),
+            })?;
+            // A bpf_link (kernel >= 5.7) always attaches in multi mode and must be created with
+            // no flags: `Single` is aya's "no flags" (AllowMultiple gives EINVAL here).
+            prog.attach(dir.as_fd(), CgroupAttachMode::Single)
+                .map_err(|e| NetError::Program {
+                    program: name.into(),
+                    error: format!(
+                        "attach to {}: {e}{}",
+                        agents_cgroup.display(),
+                        source_chain(&e)
+                    ),
+                })?;
+        }
+        *lock(&self.attached) = Some(agents_cgroup.display().to_string());
+        let mut lsm = lock(&self.lsm);
+        if matches!(*lsm, Ok(false)) {
+            let r = bpf
+                .program_mut(LSM_PROGRAM)
+                .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
+                .ok_or_else(|| "not loaded".to_string())
+                .and_then(|p| {
+                    p.attach()
+                        .map_err(|e| format!("attach: {e}{}", source_chain(&e)))
+                });
+            *lsm = r.map(|_| true);
+        }
+        Ok(())
+    }
+
+    /// The BPF LSM program's state: `Ok(())` attached, or why it is not.
+    pub fn lsm_status(&self) -> Result<(), String> {
+        match &*lock(&self.lsm) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("loaded, not attached".into()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// Where the programs are attached, if they are.
+    pub fn attached_to(&self) -> Option<String> {
+        lock(&self.attached).clone()
+    }
+
+    /// Install (or replace) agent `id`'s policy under its cgroup id.
+    pub fn set_policy(
+        &self,
+        id: &str,
+        tenant: &str,
+        name: &str,
+        cgroup_id: u64,
+        policy: &Policy,
+    ) -> Result<(), NetError> {
+        let raw = policy.raw();
+        let old = lock(&self.agents).get(id).map(|(c, _, _)| *c);
+        let mut maps = lock(&self.maps);
+        if let Some(old) = old.filter(|o| *o != cgroup_id) {
+            let _ = maps.policy.remove(&old);
+        }
+        maps.policy
+            .insert(cgroup_id, raw, 0)
+            .map_err(|e| NetError::Map {
+                map: "net_policy",
+                error: e.to_string(),
+            })?;
+        lock(&self.agents).insert(id.to_string(), (cgroup_id, tenant.into(), name.into()));
+        Ok(())
+    }
+
+    /// Remove agent `id`'s entry (its cgroup is gone or going).
+    pub fn clear(&self, id: &str) {
+        if let Some((cg, t, n)) = lock(&self.agents).remove(id) {
+            let _ = lock(&self.maps).policy.remove(&cg);
+            let mut gone = lock(&self.gone);
+            if gone.len() >= 1024 {
+                gone.pop_front();
+            }
+            gone.push_back((cg, t, n));
+        }
+    }
+
+    /// The agent (tenant, name) whose cgroup has this id.
+    pub fn agent_of(&self, cgroup_id: u64) -> Option<(String, String)> {
+        let found = lock(&self.agents)
+            .values()
+            .find(|(c, _, _)| *c == cgroup_id)
+            .map(|(_, t, n)| (t.clone(), n.clone()));
+        found.or_else(|| {
+            lock(&self.gone)
+                .iter()
+                .rev()
+                .find(|(c, _, _)| *c == cgroup_id)
+                .map(|(_, t, n)| (t.clone(), n.clone()))
+        })
+    }
+
+    /// Count one reported denial of agent `id`.
+    pub fn note_denial(&self, id: &str) {
+        *lock(&self.denials).entry(id.to_string()).or_default() += 1;
+    }
+
+    /// Kernel denials reported for agent `id` since the daemon started.
+    pub fn denials(&self, id: &str) -> u64 {
+        lock(&self.denials).get(id).copied().unwrap_or(0)
+    }
+
+    /// Entries in the policy map now.
+    pub fn entries(&self) -> usize {
+        lock(&self.maps).policy.keys().count()
+    }
+
+    pub fn stats(&self) -> Stats {
+        let maps = lock(&self.maps);
+        let get = |i: u32| maps.stats.get(&i, 0).unwrap_or(0);
+        Stats {
+            allowed: get(STAT_ALLOWED),
+            denied: get(STAT_DENIED),
+            events_dropped: get(STAT_DROPPED),
+        }
+    }
+
+    /// The ring buffer of denials (once).
+    pub fn take_events(&self) -> Option<RingBuf<MapData>> {
+        lock(&self.events).take()
+    }
+}
+
+/// Load `lsm/socket_connect`; on kernels that refuse BPF LSM (lockdown, `lsm=` without bpf)
+/// this fails with the kernel's reason, which the daemon reports.
+fn load_lsm(bpf: &mut aya::Ebpf) -> Result<bool, String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+    let prog: &mut aya::programs::Lsm = bpf
+        .program_mut(LSM_PROGRAM)
+        .ok_or_else(|| "not in the object".to_string())?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    prog.load("socket_connect", &btf).map_err(|e| {
+        let chain = source_chain(&e);
+        if chain.contains("Operation not permitted") || chain.contains("os error 1)") {
+            "refused (EPERM): this kernel does not allow BPF LSM programs (lockdown, or lsm= lacks bpf)".to_string()
+        } else {
+            format!("{e}{chain}")
+        }
+    })?;
+    Ok(false)
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Read denials from `ring` as they come (tokio `AsyncFd` on the ring buffer's fd) and hand each
+/// to `on_denial`. Returns only when the fd cannot be polled.
+pub async fn read_events(ring: RingBuf<MapData>, mut on_denial: impl FnMut(Denial)) {
+    // SAFETY: the RingBuf owns its map fd and is moved into the AsyncFd, so the fd stays open
+    // and refers to the same ring buffer for the AsyncFd's whole lifetime.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+    };
+    let mut afd = match registered {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(
+                "cannot poll the BPF ring buffer: {e}; kernel denials are NOT reported"
+            );
+            return;
+        }
+    };
+    loop {
+        let mut guard = match afd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!("BPF ring buffer poll: {e}; kernel denials are NOT reported");
+                return;
+            }
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match Denial::decode(&item) {
+                Some(d) => on_denial(d),
+                None => tracing::warn!("short BPF event of {} bytes ignored", item.len()),
+            }
+        }
+        guard.clear_ready();
+    }
+}
+
+/// Try to load (not attach) the programs: for `agentosd check`.
+pub fn probe_load() -> Result<(), NetError> {
+    NetEnforcer::load().map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn layouts_match_intf_h() {
+        assert_eq!(std::mem::size_of::<RawRule>(), 40);
+        assert_eq!(std::mem::size_of::<RawPolicy>(), 8 + 40 * MAX_RULES);
+        assert_eq!(std::mem::size_of::<RawEvent>(), 72);
+    }
+
+    fn no_dns(h: &str) -> Result<Vec<IpAddr>, String> {
+        match h {
+            "api.example.com" => Ok(vec![
+                "192.0.2.7".parse().unwrap(),
+                "2001:db8::7".parse().unwrap(),
+            ]),
+            _ => Err("no such host".into()),
+        }
+    }
+
+    #[test]
+    fn scopes_become_rules() {
+        let p = policy_from_scopes(
+            &[
+                "127.0.0.1:8080".into(),
+                "api.example.com:443".into(),
+                "10.0.0.0/8:*".into(),
+                "[::1]:53".into(),
+                "nowhere.invalid:80".into(),
+            ],
+            &no_dns,
+        )
+        .unwrap();
+        assert!(!p.allow_all);
+        assert_eq!(p.rules.len(), 5);
+        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
+        assert!(p.notes[0].contains("nowhere.invalid"));
+        assert_eq!(
+            p.describe(),
+            "127.0.0.1:8080, 192.0.2.7:443, [2001:db8::7]:443, 10.0.0.0/8:*, [::1]:53"
+        );
+        let raw = p.raw();
+        assert_eq!(raw.n_rules, 5);
+        // 127.0.0.1 in network byte order as the kernel's user_ip4 holds it.
+        assert_eq!(raw.rules[0].addr[0], u32::from_ne_bytes([127, 0, 0, 1]));
+        assert_eq!(raw.rules[0].mask, [u32::MAX, 0, 0, 0]);
+        assert_eq!(raw.rules[0].port, 8080);
+        assert_eq!(raw.rules[3].mask[0], u32::from_ne_bytes([255, 0, 0, 0]));
+        assert_eq!(raw.rules[3].port, 0);
+        assert_eq!(raw.rules[4].family, AF_INET6);
+        assert_eq!(raw.rules[4].mask, [u32::MAX; 4]);
+    }
+
+    #[test]
+    fn wildcards_and_errors() {
+        let p = policy_from_scopes(&["*:*".into()], &no_dns).unwrap();
+        assert!(p.allow_all);
+        let p = policy_from_scopes(&["*:443".into()], &no_dns).unwrap();
+        assert!(!p.allow_all);
+        assert_eq!(p.rules.len(), 2);
+        assert_eq!(p.raw().rules[0].mask, [0; 4]);
+        assert!(policy_from_scopes(&["nohost".into()], &no_dns).is_err());
+        assert!(policy_from_scopes(&["1.2.3.4/40:1".into()], &no_dns).is_err());
+        assert!(policy_from_scopes(&["h:0".into()], &no_dns).is_err());
+        let p = policy_from_scopes(&[], &no_dns).unwrap();
+        assert!(p.rules.is_empty() && !p.allow_all);
+        let many: Vec<String> = (1..=40).map(|i| format!("10.0.0.{i}:1")).collect();
+        assert_eq!(
+            policy_from_scopes(&many, &no_dns),
+            Err(PolicyError::TooMany(40))
+        );
+    }
+
+    #[test]
+    fn events_decode() {
+        let mut e = RawEvent {
+            cgroup_id: 42,
+            pid: 7,
+            tid: 8,
+            family: AF_INET,
+            port: 9,
+            protocol: 17,
+            hook: 2,
+            ..RawEvent::default()
+        };
+        e.addr[0] = u32::from_ne_bytes([127, 0, 0, 2]);
+        e.comm[..2].copy_from_slice(b"nc");
+        // SAFETY: RawEvent is plain old data; viewing it as bytes is sound.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&e as *const RawEvent).cast::<u8>(),
+                std::mem::size_of::<RawEvent>(),
+            )
+        };
+        let d = Denial::decode(bytes).unwrap();
+        assert_eq!(d.syscall, "sendmsg");
+        assert_eq!(d.hook, "cgroup/sendmsg4");
+        assert_eq!(d.addr, "127.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (d.port, d.pid, d.comm.as_str(), d.protocol.as_str()),
+            (9, 7, "nc", "udp")
+        );
+        assert!(Denial::decode(&bytes[..10]).is_none());
+    }
+}

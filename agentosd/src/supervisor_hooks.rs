@@ -1,0 +1,360 @@
+//! The supervisor's hooks into the audit trail (and the kernel enforcement added at start): kept
+//! out of supervisor.rs so the lifecycle code reads as before. A child module of `supervisor`, so
+//! it sees the agents' private state.
+
+use std::sync::Arc;
+
+use audit::Decision;
+use serde_json::{Value, json};
+
+use super::{Agent, Error, State, Supervisor, lock};
+use crate::audit_trail::AuditTrail;
+use crate::cgroup::Cgroup;
+use crate::enforce::net::{self, NetEnforcer};
+use crate::sys::ExitStatus;
+
+impl Supervisor {
+    /// Use `trail` for every lifecycle record from now on (the daemon sets it once at start).
+    pub fn set_audit(&self, trail: Arc<AuditTrail>) {
+        let _ = self.audit.set(trail);
+    }
+
+    /// What the host offers contract bindings (from the start-up probe).
+    pub fn set_host_offer(&self, offer: contracts::HostOffer) {
+        let _ = self.offer.set(offer);
+    }
+
+    /// The audit trail, when the daemon opened one.
+    pub fn audit_trail(&self) -> Option<&Arc<AuditTrail>> {
+        self.audit.get()
+    }
+
+    /// Use `net` for the agents' network policies (or record why there is none).
+    pub fn set_net(&self, net: Result<Arc<NetEnforcer>, String>) {
+        let _ = self.net.set(net);
+    }
+
+    /// The network enforcer, or why there is none.
+    pub fn net(&self) -> Result<&Arc<NetEnforcer>, String> {
+        match self.net.get() {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("not set up by the daemon".into()),
+        }
+    }
+
+    /// Fill agent's entry in the BPF policy map from its contract's `net.connect` grants (host
+    /// names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
+    /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
+    pub(super) async fn net_prepare(
+        &self,
+        agent: &Agent,
+        cg: &Cgroup,
+    ) -> Result<Vec<String>, Error> {
+        let (text, origin) = {
+            let i = lock(&agent.inner);
+            (i.contract.clone(), i.origin.clone())
+        };
+        let contract = if text.trim().is_empty() {
+            None
+        } else {
+            Some(
+                contracts::parse_contract(&text, &origin)
+                    .map_err(|e| Error::InvalidContract(e.to_string()))?,
+            )
+        };
+        let required = contract.as_ref().is_some_and(|c| {
+            c.must()
+                .mechanisms
+                .contains(&contracts::Mechanism::CgroupBpf)
+        });
+        let enforcer = match self.net() {
+            Ok(n) => n.clone(),
+            Err(why) if required => {
+                return Err(Error::Unenforceable(format!(
+                    "agent {} requires cgroup_bpf (must.mechanisms) but network enforcement is unavailable: {why}",
+                    agent.id
+                )));
+            }
+            Err(why) => {
+                return Ok(vec![format!(
+                    "network: destinations NOT enforced by cgroup BPF ({why}); Landlock TCP port rules still apply"
+                )]);
+            }
+        };
+        let home = self
+            .cfg
+            .state_dir
+            .join("agents")
+            .join(&agent.tenant)
+            .join(&agent.name);
+        let scopes: Vec<String> = contract
+            .iter()
+            .flat_map(|c| c.capabilities())
+            .filter(|cap| cap.name == "net.connect")
+            .flat_map(|cap| cap.expand_scope(&home))
+            .collect();
+        // Name resolution is bounded: a start never hangs on DNS (and fails closed).
+        let resolve = tokio::task::spawn_blocking(move || {
+            net::policy_from_scopes(&scopes, &net::system_resolve)
+        });
+        let policy = tokio::time::timeout(std::time::Duration::from_secs(15), resolve)
+            .await
+            .map_err(|_| {
+                Error::Kernel(format!(
+                    "agent {}: resolving its net.connect hosts took over 15 s; not started",
+                    agent.id
+                ))
+            })?
+            .map_err(|e| Error::Kernel(format!("resolving net.connect hosts: {e}")))?
+            .map_err(|e| Error::InvalidContract(format!("agent {}: {e}", agent.id)))?;
+        let id = cgroup_id(cg.path());
+        enforcer
+            .set_policy(&agent.id, &agent.tenant, &agent.name, id, &policy)
+            .map_err(|e| Error::Kernel(format!("agent {}: network policy: {e}", agent.id)))?;
+        let mut notes = vec![format!("network (cgroup BPF): {}", policy.describe())];
+        notes.extend(policy.notes.iter().map(|n| format!("network: {n}")));
+        Ok(notes)
+    }
+
+    /// Forget the agent's entry in the BPF policy map (its cgroup is gone).
+    pub(super) fn net_clear(&self, agent: &Agent) {
+        if let Ok(n) = self.net() {
+            n.clear(&agent.id);
+        }
+    }
+
+    /// Read the BPF ring buffer and append every denial to the audit trail as a kernel denial;
+    /// report dropped events (ring buffer full) as records too, never silently.
+    pub fn spawn_denial_reader(self: &Arc<Self>) {
+        let Ok(n) = self.net() else {
+            return;
+        };
+        let Some(ring) = n.take_events() else {
+            return;
+        };
+        let sup = self.clone();
+        tokio::spawn(async move {
+            net::read_events(ring, |d| sup.audit_denial(&d)).await;
+        });
+        let sup = self.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            let mut seen = 0u64;
+            let mut seen_queue = 0u64;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                if let Some(t) = sup.audit.get() {
+                    let q = t.dropped();
+                    if q > seen_queue {
+                        tracing::warn!(
+                            "audit queue full: {} kernel denial record(s) not written (counted)",
+                            q - seen_queue
+                        );
+                        t.submit(
+                            audit::Record::new(audit::Kind::Denial, "", "")
+                                .decision(Decision::Deny)
+                                .detail(json!({
+                                    "event": "denials-dropped",
+                                    "where": "audit queue full",
+                                    "count": q - seen_queue,
+                                    "total": q,
+                                })),
+                        );
+                        seen_queue = q;
+                    }
+                }
+                let dropped = n.stats().events_dropped;
+                if dropped > seen {
+                    tracing::warn!(
+                        "BPF ring buffer full: {} denial event(s) were not reported individually (counted)",
+                        dropped - seen
+                    );
+                    if let Some(t) = sup.audit.get() {
+                        t.submit(
+                            audit::Record::new(audit::Kind::Denial, "", "")
+                                .decision(Decision::Deny)
+                                .detail(json!({
+                                    "event": "denials-dropped",
+                                    "where": "bpf ring buffer full",
+                                    "mechanism": "cgroup-bpf",
+                                    "count": dropped - seen,
+                                    "total": dropped,
+                                })),
+                        );
+                    }
+                    seen = dropped;
+                }
+            }
+        });
+    }
+
+    fn audit_denial(&self, d: &net::Denial) {
+        let (tenant, name) = self
+            .net()
+            .ok()
+            .and_then(|n| n.agent_of(d.cgroup_id))
+            .unwrap_or_default();
+        if let Ok(n) = self.net() {
+            n.note_denial(&format!("{tenant}/{name}"));
+        }
+        tracing::info!(
+            agent = %format!("{tenant}/{name}"),
+            "kernel denied {} to {}:{} ({}, EPERM)", d.syscall, d.addr, d.port, d.hook
+        );
+        let Some(t) = self.audit.get() else {
+            return;
+        };
+        let rec = t
+            .agent_record(audit::Kind::Denial, &tenant, &name)
+            .decision(Decision::Deny)
+            .detail(json!({
+                "syscall": d.syscall,
+                "errno": "EPERM",
+                "errno_num": libc::EPERM,
+                "mechanism": if d.hook.starts_with("lsm/") { "bpf-lsm" } else { "cgroup-bpf" },
+                "hook": d.hook,
+                "family": d.family,
+                "protocol": d.protocol,
+                "addr": d.addr.to_string(),
+                "port": d.port,
+                "pid": d.pid,
+                "tid": d.tid,
+                "comm": d.comm,
+                "reason": d.reason,
+                "cgroup_id": d.cgroup_id,
+            }));
+        t.submit_or_count(rec);
+    }
+
+    /// Queue a lifecycle record about `agent` (not waited for).
+    pub(super) fn audit_event(
+        &self,
+        agent: &Agent,
+        event: &str,
+        decision: Option<Decision>,
+        detail: Value,
+    ) {
+        if let Some(t) = self.audit.get() {
+            t.submit(t.lifecycle(&agent.tenant, &agent.name, event, decision, detail));
+        }
+    }
+
+    /// A start refused before anything ran (bad contract, unenforceable, unschedulable, already
+    /// running…).
+    pub(super) fn audit_refused(&self, tenant: &str, name: &str, origin: &str, e: &Error) {
+        if let Some(t) = self.audit.get() {
+            t.submit(t.lifecycle(
+                tenant,
+                name,
+                "refused",
+                Some(Decision::Deny),
+                json!({"reason": e.to_string(), "error": e.dbus_name(), "origin": origin}),
+            ));
+        }
+    }
+
+    /// Bind the agent's contract against the host offer, remember the binding hash for its
+    /// records, and return the detail fields that describe it.
+    fn bind_for_audit(&self, t: &AuditTrail, agent: &Agent) -> Value {
+        let (text, origin) = {
+            let i = lock(&agent.inner);
+            (i.contract.clone(), i.origin.clone())
+        };
+        let mut detail = json!({"origin": origin});
+        let parsed = if text.trim().is_empty() {
+            None
+        } else {
+            contracts::parse_contract(&text, &origin).ok()
+        };
+        let mut hash = None;
+        if let Some(c) = &parsed {
+            detail["contract_sha256"] = json!(c.sha256());
+            let offer = self.offer.get().cloned().unwrap_or_default();
+            match crate::audit_trail::binding_hash(c, &offer) {
+                Ok(h) => hash = Some(h),
+                Err(why) => detail["binding"] = json!(format!("not bound: {why}")),
+            }
+        }
+        t.set_binding(&agent.id, hash);
+        detail
+    }
+
+    /// The main process of a run ended (the restart decision is in `state`/`result`).
+    pub(super) fn audit_exit(&self, agent: &Agent, pid: Option<u32>, status: &ExitStatus) {
+        let (state, result) = {
+            let i = lock(&agent.inner);
+            (i.state, i.result.clone())
+        };
+        let event = match state {
+            State::Failed => "failed",
+            State::Restarting => "exited-restarting",
+            _ => "exited",
+        };
+        let code = match status {
+            ExitStatus::Exited(c) => json!({"exit_code": c}),
+            ExitStatus::Signaled(s) => json!({"signal": s}),
+            ExitStatus::Unknown => json!({"status": "unknown"}),
+        };
+        let mut detail = json!({
+            "pid": pid.unwrap_or(0),
+            "status": status.describe(),
+            "state": state.as_str(),
+            "result": result,
+        });
+        if let (Value::Object(d), Value::Object(c)) = (&mut detail, code) {
+            d.extend(c);
+        }
+        self.audit_event(agent, event, None, detail);
+    }
+
+    /// A running agent found again after a daemon restart.
+    pub(super) async fn audit_readopted(&self, agent: &Agent, pid: u32) {
+        let Some(t) = self.audit.get() else {
+            return;
+        };
+        let mut detail = self.bind_for_audit(t, agent);
+        detail["pid"] = json!(pid);
+        detail["cgroup"] = json!(agent.cgroup.path().display().to_string());
+        detail["cgroup_id"] = json!(cgroup_id(agent.cgroup.path()));
+        t.submit(t.lifecycle(&agent.tenant, &agent.name, "re-adopted", None, detail));
+    }
+
+    /// Before a run starts: bind the contract (its binding hash goes into this agent's records)
+    /// and make the `start` decision durable. When the trail cannot be written the start is
+    /// refused: nothing runs that the audit trail does not know about (fail closed).
+    pub(super) async fn audit_start(&self, agent: &Agent) -> Result<(), Error> {
+        let Some(t) = self.audit.get() else {
+            return Ok(());
+        };
+        let restarts = lock(&agent.inner).restarts;
+        let mut detail = self.bind_for_audit(t, agent);
+        detail["restarts"] = json!(restarts);
+        if let Err(why) = t.health() {
+            return Err(Error::Unenforceable(format!(
+                "agent {}: not started: the audit trail cannot be written ({why}); agentosd refuses new starts until the log is writable again (fail closed)",
+                agent.id
+            )));
+        }
+        let rec = t.lifecycle(
+            &agent.tenant,
+            &agent.name,
+            "start",
+            Some(Decision::Allow),
+            detail,
+        );
+        t.commit(rec).await.map(|_| ()).map_err(|e| {
+            Error::Unenforceable(format!(
+                "agent {}: not started: the audit trail cannot be written ({e}); agentosd refuses new starts until the log is writable again (fail closed)",
+                agent.id
+            ))
+        })
+    }
+}
+
+/// The cgroup id of a cgroup2 directory: its inode number (what `bpf_get_current_cgroup_id()`
+/// returns for tasks in it); 0 when it cannot be read.
+pub(super) fn cgroup_id(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * agentos network enforcement: cgroup sock_addr programs attached to the daemon's agents/
+ * cgroup. Every connect() and unconnected sendmsg() (UDP) to an IPv4/IPv6 destination by a
+ * process under agents/ is checked against its agent's policy, looked up by cgroup id
+ * (bpf_get_current_cgroup_id). A destination the contract does not grant is refused (the caller
+ * gets EPERM) and reported to the ring buffer `events`, which agentosd appends to the audit trail
+ * as a kernel denial. A process under agents/ whose cgroup has no policy entry is refused too
+ * (fail closed): the daemon fills an entry for every agent before its first process exists.
+ *
+ * lsm/socket_connect enforces the same policy as defence in depth where the kernel allows BPF
+ * LSM programs (not on hosts with lockdown; the daemon reports that). It is global, so it acts
+ * only on cgroups that have a policy entry (agents) and leaves every other process alone.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+
+#include "intf.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGENTOS_MAX_AGENTS);
+	__type(key, __u64);
+	__type(value, struct agentos_net_policy);
+} net_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, AGENTOS_EVENTS_BYTES);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGENTOS_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &slot);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline int granted(const struct agentos_net_policy *pol, __u16 family,
+				   const __u32 dst[4], __u16 port)
+{
+	if (pol->flags & AGENTOS_NET_ALLOW_ALL)
+		return 1;
+	for (int i = 0; i < AGENTOS_MAX_RULES; i++) {
+		if (i >= pol->n_rules)
+			break;
+		const struct agentos_net_rule *r = &pol->rules[i];
+		if (r->family != family)
+			continue;
+		if (r->port && r->port != port)
+			continue;
+		if ((dst[0] & r->mask[0]) != r->addr[0] || (dst[1] & r->mask[1]) != r->addr[1] ||
+		    (dst[2] & r->mask[2]) != r->addr[2] || (dst[3] & r->mask[3]) != r->addr[3])
+			continue;
+		return 1;
+	}
+	return 0;
+}
+
+static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 family,
+				   const __u32 dst[4], __u16 port, __u32 protocol)
+{
+	struct agentos_net_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(AGENTOS_STAT_EVENTS_DROPPED);
+		return;
+	}
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	e->cgroup_id = cgid;
+	e->time_ns = bpf_ktime_get_ns();
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->addr[0] = dst[0];
+	e->addr[1] = dst[1];
+	e->addr[2] = dst[2];
+	e->addr[3] = dst[3];
+	e->family = family;
+	e->port = port;
+	e->protocol = protocol;
+	e->hook = hook;
+	e->reason = reason;
+	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 family)
+{
+	__u32 dst[4] = {0, 0, 0, 0};
+	if (family == AF_INET) {
+		dst[0] = ctx->user_ip4;
+	} else {
+		dst[0] = ctx->user_ip6[0];
+		dst[1] = ctx->user_ip6[1];
+		dst[2] = ctx->user_ip6[2];
+		dst[3] = ctx->user_ip6[3];
+	}
+	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	__u64 cgid = bpf_get_current_cgroup_id();
+	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
+	__u8 reason = AGENTOS_REASON_NO_POLICY;
+	if (pol) {
+		if (granted(pol, family, dst, port)) {
+			count(AGENTOS_STAT_ALLOWED);
+			return 1;
+		}
+		reason = AGENTOS_REASON_NOT_GRANTED;
+	}
+	count(AGENTOS_STAT_DENIED);
+	report(cgid, hook, reason, family, dst, port, ctx->protocol);
+	return 0;
+}
+
+SEC("cgroup/connect4")
+int agentos_connect4(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_CONNECT4, AF_INET);
+}
+
+SEC("cgroup/connect6")
+int agentos_connect6(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_CONNECT6, AF_INET6);
+}
+
+SEC("cgroup/sendmsg4")
+int agentos_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_SENDMSG4, AF_INET);
+}
+
+SEC("cgroup/sendmsg6")
+int agentos_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_SENDMSG6, AF_INET6);
+}
+
+/* The start of struct sockaddr_in / sockaddr_in6 as the kernel copied it from the caller. */
+struct agentos_sockaddr {
+	__u16 family;
+	__u16 port; /* network byte order */
+	__u32 addr4_or_flowinfo;
+	__u32 addr6[4];
+};
+
+SEC("lsm/socket_connect")
+int BPF_PROG(agentos_lsm_connect, void *sock, void *address, int addrlen, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
+	if (!pol)
+		return 0; /* not an agent */
+	struct agentos_sockaddr sa = {};
+	if (addrlen < 8 || bpf_probe_read_kernel(&sa, addrlen < (int)sizeof(sa) ? 8 : sizeof(sa), address))
+		return 0;
+	__u32 dst[4] = {0, 0, 0, 0};
+	if (sa.family == AF_INET) {
+		dst[0] = sa.addr4_or_flowinfo;
+	} else if (sa.family == AF_INET6 && addrlen >= (int)sizeof(sa)) {
+		dst[0] = sa.addr6[0];
+		dst[1] = sa.addr6[1];
+		dst[2] = sa.addr6[2];
+		dst[3] = sa.addr6[3];
+	} else {
+		return 0; /* AF_UNIX and the rest: Landlock and seccomp's business */
+	}
+	__u16 port = bpf_ntohs(sa.port);
+	if (granted(pol, sa.family, dst, port)) {
+		count(AGENTOS_STAT_ALLOWED);
+		return 0;
+	}
+	count(AGENTOS_STAT_DENIED);
+	report(cgid, AGENTOS_HOOK_LSM_SOCKET_CONNECT, AGENTOS_REASON_NOT_GRANTED, sa.family, dst, port, 0);
+	return -1; /* -EPERM */
+}
