@@ -918,7 +918,9 @@ impl Supervisor {
             .map(|p| p.join("cpuset.cpus.partition"))
             .filter(|p| p.exists())
             .map(|p| std::fs::read_to_string(p).unwrap_or_default());
-        if plan_files.iter().any(|(f, _)| *f == "cpuset.cpus.partition")
+        if plan_files
+            .iter()
+            .any(|(f, _)| *f == "cpuset.cpus.partition")
             && let Some(state) = parent_partition
             && !crate::sched::partition_is_valid_root(&state)
         {
@@ -949,7 +951,10 @@ impl Supervisor {
                 }
             }
         }
-        if !partition_failed && plan_files.iter().any(|(f, _)| *f == "cpuset.cpus.partition")
+        if !partition_failed
+            && plan_files
+                .iter()
+                .any(|(f, _)| *f == "cpuset.cpus.partition")
         {
             // The kernel takes the write even when the partition cannot be valid (its parent is
             // no partition root) and then reads back "root invalid (…)": the task would be
