@@ -10,6 +10,10 @@
 //! 3. inside an agent's cgroup under agents/, with a policy of 32 rules whose last one grants
 //!    the destination (the worst case of the rule walk).
 //!
+//! Also ns per `openat`+`close` of `/etc/passwd` and per `getppid` (which no program of ours
+//! hooks) in the same three places, and a fourth: a child process inside the agent's cgroup with
+//! the agent's seccomp filter and Landlock domain applied (what every real agent pays).
+//!
 //! Prints the median of 7 interleaved rounds for each.
 
 #![allow(clippy::unwrap_used)]
@@ -58,16 +62,84 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// (connect ns, sendto ns) of one round.
-fn measure(to: SocketAddrV4, n: u32) -> (f64, f64) {
+fn open_close_loop(n: u32) -> f64 {
+    let path = c"/etc/passwd";
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: open(2) with a valid NUL-terminated path, then close of the fd it returned.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            assert!(fd >= 0, "open: {}", std::io::Error::last_os_error());
+            libc::close(fd);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+fn getppid_loop(n: u32) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        // SAFETY: getppid has no preconditions.
+        std::hint::black_box(unsafe { libc::getppid() });
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+/// (connect, sendto, openat+close, getppid) ns of one round.
+type Round = (f64, f64, f64, f64);
+
+fn measure(to: SocketAddrV4, n: u32) -> Round {
     let sink = UdpSocket::bind(to).ok();
     let c = UdpSocket::bind("127.0.0.1:0").unwrap();
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     connect_loop(&c, to, n / 10);
     sendto_loop(&s, to, n / 10);
-    let r = (connect_loop(&c, to, n), sendto_loop(&s, to, n));
+    let r = (
+        connect_loop(&c, to, n),
+        sendto_loop(&s, to, n),
+        open_close_loop(n),
+        getppid_loop(n),
+    );
     drop(sink);
     r
+}
+
+/// The child of the fourth row: into the agent's cgroup (argument 2), then the agent sandbox's
+/// Landlock domain (base rules: /etc/passwd is readable) and seccomp filter, then one round.
+fn sandboxed_child(to: SocketAddrV4, n: u32, agent_cg: &Path) {
+    move_self(agent_cg);
+    let home = std::env::temp_dir();
+    let plan = agentosd::sandbox::Grants {
+        net_connect: vec![format!("127.0.0.1:{}", to.port())],
+        ..Default::default()
+    }
+    .plan(&home)
+    .unwrap();
+    let ruleset = agentosd::sandbox::landlock::build(&plan, false)
+        .unwrap()
+        .expect("Landlock");
+    let progs = agentosd::sandbox::seccomp::compiled().unwrap();
+    // SAFETY: plain system calls on a ruleset fd we own and on filter programs that outlive
+    // the calls; this process only measures afterwards.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32),
+            0
+        );
+        for p in &progs {
+            let f = libc::sock_fprog {
+                len: p.len() as u16,
+                filter: p.as_ptr() as *mut libc::sock_filter,
+            };
+            assert_eq!(
+                libc::syscall(libc::SYS_seccomp, 1u32, 0u32, &f as *const libc::sock_fprog),
+                0
+            );
+        }
+    }
+    let r = measure(to, n);
+    println!("{} {} {} {}", r.0, r.1, r.2, r.3);
 }
 
 fn move_self(cg: &Path) {
@@ -77,10 +149,13 @@ fn move_self(cg: &Path) {
 const ROUNDS: usize = 7;
 
 fn main() {
-    let n: u32 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200_000);
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("sandboxed-child") {
+        let to: SocketAddrV4 = args[2].parse().unwrap();
+        sandboxed_child(to, args[3].parse().unwrap(), Path::new(&args[4]));
+        return;
+    }
+    let n: u32 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let mount = agentosd::cgroup::cgroup2_mount().expect("a cgroup2 mount");
     let own = mount.join(
         agentosd::cgroup::proc_cgroup("self")
@@ -118,7 +193,8 @@ fn main() {
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap();
     // Interleaved rounds, so drift in the machine's load hits every variant alike.
-    let (mut base, mut outside, mut inside) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut base, mut outside, mut inside, mut boxed) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last_stats = Default::default();
     for _ in 0..ROUNDS {
         base.push(measure(to, n));
@@ -130,29 +206,51 @@ fn main() {
         move_self(&agent);
         inside.push(measure(to, n));
         move_self(&own);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .arg("sandboxed-child")
+            .arg(to.to_string())
+            .arg(n.to_string())
+            .arg(&agent)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        boxed.push((v[0], v[1], v[2], v[3]));
         last_stats = net.stats();
         drop(net);
     }
-    let med = |v: &[(f64, f64)]| {
+    let med = |v: &[Round]| {
         (
             median(v.iter().map(|x| x.0).collect()),
             median(v.iter().map(|x| x.1).collect()),
+            median(v.iter().map(|x| x.2).collect()),
+            median(v.iter().map(|x| x.3).collect()),
         )
     };
-    let (base, outside, inside) = (med(&base), med(&outside), med(&inside));
+    let (base, outside, inside, boxed) = (med(&base), med(&outside), med(&inside), med(&boxed));
     let stats: agentosd::enforce::net::Stats = last_stats;
     let _ = std::fs::remove_dir(&agent);
     let _ = std::fs::remove_dir(&agents);
     let _ = std::fs::remove_dir(&root);
 
     println!("iterations per round: {n}, {ROUNDS} interleaved rounds, medians (ns per call)");
-    println!("{:<52} {:>10} {:>10}", "", "connect", "sendto");
-    for (what, (c, s)) in [
+    println!(
+        "{:<60} {:>10} {:>10} {:>12} {:>10}",
+        "", "connect", "sendto", "open+close", "getppid"
+    );
+    for (what, (c, s, o, g)) in [
         ("outside agents/, no programs", base),
         ("outside agents/, programs attached to agents/", outside),
         ("inside an agent, 32 rules, granted by the last", inside),
+        (
+            "inside an agent + its seccomp filter and Landlock domain",
+            boxed,
+        ),
     ] {
-        println!("{what:<52} {c:>10.0} {s:>10.0}");
+        println!("{what:<60} {c:>10.0} {s:>10.0} {o:>12.0} {g:>10.0}");
     }
     println!(
         "program cost inside an agent: connect {:+.0} ns, sendto {:+.0} ns; outside: connect {:+.0} ns, sendto {:+.0} ns",
