@@ -147,9 +147,11 @@ fn full_child() {
             }
         }
     }
-    match log.append(gate("full", 0)) {
-        Ok(r) => writeln!(out, "AFTER {:?}", r.wait()).unwrap(),
-        Err(e) => writeln!(out, "AFTER {e}").unwrap(),
+    // Refused either at once or when waited for (if it was queued before the writer marked
+    // the log failed): both with the fail-closed error.
+    match log.append(gate("full", 0)).map(|r| r.wait()) {
+        Ok(Ok(ack)) => writeln!(out, "AFTER acknowledged {ack:?}").unwrap(),
+        Ok(Err(e)) | Err(e) => writeln!(out, "AFTER {e}").unwrap(),
     }
     writeln!(out, "CLOSE {:?}", log.close()).unwrap();
 }
