@@ -209,7 +209,12 @@ fn restarting_agentosd_keeps_agents_running_and_readopts_them() {
         &contract_yaml(
             "vmt-ticker",
             "/bin/sh",
-            &["-c", "while true; do echo tick; sleep 1; done"],
+            // Also by path into its state directory, each tick: a re-adopted agent must still
+            // reach it (systemd re-applies StateDirectoryMode= when it restarts the service).
+            &[
+                "-c",
+                "while true; do echo tick >> \"$STATE_DIRECTORY/ticks\" || echo TICK-FAILED; echo tick; sleep 1; done",
+            ],
             "cpu: \"0.5\", mem: \"64MiB\", pids: 32",
         ),
     );
@@ -238,4 +243,19 @@ fn restarting_agentosd_keeps_agents_running_and_readopts_them() {
     assert_eq!(agent.main_pid(), pid, "re-adopted with another pid: {v}");
     let listed = agentctl(&["list"]).ok();
     assert!(listed.stdout.contains("vmt-ticker"), "{listed}");
+    let ticks = || {
+        std::fs::read_to_string("/var/lib/agentos/home/default/vmt-ticker/ticks")
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let before = ticks();
+    std::thread::sleep(Duration::from_secs(3));
+    let mode = cmd("stat", &["-c", "%a", "/var/lib/agentos"]).ok().stdout;
+    assert!(
+        ticks() > before,
+        "the re-adopted agent can no longer write its state directory (/var/lib/agentos mode {}):\n{}",
+        mode.trim(),
+        agentctl(&["logs", "vmt-ticker"]).stdout
+    );
+    assert_eq!(mode.trim(), "711", "/var/lib/agentos mode");
 }
