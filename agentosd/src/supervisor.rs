@@ -1652,22 +1652,26 @@ fn unpin(cg: &Cgroup) {
     let _ = cg.set("cpuset.cpus", parent_cpus.trim());
 }
 
-/// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a
-/// bare spec (no contract text) gets the baseline with no grants; a contract that no longer
-/// parses is refused rather than run with less than it declared.
-fn sandbox_for(state_dir: &Path, agent: &Agent) -> Result<crate::sandbox::PreparedSandbox, Error> {
+/// The agent's contract, parsed again from the text it was started with; `None` for an agent
+/// started from a bare spec. A text that no longer parses is an error (never less enforcement).
+pub(super) fn agent_contract(agent: &Agent) -> Result<Option<contracts::Contract>, Error> {
     let (text, origin) = {
         let i = lock(&agent.inner);
         (i.contract.clone(), i.origin.clone())
     };
-    let contract = if text.trim().is_empty() {
-        None
-    } else {
-        Some(
-            contracts::parse_contract(&text, &origin)
-                .map_err(|e| Error::InvalidContract(e.to_string()))?,
-        )
-    };
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    contracts::parse_contract(&text, &origin)
+        .map(Some)
+        .map_err(|e| Error::InvalidContract(e.to_string()))
+}
+
+/// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a
+/// bare spec (no contract text) gets the baseline with no grants; a contract that no longer
+/// parses is refused rather than run with less than it declared.
+fn sandbox_for(state_dir: &Path, agent: &Agent) -> Result<crate::sandbox::PreparedSandbox, Error> {
+    let contract = agent_contract(agent)?;
     crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract.as_ref()).map_err(|e| {
         match e {
             crate::sandbox::SandboxError::Unenforceable(m) => Error::Unenforceable(m),

@@ -51,18 +51,7 @@ impl Supervisor {
         agent: &Agent,
         cg: &Cgroup,
     ) -> Result<Vec<String>, Error> {
-        let (text, origin) = {
-            let i = lock(&agent.inner);
-            (i.contract.clone(), i.origin.clone())
-        };
-        let contract = if text.trim().is_empty() {
-            None
-        } else {
-            Some(
-                contracts::parse_contract(&text, &origin)
-                    .map_err(|e| Error::InvalidContract(e.to_string()))?,
-            )
-        };
+        let contract = super::agent_contract(agent)?;
         let required = contract.as_ref().is_some_and(|c| {
             c.must()
                 .mechanisms
