@@ -577,7 +577,7 @@ mod tests {
             |p: &str| std::fs::metadata(tmp.0.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
         assert_eq!(meta("run/agentos").mode() & 0o7777, 0o751);
         assert_eq!(meta("run/agentos").gid(), gid);
-        assert_eq!(meta("var/lib/agentos").mode() & 0o7777, 0o750);
+        assert_eq!(meta("var/lib/agentos").mode() & 0o7777, 0o711);
         assert!(meta("etc/agentos/agents.d").is_dir());
         assert!(meta("etc/agentos/tools.d").is_dir());
     }
