@@ -392,18 +392,6 @@ impl Admission {
     pub fn release(&self, id: &str) -> bool {
         self.set().release(id)
     }
-
-    /// Utilisation per CPU (for logs and tests).
-    pub fn utilisation(&self) -> Vec<(u32, f64)> {
-        let s = self.set();
-        let cpus: Vec<u32> = {
-            let mut v: Vec<u32> = s.reservations().map(|r| r.cpu).collect();
-            v.sort_unstable();
-            v.dedup();
-            v
-        };
-        cpus.into_iter().map(|c| (c, s.utilisation(c))).collect()
-    }
 }
 
 fn refusal(id: &str, d: &Deadline, reason: &str) -> String {

@@ -285,26 +285,14 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
         let mut info: libc::siginfo_t = std::mem::zeroed();
         libc::waitid(3, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED);
     }
+    let program = cmd.program.display().to_string();
     let (stage, target) = match stage {
         1 => ("redirect stdio to", cmd.log_file.display().to_string()),
-        2 => (
-            "sched_setscheduler(SCHED_IDLE) for",
-            cmd.program.display().to_string(),
-        ),
+        2 => ("sched_setscheduler(SCHED_IDLE) for", program),
         3 => ("chdir to", cmd.cwd.display().to_string()),
-        s if crate::sandbox::stage_name(s).is_some() => (
-            crate::sandbox::stage_name(s).unwrap_or("sandbox"),
-            cmd.program.display().to_string(),
-        ),
-        5 => (
-            "sched_setattr(SCHED_DEADLINE) for",
-            cmd.program.display().to_string(),
-        ),
-        6 => (
-            "close_range(3, ~0, CLOSE_RANGE_CLOEXEC) for",
-            cmd.program.display().to_string(),
-        ),
-        _ => ("execve", cmd.program.display().to_string()),
+        5 => ("sched_setattr(SCHED_DEADLINE) for", program),
+        6 => ("close_range(3, ~0, CLOSE_RANGE_CLOEXEC) for", program),
+        s => (crate::sandbox::stage_name(s).unwrap_or("execve"), program),
     };
     Err(SpawnError::Child {
         stage,

@@ -365,7 +365,8 @@ fn bpf_jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     }
 }
 
-/// The syscall names the policy denies, for documentation and `agentctl status`.
+/// The syscall names the policy has rules for (the policy test checks the dangerous ones are
+/// all there).
 pub fn denied_syscalls() -> Vec<String> {
     let v: serde_json::Value = serde_json::from_str(POLICY_JSON).unwrap_or_default();
     let mut out = Vec::new();
