@@ -33,9 +33,17 @@ fn qemu(image: &Image, initrd: &Path, mem: u32, cmdline: &str) -> Command {
     let smp = std::thread::available_parallelism()
         .map(|n| n.get().clamp(2, 4))
         .unwrap_or(2);
+    // One host thread for all vCPUs: under multi-threaded TCG a vCPU can run a stale
+    // translation of kernel text that live patching has changed (static keys, toggled every
+    // time sched_ext loads or unloads), and the guest dies of an `Oops: int3` in __schedule
+    // (docs/vm-tests.md, "Emulator faults"). AGENTOS_VM_TCG=multi brings the faster mode back.
+    let accel = match std::env::var("AGENTOS_VM_TCG").as_deref() {
+        Ok("multi") => "tcg,thread=multi",
+        _ => "tcg,thread=single",
+    };
     let mut c = Command::new("qemu-system-x86_64");
     c.args(["-nodefaults", "-display", "none", "-no-reboot"])
-        .args(["-accel", "tcg,thread=multi", "-cpu", "max,la57=off"])
+        .args(["-accel", accel, "-cpu", "max,la57=off"])
         .args(["-smp", &smp.to_string(), "-m", &mem.to_string()])
         .arg("-kernel")
         .arg(&image.kernel)
