@@ -672,3 +672,96 @@ mod tests {
         assert!(t.contains("  └─11 sleep 1"), "{t}");
     }
 }
+
+/// One held call, as `agentctl consent list --json` prints it.
+#[derive(Debug, Clone, serde::Serialize, Deserialize, PartialEq)]
+pub struct ConsentRow {
+    pub id: u64,
+    pub agent: String,
+    pub tool: String,
+    pub capability: String,
+    /// The call's arguments, secrets redacted.
+    pub arguments: serde_json::Value,
+    pub requested_us: u64,
+    pub expires_us: u64,
+}
+
+/// `agentctl consent list`: the calls waiting for an answer.
+pub async fn consent_list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
+    let raw: Vec<(u64, String, String, String, String, u64, u64)> =
+        match c.call("ListConsentRequests", &()).await {
+            Ok(r) => r,
+            Err(e) => return fail(out, e),
+        };
+    let rows: Vec<ConsentRow> = raw
+        .into_iter()
+        .map(|r| ConsentRow {
+            id: r.0,
+            agent: r.1,
+            tool: r.2,
+            capability: r.3,
+            arguments: serde_json::from_str(&r.4).unwrap_or(serde_json::Value::String(r.4)),
+            requested_us: r.5,
+            expires_us: r.6,
+        })
+        .collect();
+    let text = if json {
+        serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n"
+    } else {
+        render_consents(&rows)
+    };
+    let _ = out.write_all(text.as_bytes());
+    exit::OK
+}
+
+/// The table `agentctl consent list` prints.
+pub fn render_consents(rows: &[ConsentRow]) -> String {
+    if rows.is_empty() {
+        return "no calls are waiting for consent\n".to_string();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let mut s = format!(
+        "{:<6} {:<28} {:<24} {:>8}  {}\n",
+        "ID", "AGENT", "TOOL", "EXPIRES", "ARGUMENTS"
+    );
+    for r in rows {
+        let left = r.expires_us.saturating_sub(now) / 1_000_000;
+        let mut args = r.arguments.to_string();
+        if args.len() > 120 {
+            let cut = (0..=117)
+                .rev()
+                .find(|i| args.is_char_boundary(*i))
+                .unwrap_or(0);
+            args.truncate(cut);
+            args.push_str("...");
+        }
+        s.push_str(&format!(
+            "{:<6} {:<28} {:<24} {:>7}s  {}\n",
+            r.id, r.agent, r.tool, left, args
+        ));
+    }
+    s.push_str(&format!(
+        "\n{} call(s) waiting; answer with `agentctl consent approve ID` or `agentctl consent deny ID`\n",
+        rows.len()
+    ));
+    s
+}
+
+/// `agentctl consent approve|deny ID...`.
+pub async fn consent_answer(c: &Client, approve: bool, ids: &[u64]) -> i32 {
+    let method = if approve {
+        "ApproveConsent"
+    } else {
+        "DenyConsent"
+    };
+    let mut code = exit::OK;
+    for id in ids {
+        if let Err(e) = c.call0(method, &(*id,)).await {
+            code = code.max(fail(&mut std::io::stdout(), e));
+        }
+    }
+    code
+}

@@ -31,6 +31,12 @@ pub struct Options {
     pub audit_journal: bool,
     /// Load the sched_ext scheduler scx_agentos (`--sched-ext`); see scx.rs.
     pub sched_ext: bool,
+    /// Tool manifests (`--tools-dir`).
+    pub tools_dir: PathBuf,
+    /// Sockets directory [default: /run/agentos with the default state dir, else STATE_DIR/run].
+    pub run_dir: Option<PathBuf>,
+    /// How long a call held for consent waits.
+    pub consent_timeout: Duration,
 }
 
 impl Default for Options {
@@ -47,6 +53,9 @@ impl Default for Options {
             audit_key: None,
             audit_journal: true,
             sched_ext: false,
+            tools_dir: PathBuf::from("/etc/agentos/tools.d"),
+            run_dir: None,
+            consent_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -99,6 +108,55 @@ fn leave_root(root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The agents' MCP sockets (io_uring), the tools in `--tools-dir`, the gate and consent. Without
+/// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
+fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
+    let run_dir = opts.run_dir.clone().unwrap_or_else(|| {
+        if opts.state_dir == Options::default().state_dir {
+            PathBuf::from("/run/agentos")
+        } else {
+            opts.state_dir.join("run")
+        }
+    });
+    let (ipc, incoming) = match crate::ipc::IpcServer::start(crate::ipc::Limits::default()) {
+        Ok(x) => x,
+        Err(e) => {
+            warn!("agents get no MCP socket, so no tools: {e}");
+            return;
+        }
+    };
+    let (tools, errors) = crate::tools::Tools::load(
+        &opts.tools_dir,
+        crate::tools::RunnerConfig {
+            cgroup_root: Cgroup::new(root),
+            state_dir: opts.state_dir.clone(),
+        },
+    );
+    for e in &errors {
+        warn!("tool manifest not loaded: {e}");
+    }
+    info!(
+        "MCP: {} tool manifest(s) from {}, sockets under {}, consent timeout {} s",
+        tools.manifests().count(),
+        opts.tools_dir.display(),
+        run_dir.join("agents").display(),
+        opts.consent_timeout.as_secs()
+    );
+    let consents = std::sync::Arc::new(crate::mcp::consent::Consents::new(opts.consent_timeout));
+    let service = crate::mcp::McpService::new(
+        sup.clone(),
+        tools,
+        consents,
+        crate::mcp::SessionLimits::default(),
+    );
+    tokio::spawn(service.clone().run(incoming.conns, incoming.refusals));
+    sup.set_mcp(crate::supervisor::McpHooks {
+        ipc,
+        service,
+        run_dir,
+    });
+}
+
 /// Run the daemon until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<()> {
     let t0 = Instant::now();
@@ -139,6 +197,7 @@ pub async fn run(opts: Options) -> Result<()> {
     sup.set_host_offer(crate::audit_trail::host_offer(&report));
     sup.set_net(setup_net(&root.join("agents"), &report));
     sup.spawn_denial_reader();
+    setup_mcp(&sup, &opts, &root);
     let missing = sup.missing_controllers();
     if missing.is_empty() {
         info!(
@@ -191,6 +250,7 @@ pub async fn run(opts: Options) -> Result<()> {
         dbus::register_agent(conn.object_server(), &sup, &a).await;
     }
     tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
+    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
     let reply = conn
         .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
         .await
@@ -254,6 +314,12 @@ pub async fn run(opts: Options) -> Result<()> {
         sup.stop_all().await;
     } else {
         info!("leaving agents running; they are re-adopted at the next start");
+    }
+    if let Some(m) = sup.mcp() {
+        // Tool servers are the daemon's, not the agents': they stop with it (the next daemon
+        // starts them again on demand). Agents' sockets close; clients reconnect later.
+        m.service.tools().shutdown().await;
+        m.ipc.shutdown();
     }
     let _ = trail
         .commit(trail.lifecycle(

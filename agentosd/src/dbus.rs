@@ -36,6 +36,10 @@ pub enum ApiError {
     Unschedulable(String),
     InvalidArgs(String),
     Io(String),
+    /// No pending consent request with that id.
+    NoSuchConsent(String),
+    /// The daemon does not offer this (e.g. no tool service).
+    Unavailable(String),
 }
 
 impl From<supervisor::Error> for ApiError {
@@ -84,6 +88,80 @@ pub type AgentRow = (
 impl Manager {
     fn find(&self, agent: &str) -> Result<Arc<Agent>> {
         Ok(self.sup.find(agent)?)
+    }
+
+    fn consents(&self) -> Result<&Arc<crate::mcp::consent::Consents>> {
+        self.sup
+            .mcp()
+            .map(|m| m.service.consents())
+            .ok_or_else(|| ApiError::Unavailable("this agentosd serves no tools".into()))
+    }
+
+    async fn answer_consent(
+        &self,
+        id: u64,
+        approve: bool,
+        hdr: &zbus::message::Header<'_>,
+        conn: &Connection,
+    ) -> Result<()> {
+        let sender = hdr
+            .sender()
+            .ok_or_else(|| ApiError::InvalidArgs("a consent answer needs a sender".into()))?;
+        let uid = zbus::fdo::DBusProxy::new(conn)
+            .await?
+            .get_connection_unix_user(zbus::names::BusName::Unique(sender.to_owned()))
+            .await
+            .map_err(|e| ApiError::InvalidArgs(format!("cannot tell who answered: {e}")))?;
+        self.consents()?
+            .answer(id, approve, uid)
+            .map(|_| ())
+            .map_err(|e| ApiError::NoSuchConsent(e.to_string()))
+    }
+}
+
+/// One row of `ListConsentRequests`.
+pub type ConsentRow = (u64, String, String, String, String, u64, u64);
+
+fn consent_row(r: crate::mcp::consent::Request) -> ConsentRow {
+    (
+        r.id,
+        r.agent,
+        r.tool,
+        r.capability,
+        r.arguments.to_string(),
+        r.requested_us,
+        r.expires_us,
+    )
+}
+
+/// Emit `ConsentRequested` for every new held call.
+pub async fn pump_consents(conn: Connection, sup: Arc<Supervisor>) {
+    let Some(m) = sup.mcp() else {
+        return;
+    };
+    let mut rx = m.service.consents().subscribe();
+    let Ok(manager) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+        return;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(r) => {
+                let _ = Manager::consent_requested(
+                    &manager,
+                    r.id,
+                    &r.agent,
+                    &r.tool,
+                    &r.capability,
+                    &r.arguments.to_string(),
+                    r.expires_us,
+                )
+                .await;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                warn!("{n} ConsentRequested signal(s) not sent (ListConsentRequests has them)");
+            }
+            Err(_) => break,
+        }
     }
 }
 
@@ -293,6 +371,49 @@ impl Manager {
     async fn n_agents(&self) -> u32 {
         self.sup.agents().len() as u32
     }
+
+    /// Calls held for consent: (id, agent, tool, capability, arguments as JSON with secrets
+    /// redacted, requested µs, expires µs), oldest first.
+    async fn list_consent_requests(&self) -> Result<Vec<ConsentRow>> {
+        Ok(self
+            .consents()?
+            .list()
+            .into_iter()
+            .map(consent_row)
+            .collect())
+    }
+
+    /// Let held call `id` proceed. The answer is audited with the caller's uid.
+    async fn approve_consent(
+        &self,
+        id: u64,
+        #[zbus(header)] hdr: zbus::message::Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        self.answer_consent(id, true, &hdr, conn).await
+    }
+
+    /// Refuse held call `id`; the agent gets an MCP error. Audited with the caller's uid.
+    async fn deny_consent(
+        &self,
+        id: u64,
+        #[zbus(header)] hdr: zbus::message::Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        self.answer_consent(id, false, &hdr, conn).await
+    }
+
+    /// A call is held until an operator answers (ApproveConsent/DenyConsent) or it expires.
+    #[zbus(signal, name = "ConsentRequested")]
+    pub async fn consent_requested(
+        emitter: &SignalEmitter<'_>,
+        id: u64,
+        agent: &str,
+        tool: &str,
+        capability: &str,
+        arguments: &str,
+        expires_us: u64,
+    ) -> zbus::Result<()>;
 
     #[zbus(signal, name = "AgentNew")]
     async fn agent_new(

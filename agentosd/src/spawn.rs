@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -69,6 +69,10 @@ pub struct Command {
     pub sandbox: Option<crate::sandbox::PreparedSandbox>,
     /// Scheduling policy the child takes before execve (the latency class).
     pub sched: crate::sched::ChildSched,
+    /// One descriptor the program keeps across execve at its current number (the agent's
+    /// connected MCP socket, announced in `AGENTOS_SOCKET_FD`); every other fd from 3 up is
+    /// closed.
+    pub inherit_fd: Option<OwnedFd>,
 }
 
 /// A started process: its PID and a pidfd that stays valid after it exits.
@@ -128,6 +132,25 @@ pub fn open_log(path: &Path) -> Result<OwnedFd, SpawnError> {
 /// Start `cmd` inside the cgroup whose directory fd is `cgroup_dir`. Blocks until the child has
 /// exec'd (or failed to): call it from a blocking thread.
 pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
+    spawn_with_stdio(cmd, cgroup_dir, None)
+}
+
+/// The child's standard input, output and error (dup2'ed onto 0, 1, 2 in the child), instead of
+/// /dev/null and `Command::log_file`: the tool runners talk to their processes over pipes.
+#[derive(Clone, Copy)]
+pub struct Stdio<'a> {
+    pub stdin: BorrowedFd<'a>,
+    pub stdout: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+}
+
+/// [`spawn`] with the child's stdio given by the caller; `None` is exactly [`spawn`]
+/// (/dev/null and `cmd.log_file`, which is then not opened).
+pub fn spawn_with_stdio(
+    cmd: &Command,
+    cgroup_dir: &OwnedFd,
+    stdio: Option<Stdio<'_>>,
+) -> Result<Child, SpawnError> {
     let program = cstr(cmd.program.as_os_str().as_bytes(), "command")?;
     let mut argv_c = vec![program.clone()];
     for a in &cmd.args {
@@ -143,7 +166,10 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
     let mut envp: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
     envp.push(std::ptr::null());
 
-    let log = open_log(&cmd.log_file)?;
+    let log = match stdio {
+        Some(_) => None,
+        None => Some(open_log(&cmd.log_file)?),
+    };
     let devnull = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -168,9 +194,24 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
         cgroup: cgroup_dir.as_raw_fd() as u64,
         ..Default::default()
     };
+    let keep_fd = cmd.inherit_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+    let (stdin_fd, stdout_fd, stderr_fd) = match (stdio, log.as_ref()) {
+        (Some(s), _) => (
+            s.stdin.as_raw_fd(),
+            s.stdout.as_raw_fd(),
+            s.stderr.as_raw_fd(),
+        ),
+        (None, Some(l)) => (devnull.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()),
+        (None, None) => (
+            devnull.as_raw_fd(),
+            devnull.as_raw_fd(),
+            devnull.as_raw_fd(),
+        ),
+    };
     let fds = (
-        devnull.as_raw_fd(),
-        log.as_raw_fd(),
+        stdin_fd,
+        stdout_fd,
+        stderr_fd,
         wr.as_raw_fd(),
         cwd.as_ptr(),
         program.as_ptr(),
@@ -193,7 +234,7 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
     };
     if ret == 0 {
         // Child.
-        let (devnull_fd, log_fd, status_fd, cwd_p, prog_p, argv_p, envp_p) = fds;
+        let (stdin_fd, stdout_fd, stderr_fd, status_fd, cwd_p, prog_p, argv_p, envp_p) = fds;
         // SAFETY: only async-signal-safe calls on pre-built data; see the comment above.
         unsafe {
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -201,9 +242,9 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::setsid();
             let mut stage: i32 = 1;
-            let mut ok = libc::dup2(devnull_fd, 0) >= 0
-                && libc::dup2(log_fd, 1) >= 0
-                && libc::dup2(log_fd, 2) >= 0;
+            let mut ok = libc::dup2(stdin_fd, 0) >= 0
+                && libc::dup2(stdout_fd, 1) >= 0
+                && libc::dup2(stderr_fd, 2) >= 0;
             if ok {
                 // Nothing but stdio crosses the exec, whatever the daemon itself inherited
                 // without CLOEXEC: every fd from 3 up is closed by execve (the status pipe
@@ -215,6 +256,9 @@ pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
                     u32::MAX,
                     libc::CLOSE_RANGE_CLOEXEC,
                 ) == 0;
+                if ok && keep_fd >= 0 {
+                    ok = libc::fcntl(keep_fd, libc::F_SETFD, 0) == 0;
+                }
             }
             match child_sched {
                 crate::sched::ChildSched::None => {}

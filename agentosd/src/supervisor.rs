@@ -370,10 +370,15 @@ pub struct Supervisor {
     net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
     /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
     scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
+    /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
+    mcp: std::sync::OnceLock<mcp_hooks::McpHooks>,
 }
 
 #[path = "supervisor_hooks.rs"]
 mod hooks;
+#[path = "supervisor_mcp.rs"]
+mod mcp_hooks;
+pub use mcp_hooks::{AgentSocket, McpHooks};
 
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -419,6 +424,7 @@ impl Supervisor {
             offer: std::sync::OnceLock::new(),
             net: std::sync::OnceLock::new(),
             scx: std::sync::OnceLock::new(),
+            mcp: std::sync::OnceLock::new(),
         }))
     }
 
@@ -752,6 +758,7 @@ impl Supervisor {
                 let _ = agent.cgroup.remove();
                 self.net_clear(agent);
                 self.scx_forget(agent);
+                self.mcp_forget(agent);
                 {
                     let mut i = lock(&agent.inner);
                     i.state = State::Failed;
@@ -843,6 +850,15 @@ impl Supervisor {
         for (k, v) in &exec.env {
             env.insert(k.clone(), v.clone());
         }
+        // After the contract's env: an agent cannot be pointed at another socket.
+        let socket = self.mcp_open(agent)?;
+        if let Some(s) = &socket {
+            env.insert("AGENTOS_SOCKET".into(), s.path.display().to_string());
+            env.insert(
+                "AGENTOS_SOCKET_FD".into(),
+                std::os::fd::AsRawFd::as_raw_fd(&s.inherited).to_string(),
+            );
+        }
         let path = env.get("PATH").cloned().unwrap_or_default();
         let program = spawn::resolve_command(&exec.command, &path)
             .map_err(|e| Error::ExecFailed(format!("agent {}: {e}", agent.id)))?;
@@ -857,6 +873,7 @@ impl Supervisor {
             log_file: agent.log_path.clone(),
             sched: child_sched,
             sandbox: Some(sandbox),
+            inherit_fd: socket.map(|s| s.inherited),
         };
         logs::append_note(
             &agent.log_path,
@@ -1083,6 +1100,7 @@ impl Supervisor {
             let _ = agent.cgroup.remove();
             self.net_clear(&agent);
             self.scx_forget(&agent);
+            self.mcp_forget(&agent);
             self.audit_exit(&agent, pid, &status);
             let Some(delay) = delay else {
                 info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
@@ -1213,6 +1231,7 @@ impl Supervisor {
         let rm = agent.cgroup.remove();
         self.net_clear(agent);
         self.scx_forget(agent);
+        self.mcp_forget(agent);
         self.admission.release(&agent.id);
         {
             let mut i = lock(&agent.inner);
@@ -1478,6 +1497,9 @@ impl Supervisor {
                     {
                         report.push(format!("{}: {note}", agent.id));
                     }
+                    if let Some(note) = self.mcp_relisten(&agent) {
+                        report.push(format!("{}: {note}", agent.id));
+                    }
                     if let (Some(d), "HRT") =
                         (&rec.spec.sched.deadline, rec.spec.latency_class.as_str())
                     {
@@ -1503,6 +1525,7 @@ impl Supervisor {
                     let _ = agent.cgroup.remove();
                     self.net_clear(&agent);
                     self.scx_forget(&agent);
+                    self.mcp_forget(&agent);
                     let (restart, state_msg) = {
                         let mut i = lock(&agent.inner);
                         i.main_pid = None;

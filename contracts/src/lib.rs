@@ -18,6 +18,7 @@ mod diag;
 pub mod layering;
 mod model;
 mod node;
+pub mod tool;
 pub mod units;
 mod validate;
 

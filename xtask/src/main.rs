@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod install;
+mod peers;
 mod vm;
 
 #[derive(Parser)]
@@ -31,6 +32,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: vm::VmCmd,
     },
+    /// Install the real MCP peers the tests use (Python MCP SDK, npm MCP servers) into
+    /// target/mcp-peers and print the directory (`cargo xtask test` does this itself).
+    McpPeers,
     /// Build and install agentosd, agentctl, the systemd unit and the D-Bus policy.
     Install(install::InstallArgs),
     /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
@@ -59,6 +63,7 @@ fn main() -> Result<()> {
     match cmd {
         Cmd::Test { host_only } => test(host_only),
         Cmd::Vm { cmd } => vm::run(cmd),
+        Cmd::McpPeers => peers::ensure().map(|d| println!("{}", d.display())),
         Cmd::Install(args) => install::run(args),
         Cmd::Demo(args) => demo::run(args),
         #[cfg(feature = "bench")]
@@ -83,9 +88,14 @@ fn main() -> Result<()> {
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
+    cargo_with(args, &[])
+}
+
+fn cargo_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
         .args(args)
+        .envs(env.iter().copied())
         .status()
         .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
     if !status.success() {
@@ -105,7 +115,12 @@ fn test(host_only: bool) -> Result<()> {
         "-D",
         "warnings",
     ])?;
-    cargo(&["test", "--workspace"])?;
+    // The MCP tests drive the daemon with real clients and servers from the registries.
+    let peers = peers::ensure()?;
+    cargo_with(
+        &["test", "--workspace"],
+        &[("AGENTOS_MCP_PEERS", peers.as_os_str())],
+    )?;
     if host_only {
         eprintln!("xtask test: the VM suite was left out (--host-only); run `cargo xtask vm test`");
         return Ok(());

@@ -106,8 +106,32 @@ enum Cmd {
         #[command(subcommand)]
         cmd: AuditCmd,
     },
+    /// Answer tool calls held for operator consent (`security.consent_for`)
+    Consent {
+        #[command(subcommand)]
+        cmd: ConsentCmd,
+    },
     /// Print shell completions
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConsentCmd {
+    /// The calls waiting for an answer
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let held calls proceed
+    Approve {
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Refuse held calls (the agent gets an MCP error)
+    Deny {
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -267,6 +291,11 @@ fn run(cli: Cli) -> i32 {
                 lines,
                 follow,
             } => client::logs(&c, &agent, lines, follow).await,
+            Cmd::Consent { cmd } => match cmd {
+                ConsentCmd::List { json } => client::consent_list(&c, json, &mut out).await,
+                ConsentCmd::Approve { ids } => client::consent_answer(&c, true, &ids).await,
+                ConsentCmd::Deny { ids } => client::consent_answer(&c, false, &ids).await,
+            },
             Cmd::Validate { .. }
             | Cmd::Completions { .. }
             | Cmd::Check { .. }

@@ -56,6 +56,16 @@ struct RunArgs {
     /// by AGENTOSD_SCHED_EXT=1 in the environment (a systemd drop-in)
     #[arg(long, global = true)]
     sched_ext: bool,
+    /// Tool manifests (`*.yaml`) agents may call through their MCP socket
+    #[arg(long, global = true, default_value = "/etc/agentos/tools.d")]
+    tools_dir: PathBuf,
+    /// Runtime directory for the agents' sockets (RUN_DIR/agents/TENANT/NAME.sock)
+    /// [default: /run/agentos with the default state directory, else STATE_DIR/run]
+    #[arg(long, global = true)]
+    run_dir: Option<PathBuf>,
+    /// Seconds a call held for consent waits for `agentctl consent approve` before it is denied
+    #[arg(long, global = true, default_value_t = 120.0)]
+    consent_timeout: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -118,6 +128,9 @@ fn main() -> anyhow::Result<()> {
                 audit_journal: !r.no_audit_journal,
                 sched_ext: r.sched_ext
                     || std::env::var("AGENTOSD_SCHED_EXT").is_ok_and(|v| v == "1" || v == "yes"),
+                tools_dir: r.tools_dir,
+                run_dir: r.run_dir,
+                consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

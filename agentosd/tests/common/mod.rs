@@ -163,6 +163,8 @@ pub struct Daemon {
     pub cgroup_root: PathBuf,
     pub bus: String,
     pub log: PathBuf,
+    /// More flags for agentosd (`--tools-dir`, `--consent-timeout`…).
+    pub extra: Vec<String>,
 }
 
 pub fn agentosd_bin() -> &'static str {
@@ -175,6 +177,10 @@ pub fn agentctl_bin() -> &'static str {
 
 impl Daemon {
     pub fn start(bus: &Bus, cgroup_root: &Path, state_dir: &Path) -> Self {
+        Self::start_with(bus, cgroup_root, state_dir, &[])
+    }
+
+    pub fn start_with(bus: &Bus, cgroup_root: &Path, state_dir: &Path, extra: &[&str]) -> Self {
         let agents_dir = state_dir.join("agents.d");
         std::fs::create_dir_all(&agents_dir).expect("agents dir");
         let mut d = Daemon {
@@ -184,6 +190,7 @@ impl Daemon {
             cgroup_root: cgroup_root.to_path_buf(),
             bus: bus.address.clone(),
             log: state_dir.join("agentosd.log"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         d.spawn();
         d
@@ -206,6 +213,7 @@ impl Daemon {
             .arg(&self.bus)
             .arg("--stop-timeout")
             .arg("2")
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -167,6 +167,7 @@ fn run_direct(
         log_file: log.clone(),
         sandbox: Some(sb),
         sched: Default::default(),
+        inherit_fd: None,
     };
     let child = agentosd::spawn::spawn(&cmd, &cg.open_dir().unwrap()).unwrap();
     let mut status = 0;
@@ -614,9 +615,23 @@ fn suite(filter: Option<&str>) -> i32 {
             }
         }
         if a.name == "open-fds" {
-            // Only stdin (/dev/null) and stdout/stderr (its log): nothing of the daemon's.
+            // Only stdin (/dev/null), stdout/stderr (its log) and, when the daemon serves
+            // tools, its MCP socket at the number AGENTOS_SOCKET_FD names: nothing else of
+            // the daemon's.
             let detail = v["detail"].as_str().unwrap_or("");
-            let fds: Vec<&str> = detail.trim_start_matches("fds=").split(',').collect();
+            let (list, sock) = detail
+                .trim_start_matches("fds=")
+                .split_once(";socket_fd=")
+                .unwrap_or((detail, ""));
+            let mut fds: Vec<&str> = list.split(',').collect();
+            if !sock.is_empty() {
+                let want = format!("{sock}:socket:");
+                let before = fds.len();
+                fds.retain(|f| !f.starts_with(&want));
+                if before != fds.len() + 1 {
+                    fds.push("<AGENTOS_SOCKET_FD is not an inherited socket>");
+                }
+            }
             let ok = fds.len() == 3
                 && fds[0] == "0:/dev/null"
                 && fds[1].starts_with("1:")

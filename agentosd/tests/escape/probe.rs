@@ -370,7 +370,8 @@ pub fn run(args: &[String]) {
                 }
             }
             fds.sort();
-            Ok(format!("fds={}", fds.join(",")))
+            let sock = std::env::var("AGENTOS_SOCKET_FD").unwrap_or_default();
+            Ok(format!("fds={};socket_fd={sock}", fds.join(",")))
         })(),
         "read-granted" => std::fs::read_to_string(arg(args, 1))
             .map(|s| format!("read {} bytes", s.len()))

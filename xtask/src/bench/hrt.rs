@@ -281,6 +281,7 @@ fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
         log_file: dir.join("agent.log"),
         sandbox: Some(sandbox),
         sched: agentosd::sched::ChildSched::Deadline(agentosd::sched::SchedAttr::deadline(&d)),
+        inherit_fd: None,
     };
     let child = agentosd::spawn::spawn(&cmd, &cg.open_dir()?)?;
     eprintln!(

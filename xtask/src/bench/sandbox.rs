@@ -142,6 +142,7 @@ impl Bench {
             log_file: log.clone(),
             sandbox,
             sched: Default::default(),
+            inherit_fd: None,
         };
         let child = agentosd::spawn::spawn(&cmd, &fd)?;
         let status = wait_pid(child.pid)?;

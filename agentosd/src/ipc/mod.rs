@@ -1,0 +1,535 @@
+//! The agents' MCP sockets, served with io_uring (issue 8). See docs/ipc.md.
+//!
+//! One ring thread (`agentos-ipc`) owns one io_uring and every agent socket: it accepts, checks
+//! the peer's identity from the kernel (peer.rs), receives and splits lines (lines.rs) and sends
+//! replies (ring.rs). The tokio side talks to it through a command queue plus an eventfd the ring
+//! polls, and gets connections, lines and refusals back over tokio mpsc channels:
+//!
+//! ```text
+//! tokio tasks ──Cmd + eventfd──▶ ring thread ──mpsc──▶ Incoming { conns, refusals }
+//!   Outbox::send ─mpsc (bounded)─▶ ring ──send──▶ agent       agent ──recv──▶ ring ─mpsc─▶ rx
+//! ```
+
+mod lines;
+mod peer;
+mod ring;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr};
+use tokio::sync::mpsc;
+
+pub use lines::LineSplitter;
+pub use peer::{parse_proc_cgroup, relative_to};
+
+use crate::sys::SyscallError;
+use ring::Cmd;
+
+/// Limits per connection and per agent; see docs/ipc.md for what happens at each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest line (message) accepted, without its newline; longer ones become
+    /// [`Inbound::TooLong`]. Default 1 MiB.
+    pub max_line: usize,
+    /// Open connections per agent (listened and paired together); more are refused. Default 16.
+    pub max_conns_per_agent: usize,
+    /// Lines buffered per connection towards the daemon before the ring stops reading that
+    /// socket (the agent's writes then block in the kernel). Default 64.
+    pub inbound_queue: usize,
+    /// Lines buffered per connection towards the agent; [`Outbox::send`] waits when full.
+    /// Default 256.
+    pub outbound_queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line: 1 << 20,
+            max_conns_per_agent: 16,
+            inbound_queue: 64,
+            outbound_queue: 256,
+        }
+    }
+}
+
+/// The agent a socket belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentRef {
+    /// `tenant/name`.
+    pub id: String,
+    /// The agent's cgroup as `/proc/PID/cgroup` shows it: `/…/agents/tenant/name`.
+    pub cgroup: PathBuf,
+    /// The same cgroup as an absolute directory under the cgroup2 mount.
+    pub cgroup_dir: PathBuf,
+    /// Owner of the socket file.
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who is on the other end of a connection, as the kernel says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// `tenant/name`.
+    pub agent: String,
+    /// Unique per [`IpcServer`].
+    pub conn: u64,
+    /// `SO_PEERCRED` pid; None for [`IpcServer::pair`] connections.
+    pub pid: Option<u32>,
+    pub uid: u32,
+    pub gid: u32,
+    /// True for the daemon end of [`IpcServer::pair`] (identity by construction).
+    pub inherited: bool,
+}
+
+/// One message from an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound {
+    /// A line without its `\n` (empty lines are dropped).
+    Line(Vec<u8>),
+    /// A line over `max_line` bytes was skipped up to its newline; the connection goes on.
+    TooLong { len: usize },
+}
+
+/// An accepted connection: read lines from `rx` (None: the peer closed, or we closed), answer
+/// through `tx`. Dropping both closes the connection (after queued replies are sent).
+pub struct Connection {
+    pub peer: Peer,
+    pub rx: mpsc::Receiver<Inbound>,
+    pub tx: Outbox,
+}
+
+/// The connection is closed: nothing more can be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the agent's connection is closed")]
+pub struct Closed;
+
+/// Why [`Outbox::try_send`] did not queue a line; the line comes back.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TrySendError {
+    #[error("the connection's outbound queue is full")]
+    Full(Vec<u8>),
+    #[error("the agent's connection is closed")]
+    Closed(Vec<u8>),
+}
+
+/// The sending half of a connection; cheap to clone.
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<OutboxInner>,
+}
+
+struct OutboxInner {
+    conn: u64,
+    /// Always Some until drop (taken there so the ring sees the channel closed).
+    tx: Option<mpsc::Sender<Vec<u8>>>,
+    /// Set while a `Flush` for this connection is queued to the ring (saves wake-ups).
+    flagged: Arc<AtomicBool>,
+    shared: Arc<Shared>,
+}
+
+impl Outbox {
+    fn sender(&self) -> &mpsc::Sender<Vec<u8>> {
+        // Invariant: `tx` is only taken in OutboxInner::drop.
+        self.inner
+            .tx
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("outbox sender taken before drop"))
+    }
+
+    /// The connection this sends on.
+    pub fn conn(&self) -> u64 {
+        self.inner.conn
+    }
+
+    /// Queue one line (the `\n` is appended; `line` must not contain one). Waits while the
+    /// outbound queue is full, i.e. while the agent does not read (back-pressure).
+    pub async fn send(&self, mut line: Vec<u8>) -> Result<(), Closed> {
+        debug_assert!(
+            !line.contains(&b'\n'),
+            "MCP messages must not contain newlines"
+        );
+        line.push(b'\n');
+        self.sender().send(line).await.map_err(|_| Closed)?;
+        self.notify();
+        Ok(())
+    }
+
+    /// Queue one line without waiting.
+    pub fn try_send(&self, mut line: Vec<u8>) -> Result<(), TrySendError> {
+        debug_assert!(
+            !line.contains(&b'\n'),
+            "MCP messages must not contain newlines"
+        );
+        line.push(b'\n');
+        match self.sender().try_send(line) {
+            Ok(()) => {
+                self.notify();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(mut l)) => {
+                l.pop();
+                Err(TrySendError::Full(l))
+            }
+            Err(mpsc::error::TrySendError::Closed(mut l)) => {
+                l.pop();
+                Err(TrySendError::Closed(l))
+            }
+        }
+    }
+
+    /// Close the connection once the lines queued so far are sent.
+    pub fn close(&self) {
+        let _ = self.inner.shared.command(Cmd::Close(self.inner.conn));
+    }
+
+    /// True once the connection is closed (by either side).
+    pub fn is_closed(&self) -> bool {
+        self.sender().is_closed()
+    }
+
+    fn notify(&self) {
+        if !self.inner.flagged.swap(true, Ordering::AcqRel) {
+            let _ = self.inner.shared.command(Cmd::Flush(self.inner.conn));
+        }
+    }
+}
+
+impl Drop for OutboxInner {
+    fn drop(&mut self) {
+        // Drop the sender first, so the ring's try_recv reports the channel closed.
+        drop(self.tx.take());
+        let _ = self.shared.command(Cmd::Flush(self.conn));
+    }
+}
+
+/// A refused connection, for the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The agent whose socket was connected to.
+    pub agent: String,
+    pub pid: Option<u32>,
+    /// `u32::MAX` when even `SO_PEERCRED` failed.
+    pub uid: u32,
+    pub cgroup: Option<String>,
+    pub reason: String,
+}
+
+/// What the ring hands to the daemon.
+pub struct Incoming {
+    pub conns: mpsc::Receiver<Connection>,
+    pub refusals: mpsc::Receiver<Refusal>,
+}
+
+/// Counters since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IpcStats {
+    pub listeners: u64,
+    pub connections_open: u64,
+    pub accepted: u64,
+    pub refused: u64,
+    pub lines_in: u64,
+    pub lines_out: u64,
+    pub too_long: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Refusals not delivered because `Incoming::refusals` was full or gone.
+    pub refusals_dropped: u64,
+}
+
+/// Errors of the ipc layer.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error(
+        "io_uring_setup({entries} entries) failed: {source}; agentosd needs io_uring \
+         (check /proc/sys/kernel/io_uring_disabled is 0 and no seccomp/container policy blocks it)"
+    )]
+    Ring { entries: u32, source: io::Error },
+    #[error("io_uring on this kernel lacks {op}: agentosd's sockets need Linux 5.19 or newer")]
+    Unsupported { op: &'static str },
+    #[error("IpcServer::start must be called inside a tokio runtime")]
+    NoRuntime,
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    #[error(
+        "socket path {path} is {len} bytes; a Unix socket address holds at most 107: use a shorter run directory"
+    )]
+    PathTooLong { path: PathBuf, len: usize },
+    #[error(
+        "{path} exists and is not a socket: not replacing it; remove it or choose another path"
+    )]
+    NotASocket { path: PathBuf },
+    #[error("{what} {path} failed: {source}")]
+    Fs {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("the ipc ring thread has stopped (see the daemon's journal); restart agentosd")]
+    Stopped,
+}
+
+/// State shared by the tokio side and the ring thread.
+struct Shared {
+    cmds: Mutex<VecDeque<Cmd>>,
+    /// Written by [`Shared::command`]; the ring has a POLL_ADD on it.
+    eventfd: OwnedFd,
+    stopped: AtomicBool,
+    /// Socket files per agent, unlinked by `forget` and at shutdown.
+    paths: Mutex<HashMap<String, Vec<PathBuf>>>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    listeners: AtomicU64,
+    open: AtomicU64,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    lines_in: AtomicU64,
+    lines_out: AtomicU64,
+    too_long: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    refusals_dropped: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Queue a command for the ring thread and wake it.
+    fn command(&self, cmd: Cmd) -> Result<(), IpcError> {
+        {
+            let mut q = lock(&self.cmds);
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(IpcError::Stopped);
+            }
+            q.push_back(cmd);
+        }
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
+        // EAGAIN (counter at its maximum) still leaves the eventfd readable: the ring wakes.
+        let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
+    }
+}
+
+/// The agents' socket server. Dropping the last `Arc` stops the ring thread.
+pub struct IpcServer {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl IpcServer {
+    /// Set up the ring and spawn its thread. Must be called inside a tokio runtime (the ring
+    /// uses it to wait for a full inbound queue to drain).
+    pub fn start(limits: Limits) -> Result<(Arc<IpcServer>, Incoming), IpcError> {
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| IpcError::NoRuntime)?;
+        let eventfd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| SyscallError::new("eventfd", "ipc wake-up", e.into()))?;
+        let shared = Arc::new(Shared {
+            cmds: Mutex::new(VecDeque::new()),
+            eventfd,
+            stopped: AtomicBool::new(false),
+            paths: Mutex::new(HashMap::new()),
+            stats: Counters::default(),
+        });
+        let (conns_tx, conns) = mpsc::channel(256);
+        let (refusals_tx, refusals) = mpsc::channel(256);
+        let ring = ring::Ring::new(limits, shared.clone(), rt, conns_tx, refusals_tx)?;
+        let thread = std::thread::Builder::new()
+            .name("agentos-ipc".into())
+            .spawn(move || ring.run())
+            .map_err(|e| SyscallError::new("clone", "ipc ring thread", e))?;
+        Ok((
+            Arc::new(IpcServer {
+                shared,
+                thread: Mutex::new(Some(thread)),
+            }),
+            Incoming { conns, refusals },
+        ))
+    }
+
+    /// Serve `agent` on a Unix socket at `path`: a stale socket file is removed, the parent
+    /// directory is created (0755) if missing, the socket is owned by the agent's uid/gid with
+    /// mode 0600 before `listen()`, so no one else can connect in between.
+    pub fn listen(&self, agent: &AgentRef, path: &Path) -> Result<(), IpcError> {
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err(IpcError::Stopped);
+        }
+        let len = path.as_os_str().len();
+        if len > 107 {
+            return Err(IpcError::PathTooLong {
+                path: path.to_path_buf(),
+                len,
+            });
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|source| IpcError::Fs {
+                    what: "mkdir",
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => {
+                std::fs::remove_file(path).map_err(|source| IpcError::Fs {
+                    what: "unlink stale socket",
+                    path: path.to_path_buf(),
+                    source,
+                })?
+            }
+            Ok(_) => {
+                return Err(IpcError::NotASocket {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(IpcError::Fs {
+                    what: "stat",
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        let target = path.display().to_string();
+        let sys = |call: &'static str, e: nix::errno::Errno| {
+            IpcError::Syscall(SyscallError::new(call, target.clone(), e.into()))
+        };
+        let fd = sock::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| sys("socket", e))?;
+        let addr = UnixAddr::new(path).map_err(|e| sys("sockaddr_un", e))?;
+        sock::bind(fd.as_raw_fd(), &addr).map_err(|e| sys("bind", e))?;
+        let finish = || -> Result<(), IpcError> {
+            std::os::unix::fs::chown(path, Some(agent.uid), Some(agent.gid))
+                .map_err(|e| IpcError::Syscall(SyscallError::new("chown", target.clone(), e)))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| IpcError::Syscall(SyscallError::new("chmod", target.clone(), e)))?;
+            sock::listen(
+                &fd,
+                sock::Backlog::new(128).unwrap_or(sock::Backlog::MAXCONN),
+            )
+            .map_err(|e| sys("listen", e))
+        };
+        if let Err(e) = finish() {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        {
+            let mut paths = lock(&self.shared.paths);
+            let v = paths.entry(agent.id.clone()).or_default();
+            if !v.iter().any(|p| p == path) {
+                v.push(path.to_path_buf());
+            }
+        }
+        if let Err(e) = self.shared.command(Cmd::Listen {
+            agent: agent.clone(),
+            fd,
+            path: path.to_path_buf(),
+        }) {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A connected socket pair for `agent`: the daemon end becomes a [`Connection`] with
+    /// `inherited = true`; the returned end is for the agent (the spawner dup2()s it into the
+    /// child and names it in `AGENTOS_SOCKET_FD`). Close-on-exec is set on both ends.
+    pub fn pair(&self, agent: &AgentRef) -> Result<OwnedFd, IpcError> {
+        let (ours, theirs) = sock::socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| SyscallError::new("socketpair", agent.id.clone(), e.into()))?;
+        self.shared.command(Cmd::Pair {
+            agent: agent.clone(),
+            fd: ours,
+        })?;
+        Ok(theirs)
+    }
+
+    /// Stop serving `agent`: unlink its socket files (done when this returns), close its
+    /// listeners and every connection of it (done by the ring right after).
+    pub fn forget(&self, agent_id: &str) {
+        let paths = lock(&self.shared.paths).remove(agent_id);
+        for p in paths.into_iter().flatten() {
+            if let Err(e) = std::fs::remove_file(&p)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(
+                    agent = agent_id,
+                    "cannot unlink socket {}: {e}",
+                    p.display()
+                );
+            }
+        }
+        let _ = self.shared.command(Cmd::Forget(agent_id.to_string()));
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> IpcStats {
+        let c = &self.shared.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IpcStats {
+            listeners: l(&c.listeners),
+            connections_open: l(&c.open),
+            accepted: l(&c.accepted),
+            refused: l(&c.refused),
+            lines_in: l(&c.lines_in),
+            lines_out: l(&c.lines_out),
+            too_long: l(&c.too_long),
+            bytes_in: l(&c.bytes_in),
+            bytes_out: l(&c.bytes_out),
+            refusals_dropped: l(&c.refusals_dropped),
+        }
+    }
+
+    /// Close everything, unlink the socket files and stop the ring thread (waits for it).
+    /// Idempotent; also done on drop.
+    pub fn shutdown(&self) {
+        let paths: Vec<PathBuf> = lock(&self.shared.paths)
+            .drain()
+            .flat_map(|(_, v)| v)
+            .collect();
+        for p in paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = self.shared.command(Cmd::Shutdown);
+        if let Some(t) = lock(&self.thread).take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for IpcServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

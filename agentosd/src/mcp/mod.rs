@@ -1,0 +1,666 @@
+//! MCP over the agents' sockets (paper 5.1, "MCP as the system call interface"): each connection
+//! the ipc layer accepts is a session here. Requests are decoded (jsonrpc.rs), checked by the
+//! gate against the caller's contract (who the caller is came from the kernel, see ipc/), held
+//! for consent when the contract says so (consent.rs), audited, and run by the tool runners
+//! (tools/). See docs/tools.md.
+
+pub mod consent;
+pub mod jsonrpc;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use audit::{Decision, Kind, Record};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, oneshot};
+use tracing::{debug, warn};
+
+use crate::audit_trail::AuditTrail;
+use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
+use crate::supervisor::Supervisor;
+use crate::tools::{Caller, ToolError, Tools};
+use consent::{Answer, Consents};
+use jsonrpc::Incoming;
+
+/// MCP protocol revisions this server speaks, newest first.
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// Per-connection limits the session enforces (the ipc layer enforces line size and queues).
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// Requests answered concurrently on one connection; more get [`jsonrpc::TOO_MANY_CALLS`].
+    pub max_in_flight: usize,
+    /// The line-size limit, quoted in the error for an over-long line.
+    pub max_line: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_in_flight: 32,
+            max_line: crate::ipc::Limits::default().max_line,
+        }
+    }
+}
+
+/// What the gate knows about the agent on the other end, taken once per connection from its
+/// contract (a running agent's contract does not change).
+#[derive(Debug, Clone)]
+pub struct CallerCtx {
+    /// `tenant/name`.
+    pub id: String,
+    pub tenant: String,
+    pub name: String,
+    pub policy: Policy,
+    /// What the tool runners need (uid, home, scopes).
+    pub caller: Caller,
+}
+
+/// The contract's word on tool capabilities.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Capabilities the contract grants.
+    pub granted: BTreeSet<String>,
+    /// `security.consent_for`.
+    pub consent_for: BTreeSet<String>,
+    /// `security.deny`.
+    pub denied: BTreeSet<String>,
+}
+
+impl Policy {
+    pub fn from_contract(c: &contracts::Contract) -> Policy {
+        Policy {
+            granted: c.capabilities().iter().map(|k| k.name.clone()).collect(),
+            consent_for: c.security().consent_for.iter().cloned().collect(),
+            denied: c.security().deny.iter().cloned().collect(),
+        }
+    }
+}
+
+/// Why the gate refused a call, before anything ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// No tool by that name is installed.
+    UnknownTool,
+    /// The contract does not grant the capability.
+    NotGranted,
+    /// The contract's `security.deny` lists it.
+    Denied,
+}
+
+/// The gate's decision for a tool whose capability is `capability` (None: no such tool):
+/// `Ok(true)` when the call must wait for consent.
+pub fn decide(policy: &Policy, capability: Option<&str>) -> Result<bool, Refused> {
+    let cap = capability.ok_or(Refused::UnknownTool)?;
+    if policy.denied.contains(cap) {
+        return Err(Refused::Denied);
+    }
+    if !policy.granted.contains(cap) {
+        return Err(Refused::NotGranted);
+    }
+    Ok(policy.consent_for.contains(cap))
+}
+
+/// The MCP service: one per daemon.
+pub struct McpService {
+    sup: Arc<Supervisor>,
+    tools: Arc<Tools>,
+    consents: Arc<Consents>,
+    limits: SessionLimits,
+    version: String,
+}
+
+impl McpService {
+    pub fn new(
+        sup: Arc<Supervisor>,
+        tools: Arc<Tools>,
+        consents: Arc<Consents>,
+        limits: SessionLimits,
+    ) -> Arc<Self> {
+        Arc::new(McpService {
+            sup,
+            tools,
+            consents,
+            limits,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        })
+    }
+
+    pub fn consents(&self) -> &Arc<Consents> {
+        &self.consents
+    }
+
+    pub fn tools(&self) -> &Arc<Tools> {
+        &self.tools
+    }
+
+    fn audit(&self) -> Option<&Arc<AuditTrail>> {
+        self.sup.audit_trail()
+    }
+
+    /// Serves every connection the ipc layer hands over, and audits refused peers.
+    pub async fn run(
+        self: Arc<Self>,
+        mut conns: tokio::sync::mpsc::Receiver<Connection>,
+        mut refusals: tokio::sync::mpsc::Receiver<Refusal>,
+    ) {
+        loop {
+            tokio::select! {
+                c = conns.recv() => match c {
+                    Some(c) => {
+                        let me = self.clone();
+                        tokio::spawn(async move { me.session(c).await });
+                    }
+                    None => break,
+                },
+                r = refusals.recv() => if let Some(r) = r { self.refused_peer(r) },
+            }
+        }
+    }
+
+    fn refused_peer(&self, r: Refusal) {
+        warn!(
+            agent = %r.agent,
+            "refused a connection to the agent's MCP socket: {} (pid {:?}, uid {}, cgroup {:?})",
+            r.reason, r.pid, r.uid, r.cgroup
+        );
+        if let Some(t) = self.audit() {
+            let (tenant, name) = split_id(&r.agent);
+            t.submit_or_count(
+                t.agent_record(Kind::Gate, tenant, name)
+                    .decision(Decision::Deny)
+                    .detail(json!({
+                        "event": "socket-refused",
+                        "reason": r.reason,
+                        "peer_pid": r.pid,
+                        "peer_uid": r.uid,
+                        "peer_cgroup": r.cgroup,
+                    })),
+            );
+        }
+    }
+
+    /// One connection, until the peer closes it.
+    pub async fn session(self: Arc<Self>, conn: Connection) {
+        let Connection { peer, mut rx, tx } = conn;
+        let ctx = match self.sup.mcp_caller(&peer.agent) {
+            Ok(c) => Arc::new(c),
+            Err(why) => {
+                warn!(agent = %peer.agent, "closing an MCP connection: {why}");
+                let _ = tx
+                    .send(jsonrpc::error(
+                        &Value::Null,
+                        jsonrpc::UNAVAILABLE,
+                        &format!("agentosd cannot serve agent {}: {why}", peer.agent),
+                        Value::Null,
+                    ))
+                    .await;
+                tx.close();
+                return;
+            }
+        };
+        let s = Session {
+            svc: self.clone(),
+            ctx,
+            peer,
+            tx,
+            permits: Arc::new(Semaphore::new(self.limits.max_in_flight)),
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
+        };
+        let mut initialized = false;
+        while let Some(msg) = rx.recv().await {
+            match msg {
+                Inbound::TooLong { len } => {
+                    s.reply(jsonrpc::error(
+                        &Value::Null,
+                        jsonrpc::INVALID_REQUEST,
+                        &format!(
+                            "message of {len} bytes exceeds the limit of {} bytes; it was dropped",
+                            self.limits.max_line
+                        ),
+                        Value::Null,
+                    ))
+                    .await;
+                }
+                Inbound::Line(line) => match jsonrpc::parse(&line) {
+                    Incoming::Invalid { id, code, message } => {
+                        s.reply(jsonrpc::error(&id, code, &message, Value::Null))
+                            .await;
+                    }
+                    Incoming::Response => {}
+                    Incoming::Notification { method, params } => s.notification(&method, &params),
+                    Incoming::Request { id, method, params } => {
+                        if method == "initialize" {
+                            initialized = true;
+                            let r = self.initialize(&s.ctx, &params);
+                            s.reply(jsonrpc::result(&id, r)).await;
+                        } else if method == "ping" {
+                            s.reply(jsonrpc::result(&id, json!({}))).await;
+                        } else if !initialized {
+                            s.reply(jsonrpc::error(
+                                &id,
+                                jsonrpc::NOT_INITIALIZED,
+                                &format!("send \"initialize\" before \"{method}\""),
+                                Value::Null,
+                            ))
+                            .await;
+                        } else {
+                            s.request(id, method, params).await;
+                        }
+                    }
+                },
+            }
+        }
+        // The peer is gone: cancel what it was waiting for.
+        let pending: Vec<_> = lock(&s.in_flight).drain().collect();
+        for (_, cancel) in pending {
+            let _ = cancel.send(());
+        }
+        debug!(agent = %s.peer.agent, conn = s.peer.conn, "MCP connection closed");
+    }
+
+    fn initialize(&self, ctx: &CallerCtx, params: &Value) -> Value {
+        let asked = params
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let version = PROTOCOL_VERSIONS
+            .iter()
+            .find(|v| **v == asked)
+            .unwrap_or(&PROTOCOL_VERSIONS[0]);
+        json!({
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": {"name": "agentosd", "title": "agentos", "version": self.version},
+            "instructions": format!(
+                "Tools of agent {} through agentosd: only the tools its contract grants are listed; \
+                 calls are checked, audited and may wait for operator consent.",
+                ctx.id
+            ),
+        })
+    }
+}
+
+fn split_id(id: &str) -> (&str, &str) {
+    id.split_once('/').unwrap_or(("", id))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One connection's state.
+struct Session {
+    svc: Arc<McpService>,
+    ctx: Arc<CallerCtx>,
+    peer: Peer,
+    tx: Outbox,
+    permits: Arc<Semaphore>,
+    /// Request id (as text) → its cancel switch.
+    in_flight: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+}
+
+impl Session {
+    async fn reply(&self, line: Vec<u8>) {
+        // A closed connection ends the read loop too; nothing to do here.
+        let _ = self.tx.send(line).await;
+    }
+
+    fn notification(&self, method: &str, params: &Value) {
+        if method == "notifications/cancelled" {
+            let key = params.get("requestId").map(jsonrpc::id_key);
+            if let Some(cancel) = key.and_then(|k| lock(&self.in_flight).remove(&k)) {
+                let _ = cancel.send(());
+            }
+        }
+        // notifications/initialized and anything else: nothing to answer.
+    }
+
+    async fn request(&self, id: Value, method: String, params: Value) {
+        if !matches!(method.as_str(), "tools/list" | "tools/call") {
+            let msg = format!(
+                "method \"{method}\" is not served: agentosd offers tools (tools/list, tools/call) and ping"
+            );
+            self.reply(jsonrpc::error(
+                &id,
+                jsonrpc::METHOD_NOT_FOUND,
+                &msg,
+                Value::Null,
+            ))
+            .await;
+            return;
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let msg = format!(
+                "too many calls in flight on this connection (limit {}); wait for answers",
+                self.svc.limits.max_in_flight
+            );
+            self.reply(jsonrpc::error(
+                &id,
+                jsonrpc::TOO_MANY_CALLS,
+                &msg,
+                Value::Null,
+            ))
+            .await;
+            return;
+        };
+        let key = jsonrpc::id_key(&id);
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        let duplicate = {
+            let mut f = lock(&self.in_flight);
+            let dup = f.contains_key(&key);
+            if !dup {
+                f.insert(key.clone(), cancel_tx);
+            }
+            dup
+        };
+        if duplicate {
+            self.reply(jsonrpc::error(
+                &id,
+                jsonrpc::INVALID_REQUEST,
+                &format!("request id {key} is already in flight on this connection"),
+                Value::Null,
+            ))
+            .await;
+            return;
+        }
+        let svc = self.svc.clone();
+        let ctx = self.ctx.clone();
+        let tx = self.tx.clone();
+        let in_flight = self.in_flight.clone();
+        tokio::spawn(async move {
+            let reply = match method.as_str() {
+                "tools/list" => Some(svc.list(&ctx, &id).await),
+                _ => svc.call(&ctx, &id, &params, cancel_rx).await,
+            };
+            // A cancelled request is not answered (MCP: the receiver should not respond).
+            let still = lock(&in_flight).remove(&key).is_some();
+            if let Some(r) = reply
+                && still
+            {
+                let _ = tx.send(r).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+impl McpService {
+    async fn list(&self, ctx: &CallerCtx, id: &Value) -> Vec<u8> {
+        let Ok(listed) = tokio::time::timeout(LIST_TIMEOUT, self.tools.list(&ctx.caller)).await
+        else {
+            return jsonrpc::error(
+                id,
+                jsonrpc::INTERNAL_ERROR,
+                &format!(
+                    "listing the tools took longer than {} s (a tool server did not answer; see the daemon's journal)",
+                    LIST_TIMEOUT.as_secs()
+                ),
+                Value::Null,
+            );
+        };
+        let tools: Vec<Value> = listed
+            .into_iter()
+            .filter(|t| decide(&ctx.policy, Some(&t.capability)).is_ok())
+            .map(|t| {
+                let mut v = json!({
+                    "name": t.name,
+                    "description": t.description,
+                    "inputSchema": t.input_schema,
+                });
+                if let Some(o) = t.output_schema {
+                    v["outputSchema"] = o;
+                }
+                v
+            })
+            .collect();
+        jsonrpc::result(id, json!({"tools": tools}))
+    }
+
+    fn gate_record(&self, ctx: &CallerCtx, decision: Decision, detail: Value) -> Option<Record> {
+        self.audit().map(|t| {
+            t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
+                .decision(decision)
+                .detail(detail)
+        })
+    }
+
+    /// `tools/call` through the gate. `None`: cancelled, no answer.
+    async fn call(
+        &self,
+        ctx: &CallerCtx,
+        id: &Value,
+        params: &Value,
+        mut cancel: oneshot::Receiver<()>,
+    ) -> Option<Vec<u8>> {
+        let Some(name) = params.get("name").and_then(Value::as_str) else {
+            return Some(jsonrpc::error(
+                id,
+                jsonrpc::INVALID_PARAMS,
+                "tools/call needs params.name (a string)",
+                Value::Null,
+            ));
+        };
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(a @ Value::Object(_)) => a.clone(),
+            Some(_) => {
+                return Some(jsonrpc::error(
+                    id,
+                    jsonrpc::INVALID_PARAMS,
+                    "params.arguments must be an object",
+                    Value::Null,
+                ));
+            }
+        };
+        let capability = self.tools.capability_of(name);
+        let redacted = self.tools.redact(name, &args);
+        let base = json!({"tool": name, "capability": capability, "request_id": id, "arguments": redacted});
+        let needs_consent = match decide(&ctx.policy, capability.as_deref()) {
+            Ok(c) => c,
+            Err(why) => {
+                let (reason, code, msg) = match why {
+                    Refused::UnknownTool => (
+                        "unknown-tool",
+                        jsonrpc::INVALID_PARAMS,
+                        format!(
+                            "unknown tool \"{name}\" (tools/list shows the tools agent {} may call)",
+                            ctx.id
+                        ),
+                    ),
+                    Refused::NotGranted => {
+                        let cap = capability.clone().unwrap_or_default();
+                        (
+                            "not-granted",
+                            jsonrpc::FORBIDDEN,
+                            format!(
+                                "tool \"{name}\" needs capability \"{cap}\", which the contract of agent {} does not grant; \
+                                 add it to `capabilities:` in the contract",
+                                ctx.id
+                            ),
+                        )
+                    }
+                    Refused::Denied => {
+                        let cap = capability.clone().unwrap_or_default();
+                        (
+                            "denied-by-contract",
+                            jsonrpc::FORBIDDEN,
+                            format!(
+                                "capability \"{cap}\" is in `security.deny` of agent {}",
+                                ctx.id
+                            ),
+                        )
+                    }
+                };
+                if let Some(rec) =
+                    self.gate_record(ctx, Decision::Deny, with(&base, "reason", reason))
+                {
+                    // A refused call has no effect to protect: do not make the agent wait, and
+                    // never let a flood of refusals block the daemon.
+                    if let Some(t) = self.audit() {
+                        t.submit_or_count(rec);
+                    }
+                }
+                return Some(jsonrpc::error(
+                    id,
+                    code,
+                    &msg,
+                    json!({"tool": name, "capability": capability, "reason": reason}),
+                ));
+            }
+        };
+        let capability = capability.unwrap_or_default();
+        if needs_consent {
+            let (req, rx) = self
+                .consents
+                .ask(&ctx.id, name, &capability, redacted.clone());
+            if let Some(rec) =
+                self.gate_record(ctx, Decision::Held, with(&base, "consent_id", req.id))
+                && let Err(e) = self.commit(rec).await
+            {
+                return Some(e.reply(id));
+            }
+            let answer = tokio::select! {
+                a = self.consents.wait(req.id, rx) => a,
+                _ = &mut cancel => Answer::Withdrawn,
+            };
+            let (decision, by) = match &answer {
+                Answer::Approved { by_uid } => (Decision::Approved, Some(*by_uid)),
+                Answer::Denied { by_uid } => (Decision::Rejected, Some(*by_uid)),
+                Answer::Expired => (Decision::Expired, None),
+                Answer::Withdrawn => (Decision::Rejected, None),
+            };
+            let mut detail = with(&base, "consent_id", req.id);
+            detail["operator_uid"] = json!(by);
+            if answer == Answer::Withdrawn {
+                detail["reason"] =
+                    json!("withdrawn (call cancelled, agent gone or daemon stopping)");
+            }
+            if let Some(t) = self.audit() {
+                let rec = t
+                    .agent_record(Kind::Consent, &ctx.tenant, &ctx.name)
+                    .decision(decision)
+                    .detail(detail);
+                if let Err(e) = self.commit(rec).await {
+                    return Some(e.reply(id));
+                }
+            }
+            match answer {
+                Answer::Approved { .. } => {}
+                Answer::Withdrawn if cancel.try_recv().is_ok() => return None,
+                other => {
+                    let why = match other {
+                        Answer::Denied { by_uid } => {
+                            format!("refused by the operator (uid {by_uid})")
+                        }
+                        Answer::Expired => format!(
+                            "not answered within {} s (agentctl consent approve {})",
+                            self.consents.timeout().as_secs(),
+                            req.id
+                        ),
+                        _ => "withdrawn".to_string(),
+                    };
+                    return Some(jsonrpc::error(
+                        id,
+                        jsonrpc::CONSENT_REFUSED,
+                        &format!(
+                            "tool \"{name}\" needs operator consent for \"{capability}\": {why}"
+                        ),
+                        json!({"consent_id": req.id, "decision": decision.as_str()}),
+                    ));
+                }
+            }
+        }
+        // Durable before the tool can have an effect: fail closed when the trail cannot write.
+        if let Some(rec) = self.gate_record(ctx, Decision::Allow, base.clone())
+            && let Err(e) = self.commit(rec).await
+        {
+            return Some(e.reply(id));
+        }
+        let started = Instant::now();
+        let outcome = self.tools.call(&ctx.caller, name, args, cancel).await;
+        let elapsed = started.elapsed();
+        let (reply, summary) = match outcome {
+            Ok(v) => {
+                let is_error = v.get("isError").and_then(Value::as_bool).unwrap_or(false);
+                let digest = self.tools.redact(name, &v);
+                (
+                    Some(jsonrpc::result(id, v)),
+                    json!({"ok": !is_error, "result": digest}),
+                )
+            }
+            Err(ToolError::Cancelled(_)) => (None, json!({"ok": false, "error": "cancelled"})),
+            Err(e @ ToolError::UnknownTool(_)) => (
+                Some(jsonrpc::error(
+                    id,
+                    jsonrpc::INVALID_PARAMS,
+                    &e.to_string(),
+                    Value::Null,
+                )),
+                json!({"ok": false, "error": e.to_string()}),
+            ),
+            Err(e) => (
+                // Execution errors (bad arguments, timeout, tool failure) go back as a tool
+                // result with isError, so the model can read them and correct itself.
+                Some(jsonrpc::result(
+                    id,
+                    json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true}),
+                )),
+                json!({"ok": false, "error": e.to_string()}),
+            ),
+        };
+        if let Some(t) = self.audit() {
+            let mut detail = with(&base, "event", "tool-result");
+            if let (Value::Object(d), Value::Object(s)) = (&mut detail, summary) {
+                d.extend(s);
+            }
+            detail["duration_us"] = json!(elapsed.as_micros() as u64);
+            t.submit_or_count(
+                t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
+                    .detail(detail),
+            );
+        }
+        reply
+    }
+
+    async fn commit(&self, rec: Record) -> Result<(), Unavailable> {
+        match self.audit() {
+            Some(t) => t
+                .commit(rec)
+                .await
+                .map(|_| ())
+                .map_err(|e| Unavailable(e.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The audit trail could not record a decision: the call is refused (fail closed).
+struct Unavailable(String);
+
+impl Unavailable {
+    fn reply(&self, id: &Value) -> Vec<u8> {
+        jsonrpc::error(
+            id,
+            jsonrpc::UNAVAILABLE,
+            &format!(
+                "the audit trail cannot record this call, so it is refused: {} (see `agentosd check` and the daemon's journal)",
+                self.0
+            ),
+            Value::Null,
+        )
+    }
+}
+
+fn with(base: &Value, key: &str, v: impl Into<Value>) -> Value {
+    let mut b = base.clone();
+    b[key] = v.into();
+    b
+}
+
+/// How long a tools/list may take before the session gives up on a slow tool server.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+//! The supervisor's side of the agents' MCP sockets (ipc/, mcp/): a socket per agent made before
+//! it starts and handed to it, forgotten when it stops, made again when a restarted daemon
+//! re-adopts it. A child module of `supervisor`, so it sees the agents' private state.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{Agent, Error, Supervisor};
+use crate::ipc::{AgentRef, IpcServer};
+use crate::mcp::{CallerCtx, McpService, Policy};
+use crate::sandbox::identity;
+
+/// What the daemon set up for tool calls (see [`Supervisor::set_mcp`]).
+pub struct McpHooks {
+    pub ipc: Arc<IpcServer>,
+    pub service: Arc<McpService>,
+    /// Sockets live in `RUN_DIR/agents/<tenant>/<name>.sock`.
+    pub run_dir: PathBuf,
+}
+
+/// What the agent's process gets: `AGENTOS_SOCKET` (a path to connect to) and
+/// `AGENTOS_SOCKET_FD` (an inherited connected socket).
+pub struct AgentSocket {
+    pub path: PathBuf,
+    pub inherited: OwnedFd,
+}
+
+impl Supervisor {
+    /// Serve the agents' MCP sockets with `ipc` and `service` (the daemon sets this once).
+    pub fn set_mcp(&self, hooks: McpHooks) {
+        let _ = self.mcp.set(hooks);
+    }
+
+    /// The MCP service, when the daemon set one up.
+    pub fn mcp(&self) -> Option<&McpHooks> {
+        self.mcp.get()
+    }
+
+    /// The path of an agent's socket.
+    pub fn socket_path(&self, tenant: &str, name: &str) -> Option<PathBuf> {
+        self.mcp.get().map(|m| {
+            m.run_dir
+                .join("agents")
+                .join(tenant)
+                .join(format!("{name}.sock"))
+        })
+    }
+
+    fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
+        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
+        let rel = agent
+            .cgroup
+            .path()
+            .strip_prefix(&self.cgroup_mount)
+            .map(|p| PathBuf::from("/").join(p))
+            .map_err(|_| {
+                format!(
+                    "cgroup {} is not under the cgroup2 mount {}",
+                    agent.cgroup.path().display(),
+                    self.cgroup_mount.display()
+                )
+            })?;
+        Ok(AgentRef {
+            id: agent.id.clone(),
+            cgroup: rel,
+            cgroup_dir: agent.cgroup.path().to_path_buf(),
+            uid,
+            gid: uid,
+        })
+    }
+
+    /// Make the agent's socket (listening at its path) and an inherited connection, before its
+    /// first process exists. `None` when the daemon serves no tools.
+    pub(super) fn mcp_open(&self, agent: &Agent) -> Result<Option<AgentSocket>, Error> {
+        let Some(m) = self.mcp.get() else {
+            return Ok(None);
+        };
+        let Some(path) = self.socket_path(&agent.tenant, &agent.name) else {
+            return Ok(None);
+        };
+        let r = self
+            .agent_ref(agent)
+            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
+        m.ipc.listen(&r, &path).map_err(|e| {
+            Error::Kernel(format!(
+                "agent {}: MCP socket {}: {e}",
+                agent.id,
+                path.display()
+            ))
+        })?;
+        let inherited = m
+            .ipc
+            .pair(&r)
+            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket pair: {e}", agent.id)))?;
+        Ok(Some(AgentSocket { path, inherited }))
+    }
+
+    /// A re-adopted agent gets its socket path back (its inherited connection died with the
+    /// previous daemon; clients reconnect to `AGENTOS_SOCKET`).
+    pub(super) fn mcp_relisten(&self, agent: &Agent) -> Option<String> {
+        let m = self.mcp.get()?;
+        let path = self.socket_path(&agent.tenant, &agent.name)?;
+        let r = match self.agent_ref(agent) {
+            Ok(r) => r,
+            Err(e) => return Some(format!("MCP socket not restored: {e}")),
+        };
+        m.ipc
+            .listen(&r, &path)
+            .err()
+            .map(|e| format!("MCP socket {} not restored: {e}", path.display()))
+    }
+
+    /// The agent stopped: close its socket and connections, withdraw its consent requests and
+    /// stop its tool servers.
+    pub(super) fn mcp_forget(&self, agent: &Agent) {
+        let Some(m) = self.mcp.get() else {
+            return;
+        };
+        m.ipc.forget(&agent.id);
+        m.service.consents().withdraw_agent(&agent.id);
+        let tools = m.service.tools().clone();
+        let id = agent.id.clone();
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move { tools.forget(&id).await });
+        }
+    }
+
+    /// Who is calling, for the gate: from the agent's contract, read once per connection.
+    pub fn mcp_caller(&self, agent_id: &str) -> Result<CallerCtx, String> {
+        let agent = self.find(agent_id).map_err(|e| e.to_string())?;
+        if !agent.state().is_active() {
+            return Err(format!("agent {agent_id} is {}", agent.state().as_str()));
+        }
+        let contract = super::agent_contract(&agent)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                format!("agent {agent_id} was started without a contract, so it has no tools")
+            })?;
+        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
+        let home = identity::home_dir(&self.cfg.state_dir, &agent.tenant, &agent.name);
+        Ok(CallerCtx {
+            id: agent.id.clone(),
+            tenant: agent.tenant.clone(),
+            name: agent.name.clone(),
+            policy: Policy::from_contract(&contract),
+            caller: crate::tools::Caller::from_contract(&contract, &home, uid, uid),
+        })
+    }
+}

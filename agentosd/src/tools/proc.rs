@@ -1,0 +1,294 @@
+//! Start one sandboxed tool process: a private scratch directory, its own cgroup under
+//! `<root>/tools/`, the caller's uid/gid, no capabilities, `no_new_privs`, the Landlock plan of
+//! [`super::scope`], the agents' seccomp filter, stdio on pipes, every other fd closed.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use contracts::tool::{ToolManifest, expand_args};
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+use super::{Caller, RunnerConfig, scope};
+use crate::cgroup::Cgroup;
+use crate::sandbox::{self, PreparedSandbox};
+use crate::spawn::{self, Stdio};
+use crate::sys::{self, ExitStatus};
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Default `pids.max` of a tool's cgroup when the manifest names none (a fork bomb in a tool
+/// must not take the host down).
+pub const DEFAULT_PIDS: u64 = 256;
+
+/// A started tool process.
+pub struct Proc {
+    pub pid: u32,
+    pub pidfd: Arc<OwnedFd>,
+    pub stdin: pipe::Sender,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+    pub cgroup: Cgroup,
+    pub scratch: PathBuf,
+    pub notes: Vec<String>,
+}
+
+/// Where one process lives: `<state>/tools/scratch/<id>` and `<root>/tools/<id>`.
+pub struct Place {
+    pub id: String,
+    pub scratch: PathBuf,
+    pub cgroup: Cgroup,
+}
+
+impl Place {
+    pub fn new(cfg: &RunnerConfig, id: String) -> Place {
+        Place {
+            scratch: cfg.state_dir.join("tools").join("scratch").join(&id),
+            cgroup: cfg.cgroup_root.child("tools").child(&id),
+            id,
+        }
+    }
+}
+
+fn chmod(p: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+}
+
+/// `<state>/tools/scratch/<id>`, mode 0700, owned by the caller; the directories above it
+/// root's, 0711 (traversable, not listable), like the agents' state directories.
+fn make_scratch(cfg: &RunnerConfig, scratch: &Path, uid: u32, gid: u32) -> Result<(), String> {
+    let e = |what: &str, p: &Path, err: std::io::Error| format!("{what} {}: {err}", p.display());
+    std::fs::create_dir_all(scratch).map_err(|err| e("create", scratch, err))?;
+    let tools = cfg.state_dir.join("tools");
+    for d in [cfg.state_dir.as_path(), &tools, &tools.join("scratch")] {
+        let mode = std::fs::metadata(d)
+            .map_err(|err| e("stat", d, err))?
+            .permissions()
+            .mode();
+        if mode & 0o001 == 0 {
+            chmod(d, (mode & 0o7777) | 0o711).map_err(|err| e("chmod", d, err))?;
+        }
+    }
+    std::os::unix::fs::chown(scratch, Some(uid), Some(gid))
+        .map_err(|err| e("chown", scratch, err))?;
+    chmod(scratch, 0o700).map_err(|err| e("chmod", scratch, err))
+}
+
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd), String> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe2: {e}"))
+}
+
+/// Start `m` for `caller` at `place`. `scope` is the caller's scope of the tool's capability
+/// (`{scope}`, `$AGENTOS_SCOPE`). On error everything made so far is removed again.
+pub async fn launch(
+    m: &ToolManifest,
+    caller: &Caller,
+    cfg: &RunnerConfig,
+    place: &Place,
+    scope_list: &[String],
+) -> Result<Proc, String> {
+    match launch_inner(m, caller, cfg, place, scope_list).await {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            cleanup(&place.cgroup, &place.scratch).await;
+            Err(e)
+        }
+    }
+}
+
+async fn launch_inner(
+    m: &ToolManifest,
+    caller: &Caller,
+    cfg: &RunnerConfig,
+    place: &Place,
+    scope_list: &[String],
+) -> Result<Proc, String> {
+    let program = m.program();
+    make_scratch(cfg, &place.scratch, caller.uid, caller.gid)?;
+    let eff = scope::effective(&m.needs, caller);
+    let cx = scope::arg_context(&eff, caller, &place.scratch, scope_list);
+    let args = expand_args(&program.args, &cx);
+    let plan = scope::plan(&eff, &m.needs.runtime, &program.command, &place.scratch)
+        .map_err(|e| e.to_string())?;
+    let mut notes = Vec::new();
+    let landlock = match sandbox::landlock::kernel_abi() {
+        None if caller.grants.must_landlock => {
+            return Err(format!(
+                "agent {} requires landlock (must) but this kernel has none",
+                caller.agent
+            ));
+        }
+        None => {
+            notes.push(
+                "landlock: not available, the tool's filesystem scope is not enforced".into(),
+            );
+            None
+        }
+        Some(_) => sandbox::landlock::build(&plan, caller.grants.must_landlock)
+            .map_err(|e| e.to_string())?,
+    };
+    let seccomp = sandbox::seccomp::compiled().map_err(|e| e.to_string())?;
+    let prepared = PreparedSandbox {
+        uid: caller.uid,
+        gid: caller.gid,
+        home: place.scratch.clone(),
+        landlock,
+        seccomp,
+        notes: notes.clone(),
+        last_cap: sandbox::cap_last_cap(),
+    };
+
+    let scratch = place.scratch.display().to_string();
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), PATH.into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("HOME".into(), scratch.clone()),
+        ("TMPDIR".into(), scratch.clone()),
+        ("AGENTOS_TOOL".into(), m.name.clone()),
+        ("AGENTOS_AGENT".into(), caller.agent.clone()),
+        ("AGENTOS_TENANT".into(), caller.tenant.clone()),
+        (
+            "AGENTOS_SCOPE".into(),
+            serde_json::to_string(scope_list).unwrap_or_else(|_| "[]".into()),
+        ),
+    ];
+    for (k, v) in &program.env {
+        let v = v
+            .replace("{state}", &caller.home.display().to_string())
+            .replace("{agent}", &caller.agent)
+            .replace("{scratch}", &scratch);
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v));
+    }
+
+    // The cgroup: created fresh, limits set before anything runs in it.
+    let tools_cg = cfg.cgroup_root.child("tools");
+    tools_cg.create().map_err(|e| e.to_string())?;
+    cfg.cgroup_root.enable_subtree(&["memory", "pids"]);
+    let enabled = tools_cg.enable_subtree(&["memory", "pids"]);
+    place.cgroup.create().map_err(|e| e.to_string())?;
+    let pids = m.limits.pids.unwrap_or(DEFAULT_PIDS);
+    if enabled.iter().any(|c| c == "pids") {
+        place
+            .cgroup
+            .set("pids.max", &pids.to_string())
+            .map_err(|e| e.to_string())?;
+    } else if m.limits.pids.is_some() {
+        return Err("limits.pids: the pids controller is not available for tool cgroups".into());
+    } else {
+        notes.push("pids controller unavailable: no process limit".into());
+    }
+    if let Some(mem) = m.limits.mem_bytes {
+        if !enabled.iter().any(|c| c == "memory") {
+            return Err(
+                "limits.mem: the memory controller is not available for tool cgroups".into(),
+            );
+        }
+        place
+            .cgroup
+            .set("memory.max", &mem.to_string())
+            .map_err(|e| e.to_string())?;
+        let _ = place.cgroup.set("memory.swap.max", "0");
+    }
+
+    let (in_r, in_w) = pipe_pair()?;
+    let (out_r, out_w) = pipe_pair()?;
+    let (err_r, err_w) = pipe_pair()?;
+    let cmd = spawn::Command {
+        program: program.command.clone(),
+        args,
+        env,
+        cwd: place.scratch.clone(),
+        log_file: PathBuf::from("/dev/null"),
+        sandbox: Some(prepared),
+        sched: Default::default(),
+        inherit_fd: None,
+    };
+    let dirfd = place.cgroup.open_dir().map_err(|e| e.to_string())?;
+    let child = tokio::task::spawn_blocking(move || {
+        let stdio = Stdio {
+            stdin: in_r.as_fd(),
+            stdout: out_w.as_fd(),
+            stderr: err_w.as_fd(),
+        };
+        // The child's ends are closed here when the closure returns.
+        spawn::spawn_with_stdio(&cmd, &dirfd, Some(stdio))
+    })
+    .await
+    .map_err(|e| format!("spawn task: {e}"))?
+    .map_err(|e| e.to_string())?;
+    let pipe_err = |e: std::io::Error| format!("pipe: {e}");
+    Ok(Proc {
+        pid: child.pid,
+        pidfd: Arc::new(child.pidfd),
+        stdin: pipe::Sender::from_owned_fd(in_w).map_err(pipe_err)?,
+        stdout: pipe::Receiver::from_owned_fd(out_r).map_err(pipe_err)?,
+        stderr: pipe::Receiver::from_owned_fd(err_r).map_err(pipe_err)?,
+        cgroup: place.cgroup.clone(),
+        scratch: place.scratch.clone(),
+        notes,
+    })
+}
+
+/// Wait until the process behind `pidfd` (our child) has exited and reap it.
+pub async fn wait_exit(pidfd: &Arc<OwnedFd>) -> ExitStatus {
+    // SAFETY: the fd is owned by the Arc<OwnedFd> moved into the AsyncFd, so it stays open and
+    // refers to the same pidfd for the AsyncFd's whole lifetime.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(pidfd.clone(), tokio::io::Interest::READABLE) };
+    let Ok(afd) = registered else {
+        // Not pollable (should not happen with a pidfd): poll with a timer instead.
+        loop {
+            match sys::pidfd_try_wait(pidfd.as_fd()) {
+                Ok(Some(s)) => return s,
+                Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(_) => return ExitStatus::Unknown,
+            }
+        }
+    };
+    loop {
+        match afd.readable().await {
+            Ok(mut guard) => match sys::pidfd_try_wait(pidfd.as_fd()) {
+                Ok(Some(s)) => return s,
+                Ok(None) => {
+                    guard.clear_ready();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(_) => return ExitStatus::Unknown,
+            },
+            Err(_) => return ExitStatus::Unknown,
+        }
+    }
+}
+
+/// Kill everything left in the cgroup (`cgroup.kill`), wait until it is empty, remove it and
+/// the scratch directory.
+pub async fn cleanup(cg: &Cgroup, scratch: &Path) {
+    if cg.exists() {
+        if let Err(e) = cg.kill() {
+            tracing::warn!("tools: {e}");
+        }
+        let _ = cg
+            .wait_events("tool cgroup to empty", Duration::from_secs(5), |e| {
+                !e.populated
+            })
+            .await;
+        if let Err(e) = cg.remove() {
+            tracing::warn!("tools: {e}");
+        }
+    }
+    if scratch.exists()
+        && let Err(e) = std::fs::remove_dir_all(scratch)
+    {
+        tracing::warn!("tools: remove {}: {e}", scratch.display());
+    }
+}
+
+/// Kill the tool's processes now (timeout, cancel, output overflow).
+pub fn kill(cg: &Cgroup) {
+    if let Err(e) = cg.kill() {
+        tracing::warn!("tools: {e}");
+    }
+}

@@ -1,0 +1,493 @@
+//! Tool calls end to end with real peers: an agent under agentosd uses its tools through the
+//! official MCP Python SDK (PyPI `mcp`) and the `agentos-mcp` bridge; one tool is the published
+//! MCP filesystem server from npm, run sandboxed behind the daemon. The gate, consent (answered
+//! with agentctl), malformed input and the audit trail are checked from the outside. Root only;
+//! the peers come from `cargo xtask mcp-peers` (`cargo xtask test` installs them).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use common::{Bus, Daemon, TestCgroup};
+
+/// The installed peers: `$AGENTOS_MCP_PEERS`, else `target/mcp-peers`.
+fn peers() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("AGENTOS_MCP_PEERS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join("target")
+                .join("mcp-peers")
+        });
+    for need in [
+        "venv/bin/python3",
+        "node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js",
+    ] {
+        if !dir.join(need).exists() {
+            return Err(format!(
+                "{} is missing: run `cargo xtask mcp-peers` (installs the MCP Python SDK and MCP servers from npm)",
+                dir.join(need).display()
+            ));
+        }
+    }
+    Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn write(p: &Path, text: &str, mode: u32) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+    chmod(p, mode);
+}
+
+/// An example from examples/tools. Its `limits:` block (the last one) is left out: declared
+/// limits fail closed where cgroup2 lacks the pids and memory controllers (this host's hybrid
+/// hierarchy); the VM suite runs the examples as shipped.
+fn example(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/tools")
+        .join(name);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    match text.find("\nlimits:") {
+        Some(i) => text[..=i].to_string(),
+        None => text,
+    }
+}
+
+/// The steps the agent printed so far (JSON lines with a "step").
+fn steps(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("step").is_some())
+        .collect()
+}
+
+fn step<'a>(all: &'a [Value], name: &str) -> &'a Value {
+    all.iter()
+        .find(|v| v["step"] == name)
+        .unwrap_or_else(|| panic!("no step {name} in {all:#?}"))
+}
+
+struct Setup {
+    _bus: Bus,
+    _cg: TestCgroup,
+    dir: tempfile::TempDir,
+    d: Daemon,
+    files: PathBuf,
+}
+
+fn setup(tag: &str, peers: &Path) -> Setup {
+    let bus = Bus::start();
+    let cg = TestCgroup::new(tag);
+    let dir = tempfile::tempdir().unwrap();
+    // Agents (their own uids) must be able to walk to their home and the test files.
+    chmod(dir.path(), 0o711);
+    let files = dir.path().join("t");
+    std::fs::create_dir_all(&files).unwrap();
+    chmod(&files, 0o755);
+    write(&files.join("wordcount.py"), &example("wordcount.py"), 0o755);
+    write(&files.join("agent.py"), include_str!("mcp/agent.py"), 0o644);
+    write(
+        &files.join("data/allowed/note.txt"),
+        "hello from the allowed directory\n",
+        0o644,
+    );
+    write(
+        &files.join("data/secret/key.txt"),
+        "the agent must never read this\n",
+        0o644,
+    );
+    chmod(&files.join("data"), 0o755);
+    chmod(&files.join("data/allowed"), 0o755);
+    chmod(&files.join("data/secret"), 0o755);
+
+    let tools = dir.path().join("tools.d");
+    let wc = files.join("wordcount.py").display().to_string();
+    write(
+        &tools.join("text-wordcount.yaml"),
+        &example("text-wordcount.yaml").replace("/usr/lib/agentos/tools/wordcount.py", &wc),
+        0o644,
+    );
+    write(
+        &tools.join("clock-now.yaml"),
+        &example("clock-now.yaml"),
+        0o644,
+    );
+    let node_modules = peers.join("node/node_modules").display().to_string();
+    write(
+        &tools.join("files.yaml"),
+        &example("files.yaml").replace("/opt/agentos/tools/node_modules", &node_modules),
+        0o644,
+    );
+    write(
+        &tools.join("payment-charge.yaml"),
+        r#"apiVersion: agentos/v0.2
+kind: Tool
+name: payment.charge
+description: Pretend to charge an amount (for the consent test).
+risk: high
+timeout_ms: 5000
+exec:
+  command: /bin/sh
+  args: ["-c", "cat >/dev/null; echo '{\"charged\": true}'"]
+input_schema:
+  type: object
+  properties:
+    amount: {type: integer, minimum: 1}
+    api_key: {type: string}
+  required: [amount]
+  additionalProperties: false
+"#,
+        0o644,
+    );
+    write(
+        &tools.join("slow-sleep.yaml"),
+        r#"apiVersion: agentos/v0.2
+kind: Tool
+name: slow.sleep
+description: Sleep two seconds (for the in-flight limit test).
+risk: low
+timeout_ms: 20000
+exec:
+  command: /bin/sh
+  args: ["-c", "sleep 2; echo '{}'"]
+input_schema: {type: object}
+"#,
+        0o644,
+    );
+    let d = Daemon::start_with(
+        &bus,
+        &cg.path,
+        dir.path(),
+        &[
+            "--tools-dir",
+            tools.to_str().unwrap(),
+            "--consent-timeout",
+            "3",
+        ],
+    );
+    Setup {
+        _bus: bus,
+        _cg: cg,
+        dir,
+        d,
+        files,
+    }
+}
+
+/// The agent's contract: granted text.wordcount, files, payment.charge (with consent) and
+/// slow.sleep; not clock.now. It reads its own files, the peers and the bridge, and
+/// data/allowed (which the filesystem server then gets); not data/secret.
+fn agent_contract(s: &Setup, peers: &Path, name: &str) -> PathBuf {
+    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bin_dir = bridge.parent().unwrap().display().to_string();
+    let t = s.files.display();
+    let p = peers.display();
+    let text = format!(
+        r#"apiVersion: agentos/v0.2
+kind: AgentContract
+name: {name}
+class: {{ latency: DT }}
+exec:
+  command: {p}/venv/bin/python3
+  args: ["{t}/agent.py", "{bridge}", "{t}/data/allowed/note.txt", "{t}/data/secret/key.txt"]
+  env: {{ PYTHONDONTWRITEBYTECODE: "1" }}
+capabilities:
+  - text.wordcount
+  - files
+  - payment.charge
+  - slow.sleep
+  - fs.read: ["{t}/agent.py", "{t}/data/allowed", "{p}/venv", "{bin_dir}"]
+  - fs.exec: [/usr, /bin, /lib, "{p}/venv", "{bin_dir}"]
+security: {{ consent_for: [payment.charge] }}
+compute: {{ pids: 256 }}
+"#,
+        bridge = bridge.display()
+    );
+    let f = s.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
+fn consent_list(d: &Daemon) -> Vec<Value> {
+    serde_json::from_str(&d.ctl_ok(&["consent", "list", "--json"])).unwrap()
+}
+
+#[test]
+fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
+    skip_unless_capable!();
+    let peers = match peers() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let s = setup("mcp", &peers);
+    let f = agent_contract(&s, &peers, "buyer");
+    s.d.ctl_ok(&["start", f.to_str().unwrap()]);
+    let log = s.dir.path().join("logs/default/buyer.log");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut answered = Vec::new();
+    loop {
+        let all = steps(&log);
+        if all.iter().any(|v| v["step"] == "done") {
+            break;
+        }
+        for (asking, approve) in [
+            ("consent-approve-asking", true),
+            ("consent-deny-asking", false),
+        ] {
+            if all.iter().any(|v| v["step"] == asking) && !answered.contains(&asking) {
+                // The held call is listed, with its secret redacted.
+                let listed = consent_list(&s.d);
+                if listed.len() == 1 {
+                    let req = &listed[0];
+                    assert_eq!(req["agent"], "default/buyer", "{req}");
+                    assert_eq!(req["tool"], "payment.charge", "{req}");
+                    assert_eq!(req["arguments"]["amount"], 12, "{req}");
+                    let key = req["arguments"]["api_key"].to_string();
+                    assert!(
+                        !key.contains("sk-live-123") && key.contains("sha256:"),
+                        "the secret is shown to the operator: {req}"
+                    );
+                    let id = req["id"].as_u64().unwrap().to_string();
+                    s.d.ctl_ok(&["consent", if approve { "approve" } else { "deny" }, &id]);
+                    // Answered twice: the second finds nothing.
+                    let again = s.d.ctl(&["consent", "approve", &id]);
+                    assert!(!again.status.success(), "a second answer was taken");
+                    answered.push(asking);
+                }
+            }
+        }
+        let state = s.d.status_json("buyer")["state"].clone();
+        if Instant::now() > deadline || (state != "running" && !all.is_empty()) {
+            panic!(
+                "the agent did not finish (state {state}, at most 180 s); its log:\n{}\ndaemon log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                s.d.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let all = steps(&log);
+    let dump = format!(
+        "agent log:\n{}\ndaemon log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        s.d.log_text()
+    );
+
+    // The SDK's handshake and the list: only granted tools (clock.now is installed, not granted).
+    let init = step(&all, "initialize");
+    assert_eq!(init["server"], "agentosd", "{dump}");
+    let tools: Vec<String> = serde_json::from_value(step(&all, "list")["tools"].clone()).unwrap();
+    assert!(tools.contains(&"text.wordcount".to_string()), "{tools:?}");
+    assert!(tools.contains(&"payment.charge".to_string()), "{tools:?}");
+    assert!(
+        tools.iter().any(|t| t == "files.read_text_file"),
+        "the filesystem server's tools are proxied: {tools:?}\n{dump}"
+    );
+    assert!(!tools.iter().any(|t| t.starts_with("clock.")), "{tools:?}");
+
+    // An exec tool, sandboxed, end to end.
+    let wc = step(&all, "wordcount");
+    assert_eq!(wc["ok"], true, "{wc}\n{dump}");
+    assert_eq!(wc["structured"]["words"], 4, "{wc}");
+    assert_eq!(wc["structured"]["top"][0]["word"], "two", "{wc}");
+    // Wrong arguments: refused by the schema before anything ran, as a tool error.
+    let bad = step(&all, "wordcount-bad-args");
+    assert_eq!(bad["is_error"], true, "{bad}");
+    assert!(bad["text"].as_str().unwrap().contains("text"), "{bad}");
+    // Not granted: a clear MCP error.
+    let ungranted = step(&all, "ungranted");
+    assert_eq!(ungranted["code"], -32001, "{ungranted}");
+    assert!(
+        ungranted["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not grant"),
+        "{ungranted}"
+    );
+    assert_eq!(step(&all, "unknown")["code"], -32602);
+
+    // The npm filesystem server, behind the daemon: the granted directory, and nothing else.
+    let allowed = step(&all, "read-allowed");
+    assert_eq!(allowed["ok"], true, "{allowed}\n{dump}");
+    assert!(
+        allowed["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the allowed directory"),
+        "{allowed}"
+    );
+    let forbidden = step(&all, "read-forbidden");
+    assert_ne!(forbidden["ok"], true, "{forbidden}");
+    assert!(
+        !forbidden.to_string().contains("must never read"),
+        "the secret file leaked: {forbidden}"
+    );
+
+    // Consent: approved → runs; denied → MCP error; unanswered → expires.
+    let approved = step(&all, "consent-approve");
+    assert_eq!(approved["ok"], true, "{approved}\n{dump}");
+    assert_eq!(approved["structured"]["charged"], true, "{approved}");
+    let denied = step(&all, "consent-deny");
+    assert_eq!(denied["code"], -32002, "{denied}");
+    assert!(
+        denied["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused by the operator")
+    );
+    let expired = step(&all, "consent-expire");
+    assert_eq!(expired["code"], -32002, "{expired}");
+    assert!(
+        expired["message"]
+            .as_str()
+            .unwrap()
+            .contains("not answered")
+    );
+    assert!(consent_list(&s.d).is_empty());
+
+    // Malformed input on a raw connection.
+    let code = |name: &str| step(&all, name)["reply"]["error"]["code"].clone();
+    assert_eq!(code("raw-before-initialize"), -32006);
+    assert_eq!(code("raw-not-json"), -32700);
+    assert_eq!(code("raw-batch"), -32600);
+    assert_eq!(code("raw-huge"), -32600);
+    assert!(
+        step(&all, "raw-huge")["reply"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the limit")
+    );
+    assert_eq!(
+        step(&all, "raw-after-huge")["reply"]["result"],
+        serde_json::json!({})
+    );
+    assert_eq!(code("raw-unknown-method"), -32601);
+    let flood = step(&all, "raw-flood");
+    assert_eq!(flood["answered"], 20000, "{flood}");
+    assert_eq!(flood["in_order"], true, "{flood}");
+    let inflight = step(&all, "raw-in-flight");
+    assert_eq!(inflight["too_many"], 8, "{inflight}");
+    assert_eq!(inflight["ok"], 32, "{inflight}");
+
+    // The audit trail has every decision, and never the secret.
+    let audit_log = s.dir.path().join("audit/audit.log");
+    let text = std::fs::read_to_string(&audit_log).unwrap();
+    assert!(
+        !text.contains("sk-live-123"),
+        "a secret reached the audit log"
+    );
+    let recs: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &Value| r["agent"] == "buyer")
+        .collect();
+    let has = |kind: &str, decision: &str, tool: &str| {
+        recs.iter()
+            .any(|r| r["kind"] == kind && r["decision"] == decision && r["detail"]["tool"] == tool)
+    };
+    assert!(has("gate", "allow", "text.wordcount"), "{recs:#?}");
+    assert!(has("gate", "deny", "clock.now"), "{recs:#?}");
+    assert!(has("gate", "deny", "no.such.tool"));
+    assert!(has("gate", "held", "payment.charge"));
+    assert!(has("consent", "approved", "payment.charge"));
+    assert!(has("consent", "rejected", "payment.charge"));
+    assert!(has("consent", "expired", "payment.charge"));
+    let approved_rec = recs
+        .iter()
+        .find(|r| r["kind"] == "consent" && r["decision"] == "approved")
+        .unwrap();
+    assert_eq!(approved_rec["detail"]["operator_uid"], 0, "{approved_rec}");
+    assert!(
+        recs.iter()
+            .filter(|r| r["kind"] == "gate")
+            .all(|r| r["binding"].is_string()),
+        "gate records carry the binding hash"
+    );
+    let verify = std::process::Command::new(common::agentctl_bin())
+        .args(["audit", "verify", "--state-dir"])
+        .arg(s.dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+#[test]
+fn a_process_outside_the_agent_is_refused_at_the_socket() {
+    skip_unless_capable!();
+    let peers = match peers() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let s = setup("mcpref", &peers);
+    let f = common::contract(
+        s.dir.path(),
+        "idle",
+        r#"{ command: /bin/sh, args: ["-c", "sleep 600"] }"#,
+        "capabilities: [text.wordcount]\n",
+    );
+    s.d.ctl_ok(&["start", f.to_str().unwrap()]);
+    s.d.wait_state("idle", "running", 10);
+    let sock = s.dir.path().join("run/agents/default/idle.sock");
+    let meta = std::fs::metadata(&sock).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // This test process is root but not in the agent's cgroup: no byte comes back.
+    let mut c = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    use std::io::{Read, Write};
+    let _ = c.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+    let mut buf = Vec::new();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = c.read_to_end(&mut buf);
+    assert!(
+        buf.is_empty(),
+        "an outsider got an answer: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    // The refusal is audited with the peer's pid.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text =
+            std::fs::read_to_string(s.dir.path().join("audit/audit.log")).unwrap_or_default();
+        if let Some(r) = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["detail"]["event"] == "socket-refused")
+        {
+            assert_eq!(r["agent"], "idle");
+            assert_eq!(r["decision"], "deny");
+            assert_eq!(r["detail"]["peer_pid"], std::process::id());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no socket-refused record:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stopping the agent removes its socket.
+    s.d.ctl_ok(&["stop", "idle"]);
+    s.d.wait_state("idle", "inactive", 10);
+    assert!(!sock.exists(), "the socket outlived the agent");
+}
