@@ -26,6 +26,29 @@ pub struct AgentSocket {
     pub inherited: OwnedFd,
 }
 
+/// `RUN_DIR/agents/<tenant>`, each 0711 whatever the umask (systemd's UMask=0027 would make
+/// them 0750): an agent's uid may walk to its own socket but list nobody's.
+fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let agents = run_dir.join("agents");
+    let tenant_dir = agents.join(tenant);
+    std::fs::create_dir_all(&tenant_dir)
+        .map_err(|e| format!("cannot create {}: {e}", tenant_dir.display()))?;
+    for d in [run_dir, &agents, &tenant_dir] {
+        let mode = std::fs::metadata(d)
+            .map_err(|e| format!("{}: {e}", d.display()))?
+            .permissions()
+            .mode();
+        // RUN_DIR itself only needs o+x; leave a stricter or wider mode the operator chose.
+        let want = if d == run_dir { mode | 0o011 } else { 0o711 };
+        if mode & 0o7777 != want & 0o7777 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(want & 0o7777))
+                .map_err(|e| format!("cannot chmod {}: {e}", d.display()))?;
+        }
+    }
+    Ok(())
+}
+
 impl Supervisor {
     /// Serve the agents' MCP sockets with `ipc` and `service` (the daemon sets this once).
     pub fn set_mcp(&self, hooks: McpHooks) {
@@ -82,6 +105,8 @@ impl Supervisor {
         let r = self
             .agent_ref(agent)
             .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
+        socket_dirs(&m.run_dir, &agent.tenant)
+            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
         m.ipc.listen(&r, &path).map_err(|e| {
             Error::Kernel(format!(
                 "agent {}: MCP socket {}: {e}",
@@ -105,6 +130,9 @@ impl Supervisor {
             Ok(r) => r,
             Err(e) => return Some(format!("MCP socket not restored: {e}")),
         };
+        if let Err(e) = socket_dirs(&m.run_dir, &agent.tenant) {
+            return Some(format!("MCP socket not restored: {e}"));
+        }
         m.ipc
             .listen(&r, &path)
             .err()

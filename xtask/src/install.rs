@@ -5,7 +5,7 @@
 //!
 //! | what | where |
 //! |---|---|
-//! | `agentosd`, `agentctl` | `PREFIX/bin/` |
+//! | `agentosd`, `agentctl`, `agentos-mcp` (the MCP stdio bridge agents run) | `PREFIX/bin/` |
 //! | `agentosd.service` (ExecStart rewritten to PREFIX) | `/etc/systemd/system/`, or `/usr/lib/systemd/system/` when PREFIX is `/usr` |
 //! | D-Bus policy `org.agentos1.conf` | `/usr/share/dbus-1/system.d/` |
 //! | D-Bus activation `org.agentos1.service` | `/usr/share/dbus-1/system-services/` |
@@ -156,6 +156,8 @@ pub fn run(args: InstallArgs) -> Result<()> {
             "agentosd",
             "--bin",
             "agentctl",
+            "--bin",
+            "agentos-mcp",
         ])?;
     }
     let bin_dir = args
@@ -167,7 +169,7 @@ pub fn run(args: InstallArgs) -> Result<()> {
 
     // Binaries.
     let bin = args.prefix.join("bin");
-    for name in ["agentosd", "agentctl"] {
+    for name in ["agentosd", "agentctl", "agentos-mcp"] {
         let src = bin_dir.join(name);
         let data = std::fs::read(&src).with_context(|| {
             format!(
@@ -374,6 +376,12 @@ mod tests {
             b"#!/bin/sh\necho 'error: unrecognized subcommand' >&2\nexit 2\n"
         };
         write_file(&dir.join("agentctl"), agentctl, 0o755).expect("agentctl");
+        write_file(
+            &dir.join("agentos-mcp"),
+            b"#!/bin/sh\necho fake agentos-mcp\n",
+            0o755,
+        )
+        .expect("agentos-mcp");
     }
 
     fn args(tmp: &Path, prefix: &str) -> InstallArgs {
@@ -404,6 +412,7 @@ mod tests {
         for (p, m) in [
             ("opt/agentos/bin/agentosd", 0o755),
             ("opt/agentos/bin/agentctl", 0o755),
+            ("opt/agentos/bin/agentos-mcp", 0o755),
             ("etc/systemd/system/agentosd.service", 0o644),
             ("usr/share/dbus-1/system.d/org.agentos1.conf", 0o644),
             (

@@ -252,12 +252,11 @@ impl McpService {
                 },
             }
         }
-        // The peer is gone: cancel what it was waiting for.
-        let pending: Vec<_> = lock(&s.in_flight).drain().collect();
-        for (_, cancel) in pending {
-            let _ = cancel.send(());
-        }
-        debug!(agent = %s.peer.agent, conn = s.peer.conn, "MCP connection closed");
+        // The peer stopped sending. Calls in flight still finish and are answered (a client
+        // may half-close after its last request, as a shell pipeline into agentos-mcp does);
+        // their tasks hold the outbox, so the connection closes after the last answer. To
+        // stop a call, a client sends notifications/cancelled.
+        debug!(agent = %s.peer.agent, conn = s.peer.conn, "MCP connection: end of input");
     }
 
     fn initialize(&self, ctx: &CallerCtx, params: &Value) -> Value {

@@ -179,6 +179,10 @@ fn install_agentos(b: &Build, root: &Path, run_dir: &Path) -> Result<()> {
     fs::create_dir_all(&bins)?;
     copy_stripped(&b.agentosd, &bins.join("agentosd"))?;
     copy_stripped(&b.agentctl, &bins.join("agentctl"))?;
+    copy_stripped(
+        &b.agentctl.with_file_name("agentos-mcp"),
+        &bins.join("agentos-mcp"),
+    )?;
     crate::install::run(crate::install::InstallArgs {
         prefix: PathBuf::from("/usr/local"),
         destdir: Some(root.to_path_buf()),
