@@ -310,6 +310,10 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     let bad = step(&all, "wordcount-bad-args");
     assert_eq!(bad["is_error"], true, "{bad}");
     assert!(bad["text"].as_str().unwrap().contains("text"), "{bad}");
+    // Arguments too large for an audit record: the call runs, the record keeps a hash.
+    let large = step(&all, "wordcount-large");
+    assert_eq!(large["ok"], true, "{large}\n{dump}");
+    assert_eq!(large["structured"]["words"], 40000, "{large}");
     // Not granted: a clear MCP error.
     let ungranted = step(&all, "ungranted");
     assert_eq!(ungranted["code"], -32001, "{ungranted}");
@@ -402,6 +406,12 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
             .any(|r| r["kind"] == kind && r["decision"] == decision && r["detail"]["tool"] == tool)
     };
     assert!(has("gate", "allow", "text.wordcount"), "{recs:#?}");
+    assert!(
+        recs.iter().any(|r| r["decision"] == "allow"
+            && r["detail"]["arguments"]["bytes"].as_u64() > Some(200_000)
+            && r["detail"]["arguments"]["sha256"].is_string()),
+        "the large call's record keeps the size and hash of its arguments"
+    );
     assert!(has("gate", "deny", "clock.now"), "{recs:#?}");
     assert!(has("gate", "deny", "no.such.tool"));
     assert!(has("gate", "held", "payment.charge"));

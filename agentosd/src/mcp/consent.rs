@@ -37,6 +37,19 @@ pub enum Answer {
     Withdrawn,
 }
 
+/// Requests one agent may have waiting at once; more are refused without asking anyone, so an
+/// agent cannot bury the operators (or the D-Bus signal) in requests.
+pub const MAX_PENDING_PER_AGENT: usize = 16;
+
+/// Why a request was not made.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AskError {
+    #[error(
+        "agent {agent} already has {n} calls waiting for consent (the limit); answer or let them expire first"
+    )]
+    TooMany { agent: String, n: usize },
+}
+
 /// Why an answer was not taken.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AnswerError {
@@ -98,7 +111,15 @@ impl Consents {
         tool: &str,
         capability: &str,
         arguments: serde_json::Value,
-    ) -> (Request, oneshot::Receiver<Answer>) {
+    ) -> Result<(Request, oneshot::Receiver<Answer>), AskError> {
+        let mut pending = lock(&self.pending);
+        let n = pending.values().filter(|p| p.req.agent == agent).count();
+        if n >= MAX_PENDING_PER_AGENT {
+            return Err(AskError::TooMany {
+                agent: agent.to_string(),
+                n,
+            });
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let now = now_us();
         let req = Request {
@@ -111,15 +132,16 @@ impl Consents {
             expires_us: now + self.timeout.as_micros() as u64,
         };
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(
+        pending.insert(
             id,
             Pending {
                 req: req.clone(),
                 tx,
             },
         );
+        drop(pending);
         let _ = self.announce.send(req.clone());
-        (req, rx)
+        Ok((req, rx))
     }
 
     /// Waits for the answer to request `id`; after the timeout the request is removed and the
@@ -195,7 +217,9 @@ mod tests {
     async fn approve_deny_and_expiry() {
         let c = std::sync::Arc::new(Consents::new(Duration::from_millis(300)));
         let mut sig = c.subscribe();
-        let (req, rx) = c.ask("t/a", "pay.charge", "pay.charge", json!({"amount": 3}));
+        let (req, rx) = c
+            .ask("t/a", "pay.charge", "pay.charge", json!({"amount": 3}))
+            .unwrap();
         assert_eq!(sig.recv().await.unwrap(), req);
         assert_eq!(c.list(), vec![req.clone()]);
         let c2 = c.clone();
@@ -209,11 +233,11 @@ mod tests {
             Err(AnswerError::NoSuchRequest(req.id))
         );
 
-        let (req, rx) = c.ask("t/a", "x", "x", json!({}));
+        let (req, rx) = c.ask("t/a", "x", "x", json!({})).unwrap();
         c.answer(req.id, false, 0).unwrap();
         assert_eq!(c.wait(req.id, rx).await, Answer::Denied { by_uid: 0 });
 
-        let (req, rx) = c.ask("t/a", "x", "x", json!({}));
+        let (req, rx) = c.ask("t/a", "x", "x", json!({})).unwrap();
         assert_eq!(c.wait(req.id, rx).await, Answer::Expired);
         assert!(c.list().is_empty(), "an expired request is not listed");
         assert!(c.answer(req.id, true, 0).is_err());
@@ -222,13 +246,30 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_wait_withdraws_the_request_and_stopping_an_agent_withdraws_its_own() {
         let c = Consents::new(Duration::from_secs(60));
-        let (req, rx) = c.ask("t/a", "x", "x", json!({}));
+        let (req, rx) = c.ask("t/a", "x", "x", json!({})).unwrap();
         let _ = tokio::time::timeout(Duration::from_millis(20), c.wait(req.id, rx)).await;
         assert!(c.list().is_empty());
-        let (a, rx_a) = c.ask("t/a", "x", "x", json!({}));
-        let (_b, _rx_b) = c.ask("t/b", "x", "x", json!({}));
+        let (a, rx_a) = c.ask("t/a", "x", "x", json!({})).unwrap();
+        let (_b, _rx_b) = c.ask("t/b", "x", "x", json!({})).unwrap();
         c.withdraw_agent("t/a");
         assert_eq!(c.list().len(), 1);
         assert_eq!(c.wait(a.id, rx_a).await, Answer::Withdrawn);
+    }
+
+    #[test]
+    fn one_agent_cannot_flood_the_operators() {
+        let c = Consents::new(Duration::from_secs(60));
+        let mut held = Vec::new();
+        for _ in 0..MAX_PENDING_PER_AGENT {
+            held.push(c.ask("t/a", "x", "x", json!({})).unwrap());
+        }
+        assert!(matches!(
+            c.ask("t/a", "x", "x", json!({})),
+            Err(AskError::TooMany { .. })
+        ));
+        // Another agent is not affected; an answer makes room again.
+        assert!(c.ask("t/b", "x", "x", json!({})).is_ok());
+        c.answer(held[0].0.id, false, 0).unwrap();
+        assert!(c.ask("t/a", "x", "x", json!({})).is_ok());
     }
 }

@@ -454,7 +454,7 @@ impl McpService {
             }
         };
         let capability = self.tools.capability_of(name);
-        let redacted = self.tools.redact(name, &args);
+        let redacted = bounded(self.tools.redact(name, &args), AUDIT_VALUE_MAX);
         let base = json!({"tool": name, "capability": capability, "request_id": id, "arguments": redacted});
         let needs_consent = match decide(&ctx.policy, capability.as_deref()) {
             Ok(c) => c,
@@ -511,9 +511,27 @@ impl McpService {
         };
         let capability = capability.unwrap_or_default();
         if needs_consent {
-            let (req, rx) = self
+            let (req, rx) = match self
                 .consents
-                .ask(&ctx.id, name, &capability, redacted.clone());
+                .ask(&ctx.id, name, &capability, redacted.clone())
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    if let Some(t) = self.audit() {
+                        t.submit_or_count(
+                            t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
+                                .decision(Decision::Deny)
+                                .detail(with(&base, "reason", "too-many-pending-consents")),
+                        );
+                    }
+                    return Some(jsonrpc::error(
+                        id,
+                        jsonrpc::CONSENT_REFUSED,
+                        &e.to_string(),
+                        json!({"decision": "deny"}),
+                    ));
+                }
+            };
             if let Some(rec) =
                 self.gate_record(ctx, Decision::Held, with(&base, "consent_id", req.id))
                 && let Err(e) = self.commit(rec).await
@@ -583,7 +601,7 @@ impl McpService {
         let (reply, summary) = match outcome {
             Ok(v) => {
                 let is_error = v.get("isError").and_then(Value::as_bool).unwrap_or(false);
-                let digest = self.tools.redact(name, &v);
+                let digest = bounded(self.tools.redact(name, &v), AUDIT_VALUE_MAX);
                 (
                     Some(jsonrpc::result(id, v)),
                     json!({"ok": !is_error, "result": digest}),
@@ -650,6 +668,25 @@ impl Unavailable {
             Value::Null,
         )
     }
+}
+
+/// Arguments and results kept in an audit record at most this large (serialised); larger ones
+/// are replaced by their size and SHA-256 (a record is at most 64 KiB, and a tool's input may
+/// be megabytes).
+pub const AUDIT_VALUE_MAX: usize = 8 * 1024;
+
+/// `v` itself when small, else `{"omitted": …, "bytes": N, "sha256": HEX}`.
+pub fn bounded(v: Value, max: usize) -> Value {
+    let text = v.to_string();
+    if text.len() <= max {
+        return v;
+    }
+    use sha2::Digest;
+    json!({
+        "omitted": format!("{} bytes, over the {} byte limit for audit records", text.len(), max),
+        "bytes": text.len(),
+        "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())),
+    })
 }
 
 fn with(base: &Value, key: &str, v: impl Into<Value>) -> Value {

@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 fn policy(yaml: &str) -> Policy {
     let c = contracts::parse_contract(yaml, "t.yaml").expect("contract parses");
@@ -43,4 +44,15 @@ security: { consent_for: [\"payment.charge\"] }
 fn an_empty_policy_refuses_everything() {
     let p = Policy::default();
     assert_eq!(decide(&p, Some("text.wordcount")), Err(Refused::NotGranted));
+}
+
+#[test]
+fn large_values_are_bounded_in_audit_records() {
+    let small = json!({"text": "hello"});
+    assert_eq!(bounded(small.clone(), 100), small);
+    let big = json!({"text": "x".repeat(10_000)});
+    let b = bounded(big.clone(), AUDIT_VALUE_MAX);
+    assert_eq!(b["bytes"], big.to_string().len());
+    assert_eq!(b["sha256"].as_str().unwrap().len(), 64);
+    assert!(b.to_string().len() < 300, "{b}");
 }

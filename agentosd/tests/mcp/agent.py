@@ -44,6 +44,8 @@ async def sdk(bridge, allowed, forbidden):
             say("list", tools=sorted(t.name for t in tools.tools))
             await call(s, "wordcount", "text.wordcount", {"text": "one two two three", "top": 1})
             await call(s, "wordcount-bad-args", "text.wordcount", {"text": 5})
+            # 200 KB of arguments: over what an audit record keeps, so the record has its hash.
+            await call(s, "wordcount-large", "text.wordcount", {"text": "word " * 40000})
             await call(s, "ungranted", "clock.now", {})
             await call(s, "unknown", "no.such.tool", {})
             await call(s, "read-allowed", "files.read_text_file", {"path": allowed})
