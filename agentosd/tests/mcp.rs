@@ -236,6 +236,15 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
         }
     };
     let s = setup("mcp", &peers);
+    // Operators hear about held calls: the ConsentRequested signal, seen by dbus-monitor.
+    let signals = s.dir.path().join("signals.txt");
+    let mut monitor = std::process::Command::new("dbus-monitor")
+        .args(["--address", &s.d.bus])
+        .arg("type='signal',interface='org.agentos1.Manager',member='ConsentRequested'")
+        .stdout(std::fs::File::create(&signals).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dbus-monitor (package dbus-bin)");
     let f = agent_contract(&s, &peers, "buyer");
     s.d.ctl_ok(&["start", f.to_str().unwrap()]);
     let log = s.dir.path().join("logs/default/buyer.log");
@@ -282,6 +291,22 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let heard = std::fs::read_to_string(&signals).unwrap_or_default();
+    assert_eq!(
+        heard.matches("member=ConsentRequested").count(),
+        3,
+        "one ConsentRequested per held call:\n{heard}"
+    );
+    assert!(
+        heard.contains("\"payment.charge\"") && heard.contains("\"default/buyer\""),
+        "{heard}"
+    );
+    assert!(
+        !heard.contains("sk-live-123"),
+        "the signal carries the secret: {heard}"
+    );
     let all = steps(&log);
     let dump = format!(
         "agent log:\n{}\ndaemon log:\n{}",
@@ -385,6 +410,11 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     let flood = step(&all, "raw-flood");
     assert_eq!(flood["answered"], 20000, "{flood}");
     assert_eq!(flood["in_order"], true, "{flood}");
+    let cancel = step(&all, "raw-cancel");
+    assert_eq!(
+        cancel["next_reply"]["id"], "after",
+        "a cancelled call was answered: {cancel}"
+    );
     let inflight = step(&all, "raw-in-flight");
     assert_eq!(inflight["too_many"], 8, "{inflight}");
     assert_eq!(inflight["ok"], 32, "{inflight}");

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -107,6 +108,12 @@ def raw():
     too_many = sum(1 for r in replies if r.get("error", {}).get("code") == -32003)
     ok = sum(1 for r in replies if "result" in r)
     say("raw-in-flight", too_many=too_many, ok=ok)
+    # Cancellation: a slow call cancelled right away gets no answer; the next request does.
+    send(b'{"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"slow.sleep","arguments":{}}}')
+    send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow","reason":"test"}}')
+    time.sleep(3)
+    send(b'{"jsonrpc":"2.0","id":"after","method":"ping"}')
+    say("raw-cancel", next_reply=recv())
     s.close()
 
 
