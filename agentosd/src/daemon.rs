@@ -197,6 +197,7 @@ pub async fn run(opts: Options) -> Result<()> {
     sup.set_host_offer(crate::audit_trail::host_offer(&report));
     sup.set_net(setup_net(&root.join("agents"), &report));
     sup.spawn_denial_reader();
+    sup.spawn_kernel_audit_reader();
     setup_mcp(&sup, &opts, &root);
     let missing = sup.missing_controllers();
     if missing.is_empty() {

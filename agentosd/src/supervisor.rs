@@ -172,7 +172,7 @@ pub struct AgentStatus {
     pub notes: Vec<String>,
     /// HRT: deadline overruns seen in the current run (sampled lower bound, see sched.rs).
     pub deadline_misses: Option<u64>,
-    /// Kernel denials (cgroup BPF, BPF LSM) reported since the daemon started.
+    /// Kernel denials (cgroup BPF, BPF LSM, Landlock, seccomp) reported since the daemon started.
     pub denials: u64,
     pub log_path: String,
     pub origin: String,
@@ -519,7 +519,7 @@ impl Supervisor {
 
     pub fn status_of(&self, agent: &Agent) -> AgentStatus {
         let mut st = agent.status(&self.cgroup_mount);
-        st.denials = self.net().map(|n| n.denials(&agent.id)).unwrap_or(0);
+        st.denials = self.kernel_denials(&agent.id);
         st
     }
 

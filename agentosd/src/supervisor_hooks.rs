@@ -2,7 +2,7 @@
 //! out of supervisor.rs so the lifecycle code reads as before. A child module of `supervisor`, so
 //! it sees the agents' private state.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use audit::Decision;
 use serde_json::{Value, json};
@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::{Agent, Error, State, Supervisor, lock};
 use crate::audit_trail::AuditTrail;
 use crate::cgroup::Cgroup;
+use crate::enforce::kaudit;
 use crate::enforce::net::{self, NetEnforcer};
 use crate::sys::ExitStatus;
 
@@ -134,24 +135,7 @@ impl Supervisor {
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
                 if let Some(t) = sup.audit.get() {
-                    let q = t.dropped();
-                    if q > seen_queue {
-                        tracing::warn!(
-                            "audit queue full: {} kernel denial record(s) not written (counted)",
-                            q - seen_queue
-                        );
-                        t.submit(
-                            audit::Record::new(audit::Kind::Denial, "", "")
-                                .decision(Decision::Deny)
-                                .detail(json!({
-                                    "event": "denials-dropped",
-                                    "where": "audit queue full",
-                                    "count": q - seen_queue,
-                                    "total": q,
-                                })),
-                        );
-                        seen_queue = q;
-                    }
+                    report_queue_drops(t, &mut seen_queue);
                 }
                 let dropped = n.stats().events_dropped;
                 if dropped > seen {
@@ -214,6 +198,116 @@ impl Supervisor {
                 "cgroup_id": d.cgroup_id,
             }));
         t.submit_or_count(rec);
+    }
+
+    /// Kernel denials reported for agent `id` since the daemon started: cgroup BPF and BPF LSM
+    /// (the network enforcer's count) plus Landlock and seccomp (from the kernel audit log).
+    pub(super) fn kernel_denials(&self, id: &str) -> u64 {
+        let net = self.net().map(|n| n.denials(id)).unwrap_or(0);
+        net + lock(&KAUDIT_DENIALS).get(id).copied().unwrap_or(0)
+    }
+
+    /// Read Landlock and seccomp denials from the kernel's audit log (enforce/kaudit.rs) on a
+    /// thread of its own and append those of agents to the audit trail; say loudly at start
+    /// what the kernel will not report, and report lost records, never silently.
+    pub fn spawn_kernel_audit_reader(self: &Arc<Self>) {
+        for gap in kaudit::gaps() {
+            tracing::warn!("kernel denials: {gap}");
+        }
+        let fd = match kaudit::open_readlog() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(
+                    "kernel denials: {e}: Landlock and seccomp denials of agents are not recorded"
+                );
+                return;
+            }
+        };
+        let sup = self.clone();
+        let who = AgentsOfProcesses {
+            sup: self.clone(),
+            uids: Mutex::new((None, Default::default())),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("kaudit".into())
+            .spawn(move || {
+                kaudit::run(fd, &who, |o| sup.audit_kernel_output(o), || false);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("kernel denials: cannot start the reader thread: {e}");
+            return;
+        }
+        tracing::info!("kernel denials: reading Landlock and seccomp audit records");
+        // Without the network enforcer nobody else reports a full audit queue.
+        if self.net().is_err() {
+            let sup = self.clone();
+            tokio::spawn(async move {
+                let mut seen = 0u64;
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                    if let Some(t) = sup.audit.get() {
+                        report_queue_drops(t, &mut seen);
+                    }
+                }
+            });
+        }
+    }
+
+    fn audit_kernel_output(&self, o: Result<kaudit::Output, kaudit::Loss>) {
+        let Some(t) = self.audit.get() else {
+            return;
+        };
+        let (d, who) = match o {
+            Ok(kaudit::Output::Denial(d, who)) => (d, who),
+            Err(loss) => {
+                let detail = match loss {
+                    kaudit::Loss::SocketOverrun { times, total } => {
+                        tracing::warn!(
+                            "kernel audit socket overrun {times} time(s): Landlock/seccomp denial records were lost (how many, the kernel does not say)"
+                        );
+                        json!({"event": "denials-dropped", "where": "audit netlink socket overrun",
+                               "mechanism": "landlock/seccomp", "count": null,
+                               "overruns": times, "total_overruns": total})
+                    }
+                    kaudit::Loss::KernelLost { count, total } => {
+                        tracing::warn!(
+                            "the kernel lost {count} audit record(s) (host-wide, backlog or rate limit)"
+                        );
+                        json!({"event": "denials-dropped", "where": "kernel audit backlog (host-wide)",
+                               "mechanism": "landlock/seccomp", "count": count, "total": total})
+                    }
+                };
+                t.submit(
+                    audit::Record::new(audit::Kind::Denial, "", "")
+                        .decision(Decision::Deny)
+                        .detail(detail),
+                );
+                return;
+            }
+        };
+        let (tenant, name) = who
+            .as_ref()
+            .map(|w| (w.tenant.clone(), w.name.clone()))
+            .unwrap_or_default();
+        if who.is_some() {
+            *lock(&KAUDIT_DENIALS)
+                .entry(format!("{tenant}/{name}"))
+                .or_default() += 1;
+        }
+        tracing::info!(
+            agent = %format!("{tenant}/{name}"),
+            "kernel denied {} ({}, {})",
+            d.syscall,
+            d.mechanism,
+            d.errno.unwrap_or(d.action)
+        );
+        let mut detail = d.detail();
+        detail["attribution"] = json!(who.as_ref().map_or("none", |w| w.by));
+        t.submit_or_count(
+            t.agent_record(audit::Kind::Denial, &tenant, &name)
+                .decision(Decision::Deny)
+                .detail(detail),
+        );
     }
 
     /// Queue a lifecycle record about `agent` (not waited for).
@@ -337,6 +431,97 @@ impl Supervisor {
                 "agent {}: not started: the audit trail cannot be written ({e}); agentosd refuses new starts until the log is writable again (fail closed)",
                 agent.id
             ))
+        })
+    }
+}
+
+/// Landlock and seccomp denials counted per agent (`tenant/name`) since the daemon started
+/// (one supervisor per daemon process).
+static KAUDIT_DENIALS: Mutex<std::collections::BTreeMap<String, u64>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// A record for kernel denials the audit queue had no room for since the last call.
+fn report_queue_drops(t: &AuditTrail, seen: &mut u64) {
+    let q = t.dropped();
+    if q > *seen {
+        tracing::warn!(
+            "audit queue full: {} kernel denial record(s) not written (counted)",
+            q - *seen
+        );
+        t.submit(
+            audit::Record::new(audit::Kind::Denial, "", "")
+                .decision(Decision::Deny)
+                .detail(json!({
+                    "event": "denials-dropped",
+                    "where": "audit queue full",
+                    "count": q - *seen,
+                    "total": q,
+                })),
+        );
+        *seen = q;
+    }
+}
+
+/// Finds the agent of a process for the kernel audit reader: by its cgroup, read at once
+/// (identity from the kernel), else — the process is gone — by its uid, which is the agent's
+/// own (sandbox/identity.rs; never reused for another agent).
+struct AgentsOfProcesses {
+    sup: Arc<Supervisor>,
+    /// uid → `tenant/name` from `uids.json`, and when it was last read.
+    uids: Mutex<(
+        Option<std::time::Instant>,
+        std::collections::HashMap<u32, String>,
+    )>,
+}
+
+impl AgentsOfProcesses {
+    fn by_uid(&self, uid: u32) -> Option<String> {
+        let mut g = lock(&self.uids);
+        if let Some(id) = g.1.get(&uid) {
+            return Some(id.clone());
+        }
+        // Re-read on a miss, at most once a second (records of processes that are not agents
+        // miss every time).
+        if g.0
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+        {
+            return None;
+        }
+        let path = crate::sandbox::identity::table_path(&self.sup.cfg.state_dir);
+        let table: std::collections::BTreeMap<String, u32> = std::fs::read(&path)
+            .ok()
+            .and_then(|d| serde_json::from_slice(&d).ok())
+            .unwrap_or_default();
+        g.1 = table.into_iter().map(|(id, u)| (u, id)).collect();
+        g.0 = Some(std::time::Instant::now());
+        g.1.get(&uid).cloned()
+    }
+}
+
+impl kaudit::Attribute for AgentsOfProcesses {
+    fn attribute(&self, pid: Option<u32>, uid: Option<u32>) -> Option<kaudit::Attribution> {
+        if let Some(cg) = pid.and_then(|p| crate::cgroup::proc_cgroup(&p.to_string())) {
+            let mount = self.sup.cgroup_mount();
+            for a in self.sup.agents() {
+                let Ok(rel) = a.cgroup.path().strip_prefix(mount) else {
+                    continue;
+                };
+                let rel = format!("/{}", rel.display());
+                if cg == rel || cg.starts_with(&format!("{rel}/")) {
+                    return Some(kaudit::Attribution {
+                        tenant: a.tenant.clone(),
+                        name: a.name.clone(),
+                        by: "cgroup",
+                    });
+                }
+            }
+        }
+        let id = self.by_uid(uid?)?;
+        let (tenant, name) = id.split_once('/')?;
+        Some(kaudit::Attribution {
+            tenant: tenant.to_string(),
+            name: name.to_string(),
+            by: "uid",
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Kernel enforcement with BPF: programs in C under `ebpf/`, compiled by `build.rs` and embedded,
 //! loaded with aya. `net`: cgroup sock_addr programs (`connect4/6`, `sendmsg4/6`) on the daemon's
 //! `agents/` cgroup with a policy map keyed by cgroup id and denials to a ring buffer that the
-//! daemon appends to the audit trail. See docs/audit.md ("Kernel denials").
+//! daemon appends to the audit trail. `kaudit`: Landlock and seccomp denials of agents, read
+//! from the kernel's audit log. See docs/audit.md ("Kernel denials").
 
+pub mod kaudit;
 pub mod net;

@@ -85,11 +85,14 @@ pub enum Mechanism {
     /// `BPF_MAP_TYPE_RINGBUF`: kernel events to the audit chain.
     BpfRingbuf,
     IoUring,
+    /// Landlock and seccomp denials of agents logged by the kernel's audit subsystem and
+    /// readable by the daemon (`AUDIT_NLGRP_READLOG`); see enforce/kaudit.rs.
+    KernelAudit,
 }
 
 impl Mechanism {
     /// Every mechanism, in report order.
-    pub const ALL: [Mechanism; 28] = [
+    pub const ALL: [Mechanism; 29] = [
         Mechanism::CgroupV2,
         Mechanism::CgroupRoot,
         Mechanism::CpuController,
@@ -118,6 +121,7 @@ impl Mechanism {
         Mechanism::BpfFentry,
         Mechanism::BpfRingbuf,
         Mechanism::IoUring,
+        Mechanism::KernelAudit,
     ];
 
     /// The name shown in the table and in refusal reasons.
@@ -151,6 +155,7 @@ impl Mechanism {
             Mechanism::BpfFentry => "bpf fentry",
             Mechanism::BpfRingbuf => "bpf ringbuf",
             Mechanism::IoUring => "io_uring",
+            Mechanism::KernelAudit => "kernel audit (denials)",
         }
     }
 
@@ -479,6 +484,7 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     guarded(&mut checks, |rows| rows.push(probe_sched_deadline(&ctx)));
     guarded(&mut checks, |rows| rows.push(probe_pidfd()));
     guarded(&mut checks, |rows| rows.push(probe_io_uring()));
+    guarded(&mut checks, |rows| rows.push(probe_kernel_audit()));
     let btf = guarded(&mut checks, |rows| probe_bpf(&ctx, rows)).unwrap_or(false);
 
     // Any row a panicking group did not produce is reported as an error rather than left out.
@@ -942,6 +948,35 @@ fn probe_landlock() -> (Check, Option<u32>) {
             Check::new(m, Status::Error, format!("landlock_create_ruleset: {e:?}")),
             None,
         ),
+    }
+}
+
+/// Whether Landlock and seccomp denials of agents reach the audit trail: the audit netlink
+/// multicast group is readable, the kernel logs Landlock denials (ABI 7, audit enabled) and
+/// seccomp errno actions (`actions_logged`).
+fn probe_kernel_audit() -> Check {
+    use crate::enforce::kaudit;
+    let m = Mechanism::KernelAudit;
+    if let Err(e) = kaudit::open_readlog() {
+        return Check::new(
+            m,
+            Status::Unavailable,
+            format!("{e}: Landlock and seccomp denials of agents are not recorded"),
+        );
+    }
+    let gaps = kaudit::gaps();
+    if gaps.is_empty() {
+        Check::new(
+            m,
+            Status::Available,
+            "audit netlink readable (AUDIT_NLGRP_READLOG); Landlock (ABI 7, audit enabled) and seccomp (errno in actions_logged) denials are logged",
+        )
+    } else {
+        Check::new(
+            m,
+            Status::Unavailable,
+            format!("audit netlink readable, but {}", gaps.join("; ")),
+        )
     }
 }
 

@@ -13,6 +13,29 @@ use ::landlock::{
 /// (best effort) unless the contract requires Landlock (`must.mechanisms: [landlock]`).
 pub const TARGET_ABI: ABI = ABI::V6;
 
+/// `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON` (ABI 7): keep logging denials to the audit
+/// subsystem after `execve`. By default the kernel logs only the denials of the program that
+/// called `landlock_restrict_self`, i.e. none of the agent's (we exec it right after).
+pub const RESTRICT_SELF_LOG_NEW_EXEC_ON: u32 = 1 << 1;
+
+static RESTRICT_FLAGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The `landlock_restrict_self` flags for a kernel of Landlock ABI `abi`: audit logging of the
+/// agent's denials where the kernel has it (older kernels refuse unknown flags with EINVAL).
+pub fn restrict_flags_for(abi: Option<u32>) -> u32 {
+    if abi.is_some_and(|v| v >= 7) {
+        RESTRICT_SELF_LOG_NEW_EXEC_ON
+    } else {
+        0
+    }
+}
+
+/// The flags the child passes to `landlock_restrict_self`: set by [`build`] in the daemon
+/// before any clone, read in the child (an atomic load: async-signal-safe).
+pub fn restrict_flags() -> u32 {
+    RESTRICT_FLAGS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// System paths every agent may read and execute: without them no dynamically linked program
 /// starts. (Executing them is harmless: they run with the agent's own uid and sandbox.)
 pub const BASE_READ_EXEC: &[&str] = &[
@@ -105,6 +128,10 @@ fn existing(paths: &[PathBuf]) -> impl Iterator<Item = &Path> {
 /// Build the ruleset in the calling (daemon) process and return its fd. `required`: fail
 /// instead of silently dropping rights the kernel does not know.
 pub fn build(plan: &Plan, required: bool) -> Result<Option<OwnedFd>, LandlockError> {
+    RESTRICT_FLAGS.store(
+        restrict_flags_for(kernel_abi()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let abi = TARGET_ABI;
     let level = if required {
         CompatLevel::HardRequirement
@@ -177,5 +204,12 @@ mod tests {
         assert_eq!(ports(&["*:*".into()]).unwrap(), None);
         assert!(ports(&["nohost".into()]).is_err());
         assert!(ports(&["h:0".into()]).is_err());
+    }
+
+    #[test]
+    fn audit_logging_only_where_the_kernel_knows_the_flag() {
+        assert_eq!(restrict_flags_for(None), 0);
+        assert_eq!(restrict_flags_for(Some(6)), 0);
+        assert_eq!(restrict_flags_for(Some(7)), RESTRICT_SELF_LOG_NEW_EXEC_ON);
     }
 }

@@ -202,6 +202,9 @@ pub fn prepare(
 }
 
 const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
+/// Log the filter's non-allow actions to the audit subsystem (those listed in
+/// `/proc/sys/kernel/seccomp/actions_logged`); see enforce/kaudit.rs.
+const SECCOMP_FILTER_FLAG_LOG: libc::c_uint = 1 << 1;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
 #[repr(C)]
@@ -279,11 +282,18 @@ impl PreparedSandbox {
                 return Err(STAGE_NO_NEW_PRIVS);
             }
             if let Some(fd) = &self.landlock
-                && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0
+                && libc::syscall(
+                    libc::SYS_landlock_restrict_self,
+                    fd.as_raw_fd(),
+                    landlock::restrict_flags(),
+                ) != 0
             {
                 return Err(STAGE_LANDLOCK);
             }
-            for prog in &self.seccomp {
+            for (i, prog) in self.seccomp.iter().enumerate() {
+                // The first program is the deny-list (`seccomp::FILTERS[0]`): its EPERMs are
+                // logged. Not the others: `clone3` → ENOSYS happens at every fork.
+                let flags = if i == 0 { SECCOMP_FILTER_FLAG_LOG } else { 0 };
                 let fprog = libc::sock_fprog {
                     len: prog.len() as u16,
                     filter: prog.as_ptr() as *mut libc::sock_filter,
@@ -291,7 +301,7 @@ impl PreparedSandbox {
                 if libc::syscall(
                     libc::SYS_seccomp,
                     SECCOMP_SET_MODE_FILTER,
-                    0u32,
+                    flags,
                     &fprog as *const libc::sock_fprog,
                 ) != 0
                 {

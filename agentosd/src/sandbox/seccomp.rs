@@ -284,6 +284,22 @@ fn prefilter(always: &[u32], conditional: &[u32], errno: u32) -> Vec<libc::sock_
         .collect()
 }
 
+/// The name of x86-64 syscall `nr` when the policy names it (the kernel's seccomp audit
+/// records give only the number; the agents' filter logs only the calls it denies).
+pub fn syscall_name(nr: libc::c_long) -> Option<&'static str> {
+    static NAMES: std::sync::OnceLock<std::collections::HashMap<libc::c_long, String>> =
+        std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            denied_syscalls()
+                .into_iter()
+                .filter_map(|n| syscall_nr(&n).map(|nr| (nr, n)))
+                .collect()
+        })
+        .get(&nr)
+        .map(String::as_str)
+}
+
 /// x86-64 numbers of the syscalls the policy may name.
 fn syscall_nr(name: &str) -> Option<libc::c_long> {
     use libc::*;

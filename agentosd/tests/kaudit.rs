@@ -1,0 +1,311 @@
+//! Landlock and seccomp denials of agents reach the audit trail: an agent under a real agentosd
+//! reads a file outside its Landlock scope (EACCES) and calls `keyctl`, which its seccomp filter
+//! denies (EPERM); the trail then holds one `denial` record for each, with the mechanism,
+//! syscall, errno and path, attributed to the agent, and `agentctl status` counts them. An agent
+//! that does only what it may produces none. Root only; the daemon reads the kernel's audit
+//! netlink multicast group (enforce/kaudit.rs).
+//!
+//! Landlock logs only while kernel audit is enabled. When it is not, the test enables it for its
+//! own duration and restores `audit_enabled` afterwards; before enabling it loads the rule
+//! `-a task,never` (as Fedora's default audit rules do) so that no process on the host gets a
+//! syscall audit context. That rule is left in place: the kernel never forgets that audit was
+//! once enabled (`audit_ever_enabled`), and without the rule every process forked later would
+//! pay for syscall auditing. seccomp's `actions_logged` is never changed: the test skips the
+//! seccomp part when `errno` is not in it.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentosd::enforce::kaudit;
+use common::{Bus, Daemon, TestCgroup, contract};
+
+const AUDIT_SET: u16 = 1001;
+const AUDIT_ADD_RULE: u16 = 1011;
+const AUDIT_STATUS_ENABLED: u32 = 1;
+const AUDIT_FILTER_TASK: u32 = 1;
+const AUDIT_NEVER: u32 = 0;
+
+/// Send one audit control request and return the kernel's answer (0 or -errno).
+fn audit_request(ty: u16, payload: &[u8]) -> i32 {
+    // SAFETY: socket(2) with constant arguments; checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_AUDIT,
+        )
+    };
+    assert!(fd >= 0, "socket(NETLINK_AUDIT)");
+    // SAFETY: a descriptor we just created and own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut msg = Vec::with_capacity(16 + payload.len());
+    msg.extend(((16 + payload.len()) as u32).to_ne_bytes());
+    msg.extend(ty.to_ne_bytes());
+    msg.extend(((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+    msg.extend(1u32.to_ne_bytes());
+    msg.extend(0u32.to_ne_bytes());
+    msg.extend(payload);
+    // SAFETY: send(2) from a live buffer of its length.
+    let n = unsafe { libc::send(fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+    assert_eq!(n as usize, msg.len(), "send audit request");
+    let mut buf = [0u8; 8192];
+    // SAFETY: recv(2) into a live buffer of its length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    assert!(n >= 20, "no answer to audit request {ty}");
+    for (t, p) in kaudit::messages(&buf[..n as usize]) {
+        if t == 2 && p.len() >= 4 {
+            return i32::from_ne_bytes([p[0], p[1], p[2], p[3]]);
+        }
+    }
+    0
+}
+
+fn set_audit_enabled(v: u32) -> i32 {
+    let mut st = [0u32; 10];
+    st[0] = AUDIT_STATUS_ENABLED;
+    st[1] = v;
+    let bytes: Vec<u8> = st.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    audit_request(AUDIT_SET, &bytes)
+}
+
+/// `auditctl -a task,never`: no task gets a syscall audit context (EEXIST when loaded).
+fn add_never_task_rule() -> i32 {
+    let mut rule = vec![0u8; 4 * 3 + 4 * 64 * 4 + 4];
+    rule[0..4].copy_from_slice(&AUDIT_FILTER_TASK.to_ne_bytes());
+    rule[4..8].copy_from_slice(&AUDIT_NEVER.to_ne_bytes());
+    audit_request(AUDIT_ADD_RULE, &rule)
+}
+
+/// Kernel audit enabled for the test's duration; restores `audit_enabled` on drop.
+struct AuditEnabled {
+    restore: Option<u32>,
+}
+
+impl AuditEnabled {
+    fn ensure() -> Result<Self, String> {
+        let st = kaudit::status().map_err(|e| e.to_string())?;
+        if st.enabled != 0 {
+            return Ok(AuditEnabled { restore: None });
+        }
+        let r = add_never_task_rule();
+        if r != 0 && r != -libc::EEXIST {
+            return Err(format!(
+                "cannot add the audit rule task,never: errno {}",
+                -r
+            ));
+        }
+        let r = set_audit_enabled(1);
+        if r != 0 {
+            return Err(format!("cannot enable kernel audit: errno {}", -r));
+        }
+        eprintln!("kernel audit enabled for this test (audit_enabled was 0; restored at the end)");
+        Ok(AuditEnabled {
+            restore: Some(st.enabled),
+        })
+    }
+}
+
+impl Drop for AuditEnabled {
+    fn drop(&mut self) {
+        if let Some(v) = self.restore {
+            let r = set_audit_enabled(v);
+            eprintln!("kernel audit: audit_enabled restored to {v} (answer {r})");
+        }
+    }
+}
+
+fn denials_of(state_dir: &Path, agent: &str) -> Vec<serde_json::Value> {
+    let o = Command::new(common::agentctl_bin())
+        .args(["audit", "show", "--json", "--state-dir"])
+        .arg(state_dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "agentctl audit show failed");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["kind"] == "denial" && r["agent"] == agent)
+        .collect()
+}
+
+#[test]
+fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
+    skip_unless_capable!();
+    match agentosd::sandbox::landlock::kernel_abi() {
+        Some(v) if v >= 7 => {}
+        other => {
+            eprintln!("SKIPPED: Landlock ABI {other:?} has no audit logging (needs 7)");
+            return;
+        }
+    }
+    if let Err(e) = kaudit::open_readlog() {
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    if !Path::new("/usr/bin/perl").exists() {
+        eprintln!("SKIPPED: /usr/bin/perl (the agent's way to call keyctl) is missing");
+        return;
+    }
+    let seccomp_logged = kaudit::seccomp_errno_logged().unwrap_or(false);
+    if !seccomp_logged {
+        eprintln!(
+            "seccomp part SKIPPED: errno is not in /proc/sys/kernel/seccomp/actions_logged (not changed by tests)"
+        );
+    }
+    let _audit = match AuditEnabled::ensure() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+    };
+
+    let bus = Bus::start();
+    let cg = TestCgroup::new("kaudit");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&bus, &cg.path, dir.path());
+    let state = dir.path();
+
+    // /etc/hostname is world-readable (so DAC lets it through) but outside every agent's
+    // Landlock scope; keyctl is on the seccomp deny-list.
+    let denier = contract(
+        state,
+        "denier",
+        r#"{ command: /bin/sh, args: ["-c", "cat /etc/passwd >/dev/null && echo passwd-ok; cat /etc/hostname; /usr/bin/perl -e '$r = syscall(250, 0, 0, 0, 0, 0); print \"keyctl $r $!\\n\"; sleep 1'; echo done; exec sleep 60"] }"#,
+        "",
+    );
+    let quiet = contract(
+        state,
+        "quiet",
+        r#"{ command: /bin/sh, args: ["-c", "cat /etc/passwd >/dev/null; ls /usr >/dev/null; echo $HOME > $HOME/x; /usr/bin/perl -e 'print getppid(), \"\\n\"'; echo quiet-done; exec sleep 60"] }"#,
+        "",
+    );
+    d.ctl_ok(&["start", quiet.to_str().unwrap()]);
+    d.ctl_ok(&["start", denier.to_str().unwrap()]);
+    d.wait_state("denier", "running", 10);
+
+    // Wait for both denial records (the agent's log says when it is done).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let want = if seccomp_logged { 2 } else { 1 };
+    let recs = loop {
+        let recs = denials_of(state, "denier");
+        let log = std::fs::read_to_string(d.status_json("denier")["log_path"].as_str().unwrap())
+            .unwrap_or_default();
+        if recs.len() >= want && log.contains("done") {
+            // A moment for any record that should not be there to arrive as well.
+            std::thread::sleep(Duration::from_millis(500));
+            break denials_of(state, "denier");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "denial records missing after 15 s: {recs:#?}\nagent log:\n{log}\ndaemon log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for r in &recs {
+        eprintln!("{r}");
+    }
+    let log = std::fs::read_to_string(d.status_json("denier")["log_path"].as_str().unwrap())
+        .unwrap_or_default();
+    assert!(log.contains("passwd-ok"), "agent log:\n{log}");
+    assert!(log.contains("Permission denied"), "agent log:\n{log}");
+    assert!(
+        log.contains("keyctl -1 Operation not permitted"),
+        "agent log:\n{log}"
+    );
+
+    // Landlock: the read of /etc/hostname, EACCES, attributed to the agent through its domain.
+    let ll: Vec<_> = recs
+        .iter()
+        .filter(|r| r["detail"]["mechanism"] == "landlock")
+        .collect();
+    assert_eq!(ll.len(), 1, "one Landlock denial expected: {recs:#?}");
+    let l = &ll[0]["detail"];
+    assert_eq!(l["syscall"], "open", "{l}");
+    assert_eq!(l["errno"], "EACCES", "{l}");
+    assert_eq!(l["errno_num"], libc::EACCES, "{l}");
+    assert_eq!(l["path"], "/etc/hostname", "{l}");
+    assert_eq!(l["blockers"], serde_json::json!(["fs.read_file"]), "{l}");
+    let uid = l["uid"].as_u64().unwrap();
+    assert!((61184..=65519).contains(&uid), "the agent's own uid: {l}");
+    assert!(
+        l["attribution"] == "cgroup" || l["attribution"] == "uid",
+        "{l}"
+    );
+    assert_eq!(ll[0]["tenant"], "default");
+    assert_eq!(ll[0]["decision"], "deny");
+    let main_pid = d.status_json("denier")["main_pid"].as_u64().unwrap();
+    assert_eq!(
+        l["domain_pid"], main_pid,
+        "the domain's creator is the agent's main process"
+    );
+
+    if seccomp_logged {
+        let sc: Vec<_> = recs
+            .iter()
+            .filter(|r| r["detail"]["mechanism"] == "seccomp")
+            .collect();
+        assert_eq!(sc.len(), 1, "one seccomp denial expected: {recs:#?}");
+        let s = &sc[0]["detail"];
+        assert_eq!(s["syscall"], "keyctl", "{s}");
+        assert_eq!(s["syscall_nr"], 250, "{s}");
+        assert_eq!(s["errno"], "EPERM", "{s}");
+        assert_eq!(s["errno_num"], libc::EPERM, "{s}");
+        assert_eq!(s["comm"], "perl", "{s}");
+        assert!(s["pid"].as_u64().unwrap() > 0, "{s}");
+        assert!(
+            s["attribution"] == "cgroup" || s["attribution"] == "uid",
+            "{s}"
+        );
+    }
+    assert_eq!(
+        recs.len(),
+        want,
+        "only the denied actions are recorded: {recs:#?}"
+    );
+
+    // The agent that did only what it may has no denial records.
+    let qlog_path = d.status_json("quiet")["log_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&qlog_path)
+        .unwrap_or_default()
+        .contains("quiet-done")
+    {
+        assert!(Instant::now() < deadline, "quiet agent did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let q = denials_of(state, "quiet");
+    assert!(
+        q.is_empty(),
+        "allowed actions produced denial records: {q:#?}"
+    );
+
+    // agentctl status counts them.
+    let st = d.status_json("denier");
+    assert_eq!(st["denials"].as_u64(), Some(want as u64), "{st}");
+    assert_eq!(d.status_json("quiet")["denials"].as_u64(), Some(0));
+
+    // The trail still verifies.
+    let o = Command::new(common::agentctl_bin())
+        .args(["audit", "verify", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
