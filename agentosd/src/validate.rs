@@ -1,4 +1,5 @@
-//! `agentctl validate FILE... [--json]`: checks contract files without a daemon.
+//! `agentctl validate FILE... [--json]`: checks contract files (and tool manifests, the files
+//! whose `kind:` is `Tool`) without a daemon.
 //!
 //! Text output: one line per valid file on `out` (`FILE: ok NAME (tenant T, CLASS, ...)`),
 //! and every diagnostic on `err` as `FILE:LINE:COL: message` (warnings as
@@ -40,8 +41,50 @@ pub struct FileResult {
     pub diagnostics: Vec<contracts::Diagnostic>,
 }
 
+/// Whether the file says `kind: Tool` at its top level (a tool manifest, not a contract).
+fn is_tool_manifest(path: &std::path::Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| {
+        t.lines().any(|l| {
+            l.strip_prefix("kind:")
+                .is_some_and(|v| v.trim().trim_matches(['"', '\'']) == "Tool")
+        })
+    })
+}
+
+fn check_tool(path: &std::path::Path) -> FileResult {
+    let file = path.display().to_string();
+    let (valid, summary, diagnostics) = match contracts::tool::load_tool(path) {
+        Ok(t) => (
+            true,
+            Some(format!(
+                "tool {} ({}, risk {:?}, timeout {} ms, {})",
+                t.name,
+                if t.is_mcp() { "mcp server" } else { "exec" },
+                t.risk,
+                t.timeout.as_millis(),
+                t.program().command.display()
+            )),
+            Vec::new(),
+        ),
+        Err(e) => (false, None, e.diagnostics),
+    };
+    FileResult {
+        file,
+        valid,
+        agent: None,
+        summary,
+        runnable: None,
+        sha256: None,
+        contract: None,
+        diagnostics,
+    }
+}
+
 /// Validate one file.
 pub fn check_file(path: &std::path::Path) -> FileResult {
+    if is_tool_manifest(path) {
+        return check_tool(path);
+    }
     let file = path.display().to_string();
     match contracts::load_contract(path) {
         Ok(c) => FileResult {
@@ -125,6 +168,34 @@ mod tests {
             String::from_utf8(out).unwrap(),
             String::from_utf8(err).unwrap(),
         )
+    }
+
+    #[test]
+    fn tool_manifests_are_validated_as_tools() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/tools");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 4);
+        let (code, out, err) = run_capture(&files, false);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("ok tool text.wordcount (exec"), "{out}");
+        assert!(out.contains("ok tool files (mcp server"), "{out}");
+        let bad =
+            std::env::temp_dir().join(format!("agentos-bad-tool-{}.yaml", std::process::id()));
+        std::fs::write(
+            &bad,
+            "apiVersion: agentos/v0.2\nkind: Tool\nname: x.y\ndescription: d\ntimeuot_ms: 5\nexec: { command: /bin/true }\n",
+        )
+        .unwrap();
+        let (code, _, err) = run_capture(std::slice::from_ref(&bad), false);
+        let _ = std::fs::remove_file(&bad);
+        assert_eq!(code, 1);
+        assert!(err.contains(":5:1:") && err.contains("timeout_ms"), "{err}");
     }
 
     #[test]
