@@ -531,3 +531,84 @@ fn a_process_outside_the_agent_is_refused_at_the_socket() {
     s.d.wait_state("idle", "inactive", 10);
     assert!(!sock.exists(), "the socket outlived the agent");
 }
+
+/// The example agent examples/agents/notes-stats, as shipped but for its paths: it counts the
+/// words of its notes with the npm filesystem server and text.wordcount, through the Python SDK.
+#[test]
+fn the_example_notes_agent_counts_words_through_tools() {
+    skip_unless_capable!();
+    let peers = match peers() {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let s = setup("mcpnotes", &peers);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/notes-stats");
+    let script = s.files.join("notes_stats.py");
+    write(
+        &script,
+        &std::fs::read_to_string(example.join("notes_stats.py")).unwrap(),
+        0o644,
+    );
+    let notes = s.files.join("notes");
+    write(&notes.join("a.md"), "alpha beta beta gamma\n", 0o644);
+    write(&notes.join("b.md"), "one two\nthree\n", 0o644);
+    chmod(&notes, 0o755);
+    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bin_dir = bridge.parent().unwrap().display().to_string();
+    let venv = peers.join("venv").display().to_string();
+    let text = std::fs::read_to_string(example.join("contract.yaml"))
+        .unwrap()
+        .replace(
+            "command: /usr/bin/python3",
+            &format!("command: {venv}/bin/python3"),
+        )
+        .replace(
+            "/usr/local/share/agentos/examples/agents/notes-stats/notes_stats.py",
+            &script.display().to_string(),
+        )
+        .replace(
+            "/usr/local/share/agentos/examples/agents/notes-stats]",
+            &format!("{}, {venv}, {bin_dir}]", s.files.display()),
+        )
+        .replace("/srv/notes", &notes.display().to_string())
+        .replace(
+            "env: { PYTHONDONTWRITEBYTECODE: \"1\" }",
+            &format!(
+                "env: {{ PYTHONDONTWRITEBYTECODE: \"1\", AGENTOS_MCP: \"{}\" }}",
+                bridge.display()
+            ),
+        )
+        .replace(
+            "  - fs.read:",
+            &format!("  - fs.exec: [/usr, /bin, /lib, \"{venv}\", \"{bin_dir}\"]\n  - fs.read:"),
+        );
+    let f = s.dir.path().join("notes-stats.yaml");
+    std::fs::write(&f, text).unwrap();
+    s.d.ctl_ok(&["start", f.to_str().unwrap()]);
+    let st = s.d.wait_state("notes-stats", "exited", 90);
+    let log = std::fs::read_to_string(s.dir.path().join("logs/default/notes-stats.log"))
+        .unwrap_or_default();
+    assert_eq!(st["result"], "success", "{st}\n{log}\n{}", s.d.log_text());
+    let lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let note = |n: &str| {
+        lines
+            .iter()
+            .find(|v| v["note"] == n)
+            .unwrap_or_else(|| panic!("no line for {n}:\n{log}"))
+    };
+    assert_eq!(note("a.md")["words"], 4, "{log}");
+    assert_eq!(note("a.md")["top"][0]["word"], "beta", "{log}");
+    assert_eq!(note("b.md")["words"], 3, "{log}");
+    let total = lines
+        .iter()
+        .find(|v| v.get("total_words").is_some())
+        .unwrap();
+    assert_eq!(total["total_words"], 7);
+    assert_eq!(total["notes"], 2);
+}
