@@ -1,5 +1,5 @@
 //! Compiles the BPF programs in `../ebpf/*.bpf.c` with clang into OUT_DIR; agentosd embeds them
-//! (`enforce::net`). Without clang the objects are left empty and the daemon reports "not built"
+//! (`enforce::net`, `enforce::fs`). Without clang the objects are left empty and the daemon reports "not built"
 //! instead of loading them (the rest of the workspace still builds); CI installs clang.
 
 use std::path::{Path, PathBuf};
@@ -25,12 +25,15 @@ fn main() {
             "cargo:warning=/usr/include/bpf/bpf_helpers.h is missing (apt-get install libbpf-dev): BPF programs not built; agentosd will report network enforcement as unavailable"
         );
     }
-    // One object: the cgroup programs and the LSM program share the policy map.
-    let src = src_dir.join("net.bpf.c");
-    let obj = out.join("net.bpf.o");
-    println!("cargo:rerun-if-changed={}", src.display());
-    if !headers || !compile(&clang, &src, &obj, &src_dir, target_arch, multiarch) {
-        std::fs::write(&obj, b"").expect("write empty BPF object");
+    // net: the cgroup programs and lsm/socket_connect share the policy map. fs: the
+    // filesystem-scope LSM programs (enforce::fs).
+    for name in ["net", "fs"] {
+        let src = src_dir.join(format!("{name}.bpf.c"));
+        let obj = out.join(format!("{name}.bpf.o"));
+        println!("cargo:rerun-if-changed={}", src.display());
+        if !headers || !compile(&clang, &src, &obj, &src_dir, target_arch, multiarch) {
+            std::fs::write(&obj, b"").expect("write empty BPF object");
+        }
     }
     println!(
         "cargo:rerun-if-changed={}",

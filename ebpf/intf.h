@@ -75,4 +75,65 @@ enum agentos_stat {
 	AGENTOS_STAT_MAX = 4,
 };
 
+/*
+ * Filesystem scopes for the BPF LSM programs in fs.bpf.c (lsm/file_open,
+ * lsm/bprm_check_security). Mirrored by agentosd/src/enforce/fs.rs.
+ */
+
+/* Bytes of path a prefix key holds after the cgroup id (LPM trie data is at most 256 bytes). */
+#define AGENTOS_FS_PATH_KEY 248
+/* Bytes of path an event carries (longer paths are cut; `flags` says so). */
+#define AGENTOS_FS_EVENT_PATH 256
+/* Prefix entries for all agents together (LPM trie, allocated on insert). */
+#define AGENTOS_FS_MAX_PREFIXES (256 * 1024)
+
+/* Access bits: in a prefix entry (what is granted) and in an event (what was asked). */
+#define AGENTOS_FS_READ 1
+#define AGENTOS_FS_WRITE 2
+#define AGENTOS_FS_EXEC 4
+
+/* The key of the `fs_prefixes` LPM trie: the agent's cgroup id (all 64 bits always match) then a
+ * granted path with a trailing '/' ("/srv/docs/"; "/" for the root), so that a match ends on a
+ * component boundary: a lookup of "/srv/docs2/x/" does not match "/srv/docs/". prefixlen is in
+ * bits and counts the cgroup id. The value is a __u32 of AGENTOS_FS_* bits: the union of what the
+ * entry and every shorter granted prefix of it grant (the daemon computes it), so the longest
+ * match alone decides. */
+struct agentos_fs_key {
+	__u32 prefixlen;
+	__u64 cgroup_id;
+	__u8 path[AGENTOS_FS_PATH_KEY];
+} __attribute__((packed));
+
+/* Which program refused (after the network hooks' numbers). */
+#define AGENTOS_HOOK_LSM_FILE_OPEN 5
+#define AGENTOS_HOOK_LSM_BPRM_CHECK 6
+
+/* Event flags. */
+#define AGENTOS_FS_EV_PATH_CUT 1   /* the path was longer than AGENTOS_FS_EVENT_PATH - 1 */
+#define AGENTOS_FS_EV_NO_PREFIX 2 /* no granted prefix matched at all */
+
+/* One filesystem denial, to the ring buffer `fs_events`. */
+struct agentos_fs_event {
+	__u64 cgroup_id;
+	__u64 time_ns;
+	__u32 pid;
+	__u32 tid;
+	__u32 f_flags;  /* the open flags (O_*) */
+	__u8 hook;      /* AGENTOS_HOOK_LSM_FILE_OPEN / _BPRM_CHECK */
+	__u8 want;      /* AGENTOS_FS_* asked for */
+	__u8 granted;   /* AGENTOS_FS_* the longest matching prefix grants */
+	__u8 flags;     /* AGENTOS_FS_EV_* */
+	char comm[16];
+	char path[AGENTOS_FS_EVENT_PATH];
+};
+
+/* Slots of the `fs_stats` array map (__u64 each). */
+enum agentos_fs_stat {
+	AGENTOS_FS_STAT_ALLOWED = 0,
+	AGENTOS_FS_STAT_DENIED = 1,
+	AGENTOS_FS_STAT_EVENTS_DROPPED = 2,
+	AGENTOS_FS_STAT_UNCHECKED = 3, /* agent opens skipped: internal mounts, no path */
+	AGENTOS_FS_STAT_MAX = 4,
+};
+
 #endif

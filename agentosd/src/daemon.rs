@@ -196,6 +196,7 @@ pub async fn run(opts: Options) -> Result<()> {
     sup.set_audit(trail.clone());
     sup.set_host_offer(crate::audit_trail::host_offer(&report));
     sup.set_net(setup_net(&root.join("agents"), &report));
+    sup.set_fs(crate::enforce::fs::setup());
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     setup_mcp(&sup, &opts, &root);
@@ -484,6 +485,7 @@ pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
             }
             Err(e) => println!("agentos network programs (ebpf/net.bpf.c): NOT loadable: {e}"),
         }
+        println!("{}", crate::enforce::fs::check_line());
     }
     0
 }

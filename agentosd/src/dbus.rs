@@ -274,17 +274,19 @@ impl Manager {
 
     /// All agents: (id, name, tenant, state, result, latency class, main PID, object path).
     async fn list_agents(&self) -> Result<Vec<AgentRow>> {
+        // From memory only: with 100 agents, reading each one's cgroup and /proc files here
+        // made a listing take 18 ms (docs/benchmarks.md, "Tool calls").
         let mut rows = Vec::new();
         for a in self.sup.agents() {
-            let st = self.sup.status_of(&a);
+            let (state, result, class, pid) = a.summary();
             rows.push((
-                st.id,
-                st.name,
-                st.tenant,
-                st.state,
-                st.result,
-                st.latency_class,
-                st.main_pid,
+                a.id.clone(),
+                a.name.clone(),
+                a.tenant.clone(),
+                state,
+                result,
+                class,
+                pid,
                 opath(&a.object_path)?,
             ));
         }

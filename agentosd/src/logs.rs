@@ -66,7 +66,9 @@ pub fn append_note(path: &Path, line: &str) {
         .create(true)
         .open(path)
     {
-        let _ = writeln!(f, "agentosd: {line}");
+        // One write(2) on an O_APPEND file: the agent writes to the same file, and `writeln!`
+        // would issue a write per piece, letting an agent's line land inside ours.
+        let _ = f.write_all(format!("agentosd: {line}\n").as_bytes());
     }
 }
 

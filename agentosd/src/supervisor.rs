@@ -256,6 +256,18 @@ impl Agent {
         lock(&self.inner).restarts
     }
 
+    /// What a listing shows, from memory only: (state, result, latency class, main PID).
+    /// `status` reads cgroup and /proc files besides; a listing of many agents must not.
+    pub fn summary(&self) -> (String, String, String, u32) {
+        let i = lock(&self.inner);
+        (
+            i.state.as_str().to_string(),
+            i.result.clone(),
+            i.spec.latency_class.clone(),
+            i.main_pid.unwrap_or(0),
+        )
+    }
+
     pub fn status(&self, cgroup_mount: &Path) -> AgentStatus {
         let (st, pidfd_alive) = {
             let i = lock(&self.inner);
@@ -368,6 +380,8 @@ pub struct Supervisor {
     offer: std::sync::OnceLock<contracts::HostOffer>,
     /// cgroup BPF network enforcement, or why it is unavailable (set by the daemon).
     net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
+    /// BPF LSM filesystem scopes, or why they are unavailable (set by the daemon).
+    fs: std::sync::OnceLock<Result<Arc<crate::enforce::fs::FsEnforcer>, String>>,
     /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
     scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
     /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
@@ -423,6 +437,7 @@ impl Supervisor {
             audit: std::sync::OnceLock::new(),
             offer: std::sync::OnceLock::new(),
             net: std::sync::OnceLock::new(),
+            fs: std::sync::OnceLock::new(),
             scx: std::sync::OnceLock::new(),
             mcp: std::sync::OnceLock::new(),
         }))

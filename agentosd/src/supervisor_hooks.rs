@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::{Agent, Error, State, Supervisor, lock};
 use crate::audit_trail::AuditTrail;
 use crate::cgroup::Cgroup;
+use crate::enforce::fs::{self, FsEnforcer};
 use crate::enforce::kaudit;
 use crate::enforce::net::{self, NetEnforcer};
 use crate::sys::ExitStatus;
@@ -44,14 +45,94 @@ impl Supervisor {
         }
     }
 
-    /// Fill agent's entry in the BPF policy map from its contract's `net.connect` grants (host
-    /// names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
-    /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
+    /// Use `fs` for the agents' BPF LSM filesystem scopes (or record why there is none).
+    pub fn set_fs(&self, fs: Result<Arc<FsEnforcer>, String>) {
+        let _ = self.fs.set(fs);
+    }
+
+    /// The BPF LSM filesystem enforcer, or why there is none.
+    pub fn fs(&self) -> Result<&Arc<FsEnforcer>, String> {
+        match self.fs.get() {
+            Some(Ok(f)) => Ok(f),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("not set up by the daemon".into()),
+        }
+    }
+
+    /// Fill the agent's kernel policies keyed by the id of `cg` (which must exist) before its
+    /// first process: the BPF LSM filesystem scopes ([`Self::fs_prepare`]) and the network
+    /// destinations. Returns notes for `agentctl status`.
     pub(super) async fn net_prepare(
         &self,
         agent: &Agent,
         cg: &Cgroup,
     ) -> Result<Vec<String>, Error> {
+        let mut notes = self.fs_prepare(agent, cg)?;
+        match self.net_policy_prepare(agent, cg).await {
+            Ok(n) => notes.extend(n),
+            Err(e) => {
+                if let Ok(f) = self.fs() {
+                    f.clear(&agent.id);
+                }
+                return Err(e);
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Fill the agent's prefixes for `lsm/file_open` and `lsm/bprm_check_security` from the
+    /// same plan its Landlock ruleset is built from (`sandbox::Grants::plan`). Without BPF LSM,
+    /// refuses an agent whose contract requires `bpf_lsm`; otherwise notes that Landlock alone
+    /// enforces the scopes.
+    fn fs_prepare(&self, agent: &Agent, cg: &Cgroup) -> Result<Vec<String>, Error> {
+        let contract = super::agent_contract(agent)?;
+        let enforcer = match self.fs() {
+            Ok(f) => f.clone(),
+            Err(why) => {
+                if contract
+                    .as_ref()
+                    .is_some_and(|c| c.must().mechanisms.contains(&contracts::Mechanism::BpfLsm))
+                {
+                    return Err(Error::Unenforceable(format!(
+                        "agent {} requires bpf_lsm (must.mechanisms) but the BPF LSM programs are not active: {why}",
+                        agent.id
+                    )));
+                }
+                return Ok(vec![format!(
+                    "filesystem: BPF LSM not active ({why}); Landlock enforces the scopes"
+                )]);
+            }
+        };
+        let home =
+            crate::sandbox::identity::home_dir(&self.cfg.state_dir, &agent.tenant, &agent.name);
+        let grants = contract
+            .as_ref()
+            .map(|c| crate::sandbox::Grants::from_contract(c, &home))
+            .unwrap_or_default();
+        let plan = grants
+            .plan(&home)
+            .map_err(|e| Error::InvalidContract(format!("agent {}: {e}", agent.id)))?;
+        let policy = fs::Policy::from_plan(&plan, &|p| std::fs::canonicalize(p).ok());
+        enforcer
+            .set_policy(
+                &agent.id,
+                &agent.tenant,
+                &agent.name,
+                cgroup_id(cg.path()),
+                &policy,
+            )
+            .map_err(|e| {
+                Error::Kernel(format!("agent {}: filesystem LSM policy: {e}", agent.id))
+            })?;
+        let mut notes = vec![format!("filesystem (BPF LSM): {}", policy.describe())];
+        notes.extend(policy.notes.iter().cloned());
+        Ok(notes)
+    }
+
+    /// Fill agent's entry in the BPF policy map from its contract's `net.connect` grants (host
+    /// names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
+    /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
+    async fn net_policy_prepare(&self, agent: &Agent, cg: &Cgroup) -> Result<Vec<String>, Error> {
         let contract = super::agent_contract(agent)?;
         let required = contract.as_ref().is_some_and(|c| {
             c.must()
@@ -72,12 +153,9 @@ impl Supervisor {
                 )]);
             }
         };
-        let home = self
-            .cfg
-            .state_dir
-            .join("agents")
-            .join(&agent.tenant)
-            .join(&agent.name);
+        // The same home the sandbox expands `{state}` to.
+        let home =
+            crate::sandbox::identity::home_dir(&self.cfg.state_dir, &agent.tenant, &agent.name);
         let scopes: Vec<String> = contract
             .iter()
             .flat_map(|c| c.capabilities())
@@ -107,16 +185,103 @@ impl Supervisor {
         Ok(notes)
     }
 
-    /// Forget the agent's entry in the BPF policy map (its cgroup is gone).
+    /// Forget the agent's entries in the BPF policy maps (its cgroup is gone).
     pub(super) fn net_clear(&self, agent: &Agent) {
         if let Ok(n) = self.net() {
             n.clear(&agent.id);
         }
+        if let Ok(f) = self.fs() {
+            f.clear(&agent.id);
+        }
+    }
+
+    /// Read the BPF LSM filesystem ring buffer into the audit trail (like the network one);
+    /// report dropped events as records, never silently.
+    fn spawn_fs_denial_reader(self: &Arc<Self>) {
+        let Ok(f) = self.fs() else {
+            return;
+        };
+        let Some(ring) = f.take_events() else {
+            return;
+        };
+        let sup = self.clone();
+        tokio::spawn(async move {
+            fs::read_events(ring, |d| sup.audit_fs_denial(&d)).await;
+        });
+        let sup = self.clone();
+        let f = f.clone();
+        tokio::spawn(async move {
+            let mut seen = 0u64;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                let dropped = f.stats().events_dropped;
+                if dropped > seen {
+                    tracing::warn!(
+                        "BPF LSM ring buffer full: {} filesystem denial event(s) were not reported individually (counted)",
+                        dropped - seen
+                    );
+                    if let Some(t) = sup.audit.get() {
+                        t.submit(
+                            audit::Record::new(audit::Kind::Denial, "", "")
+                                .decision(Decision::Deny)
+                                .detail(json!({
+                                    "event": "denials-dropped",
+                                    "where": "bpf lsm ring buffer full",
+                                    "mechanism": "bpf-lsm",
+                                    "count": dropped - seen,
+                                    "total": dropped,
+                                })),
+                        );
+                    }
+                    seen = dropped;
+                }
+            }
+        });
+    }
+
+    fn audit_fs_denial(&self, d: &fs::Denial) {
+        let (tenant, name) = self
+            .fs()
+            .ok()
+            .and_then(|f| f.agent_of(d.cgroup_id))
+            .unwrap_or_default();
+        if let Ok(f) = self.fs() {
+            f.note_denial(&format!("{tenant}/{name}"));
+        }
+        tracing::info!(
+            agent = %format!("{tenant}/{name}"),
+            "kernel denied {} {} of {} ({}, EACCES)", d.syscall, d.access, d.path, d.hook
+        );
+        let Some(t) = self.audit.get() else {
+            return;
+        };
+        let rec = t
+            .agent_record(audit::Kind::Denial, &tenant, &name)
+            .decision(Decision::Deny)
+            .detail(json!({
+                "syscall": d.syscall,
+                "errno": "EACCES",
+                "errno_num": libc::EACCES,
+                "mechanism": "bpf-lsm",
+                "hook": d.hook,
+                "path": d.path,
+                "path_cut": d.path_cut,
+                "access": d.access,
+                "granted": d.granted,
+                "open_flags": d.flags,
+                "pid": d.pid,
+                "tid": d.tid,
+                "comm": d.comm,
+                "reason": "not-granted",
+                "cgroup_id": d.cgroup_id,
+            }));
+        t.submit_or_count(rec);
     }
 
     /// Read the BPF ring buffer and append every denial to the audit trail as a kernel denial;
     /// report dropped events (ring buffer full) as records too, never silently.
     pub fn spawn_denial_reader(self: &Arc<Self>) {
+        self.spawn_fs_denial_reader();
         let Ok(n) = self.net() else {
             return;
         };
@@ -201,10 +366,11 @@ impl Supervisor {
     }
 
     /// Kernel denials reported for agent `id` since the daemon started: cgroup BPF and BPF LSM
-    /// (the network enforcer's count) plus Landlock and seccomp (from the kernel audit log).
+    /// (the network and filesystem enforcers' counts) plus Landlock and seccomp (from the kernel audit log).
     pub(super) fn kernel_denials(&self, id: &str) -> u64 {
         let net = self.net().map(|n| n.denials(id)).unwrap_or(0);
-        net + lock(&KAUDIT_DENIALS).get(id).copied().unwrap_or(0)
+        let fs = self.fs().map(|f| f.denials(id)).unwrap_or(0);
+        net + fs + lock(&KAUDIT_DENIALS).get(id).copied().unwrap_or(0)
     }
 
     /// Read Landlock and seccomp denials from the kernel's audit log (enforce/kaudit.rs) on a

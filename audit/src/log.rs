@@ -48,11 +48,15 @@ pub struct LogOptions {
     pub max_batch_bytes: usize,
     /// Forward committed records to the journal at this socket (best effort, when it exists).
     pub journal: Option<PathBuf>,
+    /// How long records nobody waits for ([`Log::try_append_lazy`]) may sit in the writer
+    /// before they are written and synced: they ride along with the next record someone waits
+    /// for, so they do not cost a `fdatasync` of their own in front of it.
+    pub lazy_delay: Duration,
 }
 
 impl LogOptions {
     /// Defaults: group commit, a checkpoint every 4096 records or 5 s, a queue of 65 536
-    /// records, batches up to 4 MiB, no journal forwarding.
+    /// records, batches up to 4 MiB, no journal forwarding, lazy records within 10 ms.
     pub fn new(key: SigningKey) -> Self {
         LogOptions {
             key,
@@ -62,6 +66,7 @@ impl LogOptions {
             queue_capacity: 65_536,
             max_batch_bytes: 4 << 20,
             journal: None,
+            lazy_delay: Duration::from_millis(10),
         }
     }
 
@@ -263,6 +268,8 @@ impl Done {
 struct Msg {
     kind: Kind,
     body: Vec<u8>,
+    /// Someone waits for this record: write and sync it now (with whatever is queued).
+    urgent: bool,
     /// Taken by the writer; a message dropped unprocessed (writer stopped) completes with
     /// [`AppendError::Abandoned`], so no `wait` hangs.
     done: Option<Done>,
@@ -477,6 +484,8 @@ impl Log {
             }),
             syncer: None,
             spare: None,
+            urgent: false,
+            lazy_since: None,
             next_seq: chain.next_seq,
             prev: chain.prev,
             last_time_us: chain.last_time_us,
@@ -627,6 +636,7 @@ impl Log {
         tx.send(Msg {
             kind: rec.kind,
             body,
+            urgent: true,
             done: Some(Done::Slot(Arc::clone(&slot))),
         })
         .map_err(|mpsc::SendError(mut m)| {
@@ -654,6 +664,7 @@ impl Log {
         tx.send(Msg {
             kind: rec.kind,
             body,
+            urgent: true,
             done: Some(Done::Callback(Box::new(done))),
         })
         .map_err(|mpsc::SendError(mut m)| {
@@ -671,10 +682,32 @@ impl Log {
         rec: Record,
         done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
+        self.try_append(rec, true, done)
+    }
+
+    /// Like [`Log::try_append_then`] for a record nobody waits for: it is written and synced
+    /// with the next record someone does wait for, or after [`LogOptions::lazy_delay`],
+    /// whichever comes first (`done` runs then). It never adds a `fdatasync` of its own in
+    /// front of an urgent record.
+    pub fn try_append_lazy(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.try_append(rec, false, done)
+    }
+
+    fn try_append(
+        &self,
+        rec: Record,
+        urgent: bool,
+        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
         match tx.try_send(Msg {
             kind: rec.kind,
             body,
+            urgent,
             done: Some(Done::Callback(Box::new(done))),
         }) {
             Ok(()) => Ok(()),
@@ -696,6 +729,7 @@ impl Log {
         match tx.try_send(Msg {
             kind: rec.kind,
             body,
+            urgent: true,
             done: Some(Done::Nothing),
         }) {
             Ok(()) => Ok(()),
@@ -958,12 +992,33 @@ struct Writer {
     /// To the syncer thread (group commit).
     syncer: Option<SyncSender<Batch>>,
     spare: Option<Receiver<Vec<u8>>>,
+    /// The buffer holds a record someone waits for.
+    urgent: bool,
+    /// When the oldest lazy record in the buffer came (none while the buffer has none).
+    lazy_since: Option<Instant>,
 }
 
 impl Writer {
     fn take(&mut self, mut m: Msg) {
         let done = m.done.take().unwrap_or(Done::Nothing);
+        if m.urgent {
+            self.urgent = true;
+        } else {
+            self.lazy_since.get_or_insert_with(Instant::now);
+        }
         self.push(m.kind, &m.body, done);
+    }
+
+    /// Whether the buffer must go to disk now rather than wait for more.
+    fn flush_due(&self, closing: bool) -> bool {
+        closing
+            || self.urgent
+            || self.checkpoint.is_some()
+            || self.opts.durability == Durability::PerRecord
+            || self.buf.len() >= self.opts.max_batch_bytes
+            || self
+                .lazy_since
+                .is_some_and(|t| t.elapsed() >= self.opts.lazy_delay)
     }
 
     fn push(&mut self, kind: Kind, body: &[u8], done: Done) {
@@ -1123,18 +1178,25 @@ impl Writer {
         }
         let mut open = shared.failed().is_none();
         while open {
-            let first = match self.first_uncovered {
-                Some(t) => {
-                    let wait = self.opts.checkpoint_interval.saturating_sub(t.elapsed());
-                    match rx.recv_timeout(wait) {
-                        Ok(m) => Some(m),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => {
-                            open = false;
-                            None
-                        }
+            let checkpoint_at = self
+                .first_uncovered
+                .map(|t| self.opts.checkpoint_interval.saturating_sub(t.elapsed()));
+            let lazy_at = self
+                .lazy_since
+                .map(|t| self.opts.lazy_delay.saturating_sub(t.elapsed()));
+            let wake = match (checkpoint_at, lazy_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let first = match wake {
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        None
                     }
-                }
+                },
                 None => match rx.recv() {
                     Ok(m) => Some(m),
                     Err(_) => {
@@ -1156,6 +1218,12 @@ impl Writer {
             if self.checkpoint_due() || (!open && self.since_checkpoint > 0) {
                 self.push_checkpoint();
             }
+            if !self.flush_due(!open) {
+                // Only lazy records so far: wait for an urgent one to carry them, or the delay.
+                continue;
+            }
+            self.urgent = false;
+            self.lazy_since = None;
             if let Err(reason) = self.flush(&shared) {
                 shared.fail(&reason);
             }

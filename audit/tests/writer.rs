@@ -134,6 +134,41 @@ fn append_then_and_nowait() {
 }
 
 #[test]
+fn lazy_records_ride_with_the_next_urgent_one_or_go_after_the_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts();
+    o.lazy_delay = Duration::from_secs(3);
+    let log = Log::open(dir.path(), o).unwrap();
+    let batches = || {
+        log.stats()
+            .batches
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = batches();
+    let (tx, rx) = mpsc::channel();
+    log.try_append_lazy(gate("a", 1), move |r| tx.send(r).unwrap())
+        .unwrap();
+    // Nobody waits for it: not written on its own.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    assert_eq!(batches(), before);
+    // An urgent record carries it: one batch, one sync, both acknowledged in order.
+    let urgent = log.append(gate("a", 2)).unwrap().wait().unwrap();
+    let lazy = rx.recv_timeout(Duration::from_secs(1)).unwrap().unwrap();
+    assert_eq!(lazy.seq + 1, urgent.seq);
+    assert_eq!(batches(), before + 1);
+    // Alone, a lazy record is durable after the delay.
+    let (tx, rx) = mpsc::channel();
+    log.try_append_lazy(gate("a", 3), move |r| tx.send(r).unwrap())
+        .unwrap();
+    let t = std::time::Instant::now();
+    let ack = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(ack.seq, urgent.seq + 1);
+    log.close().unwrap();
+    verify(&dir.path().join(audit::LOG_FILE), &key().verifying_key()).unwrap();
+}
+
+#[test]
 fn invalid_records_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();

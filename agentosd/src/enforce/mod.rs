@@ -1,8 +1,11 @@
 //! Kernel enforcement with BPF: programs in C under `ebpf/`, compiled by `build.rs` and embedded,
 //! loaded with aya. `net`: cgroup sock_addr programs (`connect4/6`, `sendmsg4/6`) on the daemon's
 //! `agents/` cgroup with a policy map keyed by cgroup id and denials to a ring buffer that the
-//! daemon appends to the audit trail. `kaudit`: Landlock and seccomp denials of agents, read
+//! daemon appends to the audit trail. `fs`: BPF LSM `file_open` and `bprm_check_security`
+//! enforcing the agents' filesystem scopes (the Landlock plan) where the kernel allows BPF LSM.
+//! `kaudit`: Landlock and seccomp denials of agents, read
 //! from the kernel's audit log. See docs/audit.md ("Kernel denials").
 
+pub mod fs;
 pub mod kaudit;
 pub mod net;

@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::Subcommand;
 
 pub mod hrt;
+pub mod mcp;
 pub mod sandbox;
 
 #[derive(Subcommand)]
@@ -14,9 +15,19 @@ pub enum BenchCmd {
     /// Start latency into a complete agent sandbox vs clone3 into a cgroup, fork+exec and
     /// bwrap (start request → first instruction; p50/p99). Root.
     Sandbox(sandbox::SandboxArgs),
+    /// MCP tool calls over the agent socket: ping and tools/call (gate + durable audit) round
+    /// trips vs a Unix-socket echo floor, the tool over a pipe and a D-Bus call; then calls/s
+    /// with 100 flooding agents while `agentctl list` is timed. Root.
+    Mcp(mcp::McpArgs),
     /// (internal) the periodic loop the HRT benchmark measures.
     #[command(hide = true)]
     RtLoop(hrt::LoopArgs),
+    /// (internal) the measured MCP client of `bench mcp`.
+    #[command(hide = true)]
+    McpClient(mcp::ClientArgs),
+    /// (internal) the instant MCP stdio tool server of `bench mcp`.
+    #[command(hide = true)]
+    McpEchoServer,
     /// (internal) a SCHED_IDLE busy loop.
     #[command(hide = true)]
     Burn {
@@ -32,6 +43,9 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Hrt(a) => hrt::run(a),
         BenchCmd::Sandbox(a) => sandbox::run(a),
+        BenchCmd::Mcp(a) => mcp::run(a),
+        BenchCmd::McpClient(a) => mcp::client(a),
+        BenchCmd::McpEchoServer => mcp::echo_server(),
         BenchCmd::RtLoop(a) => hrt::rtloop(a),
         BenchCmd::Burn { secs, normal } => hrt::burn(secs, normal),
     }

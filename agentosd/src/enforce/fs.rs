@@ -1,0 +1,812 @@
+//! Filesystem scopes per agent, enforced by BPF LSM programs (`ebpf/fs.bpf.c`): defence in depth
+//! behind Landlock, on kernels that allow BPF LSM (not on hosts with lockdown: the daemon says so
+//! and relies on Landlock).
+//!
+//! One source: the agent's Landlock [`Plan`] (the contract's `fs.read`/`fs.write`/`fs.exec`
+//! scopes, the sandbox's baseline system paths, the agent's home) becomes a set of path prefixes
+//! with the rights Landlock gives them. `lsm/file_open` checks reads and writes,
+//! `lsm/bprm_check_security` execs, both by the longest granted prefix of the file's path in an
+//! LPM trie keyed by (cgroup id, path). Refusals are EACCES and go to the ring buffer `fs_events`,
+//! which the daemon appends to the audit trail as kernel denials (`mechanism: bpf-lsm`).
+//!
+//! Differences from Landlock, all in the direction of allowing more (never refusing what
+//! Landlock allows): prefixes are paths resolved when the agent starts (Landlock rules hold
+//! inodes, so a bind mount of a granted tree elsewhere is allowed by Landlock and refused here;
+//! agents have no mount namespace of their own, so this does not arise for the baseline);
+//! prefixes longer than [`PATH_KEY`] bytes are cut back to a directory (widened, with a note);
+//! exec opens of ELF interpreters (`PT_INTERP`) are checked for read here and for execute by
+//! Landlock only. See docs/security.md.
+
+use std::collections::{BTreeMap, HashMap as StdHashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{Array, HashMap, MapData, RingBuf};
+use serde::Serialize;
+
+use crate::sandbox::landlock::Plan;
+
+/// The embedded object (empty when clang was missing at build time).
+static FS_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fs.bpf.o"));
+
+/// Program name in `ebpf/fs.bpf.c` and the LSM hook it attaches to.
+pub const PROGRAMS: [(&str, &str); 2] = [
+    ("agentos_lsm_file_open", "file_open"),
+    ("agentos_lsm_bprm_check", "bprm_check_security"),
+];
+
+/// `AGENTOS_FS_PATH_KEY`: bytes of path a prefix key holds.
+pub const PATH_KEY: usize = 248;
+/// `AGENTOS_FS_EVENT_PATH`.
+pub const EVENT_PATH: usize = 256;
+pub const READ: u8 = 1;
+pub const WRITE: u8 = 2;
+pub const EXEC: u8 = 4;
+const HOOK_FILE_OPEN: u8 = 5;
+const EV_PATH_CUT: u8 = 1;
+const EV_NO_PREFIX: u8 = 2;
+const STAT_ALLOWED: u32 = 0;
+const STAT_DENIED: u32 = 1;
+const STAT_DROPPED: u32 = 2;
+const STAT_UNCHECKED: u32 = 3;
+
+/// The data of `struct agentos_fs_key` after `prefixlen` (aya's [`Key`] adds the length).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawKeyData {
+    pub cgroup_id: u64,
+    pub path: [u8; PATH_KEY],
+}
+
+// SAFETY: a `#[repr(C)]` u64 followed by a byte array whose length keeps the size a multiple of
+// 8 (256): no padding, no pointers, any bit pattern is valid.
+unsafe impl aya::Pod for RawKeyData {}
+
+/// `struct agentos_fs_event`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawEvent {
+    pub cgroup_id: u64,
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub f_flags: u32,
+    pub hook: u8,
+    pub want: u8,
+    pub granted: u8,
+    pub flags: u8,
+    pub comm: [u8; 16],
+    pub path: [u8; EVENT_PATH],
+}
+
+/// An agent's filesystem policy: path prefixes (no trailing `/`, `/` itself for the root) and
+/// the rights each grants, already including what every shorter prefix grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub prefixes: BTreeMap<String, u8>,
+    /// What the operator should know (cut prefixes, …).
+    pub notes: Vec<String>,
+}
+
+/// Does `prefix` (normalised) contain `path` (normalised) on a component boundary?
+fn under(path: &str, prefix: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+/// `/a/b/` → `/a/b`; `//` → `/`; relative paths are not scopes (`None`).
+fn normalise(p: &Path) -> Option<String> {
+    let s = p.to_str()?;
+    if !s.starts_with('/') {
+        return None;
+    }
+    let t = s.trim_end_matches('/');
+    Some(if t.is_empty() { "/".into() } else { t.into() })
+}
+
+/// The rights of one access-bit set, for messages and records.
+pub fn access_name(bits: u8) -> String {
+    let mut v = Vec::new();
+    if bits & READ != 0 {
+        v.push("read");
+    }
+    if bits & WRITE != 0 {
+        v.push("write");
+    }
+    if bits & EXEC != 0 {
+        v.push("exec");
+    }
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join("+")
+    }
+}
+
+impl Policy {
+    /// The policy of a Landlock plan: `read` paths grant read, `read_exec` read+exec,
+    /// `read_write` read+write, exactly the rights `sandbox::landlock::build` gives them. Each
+    /// path is resolved with `canon` (symlinks: `/bin` → `/usr/bin`, as Landlock resolves the
+    /// path when it adds the rule); one that does not resolve is kept as written.
+    pub fn from_plan(plan: &Plan, canon: &dyn Fn(&Path) -> Option<PathBuf>) -> Policy {
+        let mut p = Policy::default();
+        let sets: [(&[PathBuf], u8); 3] = [
+            (&plan.read, READ),
+            (&plan.read_exec, READ | EXEC),
+            (&plan.read_write, READ | WRITE),
+        ];
+        let mut own: BTreeMap<String, u8> = BTreeMap::new();
+        for (paths, bits) in sets {
+            for path in paths {
+                let resolved = canon(path).unwrap_or_else(|| path.clone());
+                let Some(mut s) = normalise(&resolved) else {
+                    p.notes.push(format!(
+                        "filesystem (BPF LSM): {} is not an absolute path; ignored",
+                        path.display()
+                    ));
+                    continue;
+                };
+                if s.len() >= PATH_KEY {
+                    // Widen to the longest directory that fits (Landlock keeps the exact scope).
+                    let mut cut = s[..PATH_KEY - 1].to_string();
+                    match cut.rfind('/') {
+                        Some(0) | None => cut = "/".into(),
+                        Some(i) => cut.truncate(i),
+                    }
+                    p.notes.push(format!(
+                        "filesystem (BPF LSM): {} is longer than {} bytes; checked as {cut} (Landlock enforces the exact path)",
+                        path.display(),
+                        PATH_KEY - 1
+                    ));
+                    s = cut;
+                }
+                *own.entry(s).or_default() |= bits;
+            }
+        }
+        // Each entry also carries what its granted ancestors grant: the longest match decides.
+        for (path, bits) in &own {
+            let all = own
+                .iter()
+                .filter(|(q, _)| under(path, q))
+                .fold(*bits, |acc, (_, b)| acc | b);
+            p.prefixes.insert(path.clone(), all);
+        }
+        p
+    }
+
+    /// What a path is granted (the program's lookup, mirrored): the rights of the longest
+    /// prefix containing it, 0 when none does. `path` is absolute and resolved, as `d_path`
+    /// gives it.
+    pub fn granted(&self, path: &str) -> u8 {
+        let path = if path.len() > PATH_KEY {
+            // The program looks up the first PATH_KEY bytes (without a trailing '/').
+            &path[..PATH_KEY]
+        } else {
+            path
+        };
+        self.prefixes
+            .iter()
+            .filter(|(p, _)| under(path, p))
+            .max_by_key(|(p, _)| p.len())
+            .map_or(0, |(_, b)| *b)
+    }
+
+    /// The trie keys of this policy for cgroup `cgroup_id`.
+    pub fn keys(&self, cgroup_id: u64) -> Vec<(Key<RawKeyData>, u32)> {
+        self.prefixes
+            .iter()
+            .map(|(p, bits)| (key_for(cgroup_id, p), u32::from(*bits)))
+            .collect()
+    }
+
+    /// One line for `agentctl status`.
+    pub fn describe(&self) -> String {
+        let mut by: BTreeMap<u8, Vec<&str>> = BTreeMap::new();
+        for (p, b) in &self.prefixes {
+            by.entry(*b).or_default().push(p);
+        }
+        by.iter()
+            .map(|(b, ps)| format!("{} {}", access_name(*b), ps.join(" ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// The trie key of one normalised prefix: the path with a trailing `/` (`/` for the root).
+pub fn key_for(cgroup_id: u64, prefix: &str) -> Key<RawKeyData> {
+    let mut path = [0u8; PATH_KEY];
+    let with_slash = if prefix == "/" {
+        "/".to_string()
+    } else {
+        format!("{prefix}/")
+    };
+    let n = with_slash.len().min(PATH_KEY);
+    path[..n].copy_from_slice(&with_slash.as_bytes()[..n]);
+    Key::new((64 + 8 * n) as u32, RawKeyData { cgroup_id, path })
+}
+
+/// One denial, decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    pub cgroup_id: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// `open` or `execve`.
+    pub syscall: &'static str,
+    /// `lsm/file_open` or `lsm/bprm_check_security`.
+    pub hook: &'static str,
+    pub path: String,
+    /// The path was longer than the event holds (`path` is its start).
+    pub path_cut: bool,
+    /// What was asked (`read`, `write`, `read+write`, `exec`).
+    pub access: String,
+    /// What the longest matching granted prefix grants (`none` when no prefix matched).
+    pub granted: String,
+    /// The open flags (`O_*`).
+    pub flags: u32,
+}
+
+impl Denial {
+    pub fn decode(bytes: &[u8]) -> Option<Denial> {
+        if bytes.len() < std::mem::size_of::<RawEvent>() {
+            return None;
+        }
+        // SAFETY: the buffer holds at least size_of::<RawEvent>() bytes and RawEvent is a
+        // plain-old-data #[repr(C)] struct valid for any bit pattern; read_unaligned copes with
+        // the ring buffer's alignment not being guaranteed to the slice.
+        let e: RawEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let text = |b: &[u8]| {
+            let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+            String::from_utf8_lossy(&b[..end]).into_owned()
+        };
+        let (syscall, hook) = if e.hook == HOOK_FILE_OPEN {
+            ("open", "lsm/file_open")
+        } else {
+            ("execve", "lsm/bprm_check_security")
+        };
+        Some(Denial {
+            cgroup_id: e.cgroup_id,
+            pid: e.pid,
+            tid: e.tid,
+            comm: text(&e.comm),
+            syscall,
+            hook,
+            path: text(&e.path),
+            path_cut: e.flags & EV_PATH_CUT != 0,
+            access: access_name(e.want),
+            granted: if e.flags & EV_NO_PREFIX != 0 {
+                "none".into()
+            } else {
+                access_name(e.granted)
+            },
+            flags: e.f_flags,
+        })
+    }
+}
+
+/// Errors of loading and using the programs.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error(
+        "the BPF programs were not built (clang or libbpf-dev missing when agentosd was compiled)"
+    )]
+    NotBuilt,
+    #[error("loading ebpf/fs.bpf.o: {0}")]
+    Load(String),
+    #[error("BPF LSM program {program}: {error}")]
+    Program { program: String, error: String },
+    #[error("BPF map {map}: {error}")]
+    Map { map: &'static str, error: String },
+}
+
+/// Counters of the `fs_stats` map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub allowed: u64,
+    pub denied: u64,
+    pub events_dropped: u64,
+    /// Agent opens not checked (internal mounts, pseudo filesystems, no path).
+    pub unchecked: u64,
+}
+
+struct Maps {
+    agents: HashMap<MapData, u64, u32>,
+    prefixes: LpmTrie<MapData, RawKeyData, u32>,
+    stats: Array<MapData, u64>,
+}
+
+/// Per-agent entry: cgroup id, tenant, name, the keys installed.
+type Entry = (u64, String, String, Vec<Key<RawKeyData>>);
+
+/// The loaded (and, after [`FsEnforcer::attach`], attached) programs and their maps.
+pub struct FsEnforcer {
+    bpf: Mutex<aya::Ebpf>,
+    maps: Mutex<Maps>,
+    events: Mutex<Option<RingBuf<MapData>>>,
+    agents: Mutex<StdHashMap<String, Entry>>,
+    gone: Mutex<std::collections::VecDeque<(u64, String, String)>>,
+    denials: Mutex<StdHashMap<String, u64>>,
+    attached: Mutex<bool>,
+}
+
+impl std::fmt::Debug for FsEnforcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsEnforcer")
+            .field("attached", &*lock(&self.attached))
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl FsEnforcer {
+    /// Load both LSM programs (not attached yet). Fails with the kernel's reason where BPF LSM
+    /// is refused (lockdown, `lsm=` without bpf).
+    pub fn load() -> Result<Arc<FsEnforcer>, FsError> {
+        if FS_OBJ.is_empty() {
+            return Err(FsError::NotBuilt);
+        }
+        let mut bpf = aya::Ebpf::load(FS_OBJ).map_err(|e| FsError::Load(e.to_string()))?;
+        let btf = aya::Btf::from_sys_fs().map_err(|e| FsError::Program {
+            program: PROGRAMS[0].0.into(),
+            error: format!("no kernel BTF: {e}"),
+        })?;
+        for (name, hook) in PROGRAMS {
+            let err = |error: String| FsError::Program {
+                program: format!("{name} (lsm/{hook})"),
+                error,
+            };
+            let prog: &mut aya::programs::Lsm = bpf
+                .program_mut(name)
+                .ok_or_else(|| err("not in the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| err(e.to_string()))?;
+            prog.load(hook, &btf).map_err(|e| {
+                let chain = source_chain(&e);
+                if chain.contains("Operation not permitted") || chain.contains("os error 1)") {
+                    err("refused (EPERM): this kernel does not allow BPF LSM programs (lockdown, or lsm= lacks bpf)".into())
+                } else {
+                    err(format!("{e}{chain}"))
+                }
+            })?;
+        }
+        let map_err = |map: &'static str| {
+            move |e: aya::maps::MapError| FsError::Map {
+                map,
+                error: e.to_string(),
+            }
+        };
+        let take = |bpf: &mut aya::Ebpf, map: &'static str| {
+            bpf.take_map(map).ok_or(FsError::Map {
+                map,
+                error: "not in the object".into(),
+            })
+        };
+        let agents =
+            HashMap::try_from(take(&mut bpf, "fs_agents")?).map_err(map_err("fs_agents"))?;
+        let prefixes =
+            LpmTrie::try_from(take(&mut bpf, "fs_prefixes")?).map_err(map_err("fs_prefixes"))?;
+        let stats = Array::try_from(take(&mut bpf, "fs_stats")?).map_err(map_err("fs_stats"))?;
+        let events =
+            RingBuf::try_from(take(&mut bpf, "fs_events")?).map_err(map_err("fs_events"))?;
+        Ok(Arc::new(FsEnforcer {
+            bpf: Mutex::new(bpf),
+            maps: Mutex::new(Maps {
+                agents,
+                prefixes,
+                stats,
+            }),
+            events: Mutex::new(Some(events)),
+            agents: Mutex::default(),
+            gone: Mutex::default(),
+            denials: Mutex::default(),
+            attached: Mutex::new(false),
+        }))
+    }
+
+    /// Attach both programs (global LSM hooks; they act only on cgroups with an entry). They
+    /// stay attached while this value lives.
+    pub fn attach(&self) -> Result<(), FsError> {
+        let mut bpf = lock(&self.bpf);
+        for (name, hook) in PROGRAMS {
+            let prog = bpf
+                .program_mut(name)
+                .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
+                .ok_or_else(|| FsError::Program {
+                    program: name.into(),
+                    error: "not loaded".into(),
+                })?;
+            prog.attach().map_err(|e| FsError::Program {
+                program: format!("{name} (lsm/{hook})"),
+                error: format!("attach: {e}{}", source_chain(&e)),
+            })?;
+        }
+        *lock(&self.attached) = true;
+        Ok(())
+    }
+
+    /// Install (or replace) agent `id`'s policy under its cgroup id: the prefixes first, the
+    /// cgroup's entry in `fs_agents` last, so the check starts with the whole policy in place.
+    pub fn set_policy(
+        &self,
+        id: &str,
+        tenant: &str,
+        name: &str,
+        cgroup_id: u64,
+        policy: &Policy,
+    ) -> Result<(), FsError> {
+        let keys = policy.keys(cgroup_id);
+        let old = lock(&self.agents).remove(id);
+        let mut maps = lock(&self.maps);
+        if let Some((old_cg, _, _, old_keys)) = &old {
+            if *old_cg != cgroup_id {
+                let _ = maps.agents.remove(old_cg);
+            }
+            for k in old_keys {
+                if !keys.iter().any(|(n, _)| key_eq(n, k)) {
+                    let _ = maps.prefixes.remove(k);
+                }
+            }
+        }
+        let map_err = |map: &'static str| {
+            move |e: aya::maps::MapError| FsError::Map {
+                map,
+                error: e.to_string(),
+            }
+        };
+        for (k, v) in &keys {
+            maps.prefixes
+                .insert(k, v, 0)
+                .map_err(map_err("fs_prefixes"))?;
+        }
+        maps.agents
+            .insert(cgroup_id, 1u32, 0)
+            .map_err(map_err("fs_agents"))?;
+        drop(maps);
+        lock(&self.agents).insert(
+            id.to_string(),
+            (
+                cgroup_id,
+                tenant.into(),
+                name.into(),
+                keys.into_iter().map(|(k, _)| k).collect(),
+            ),
+        );
+        Ok(())
+    }
+
+    /// Remove agent `id`'s entries (its cgroup is gone or going).
+    pub fn clear(&self, id: &str) {
+        if let Some((cg, t, n, keys)) = lock(&self.agents).remove(id) {
+            let mut maps = lock(&self.maps);
+            let _ = maps.agents.remove(&cg);
+            for k in &keys {
+                let _ = maps.prefixes.remove(k);
+            }
+            drop(maps);
+            let mut gone = lock(&self.gone);
+            if gone.len() >= 1024 {
+                gone.pop_front();
+            }
+            gone.push_back((cg, t, n));
+        }
+    }
+
+    /// The agent (tenant, name) whose cgroup has this id.
+    pub fn agent_of(&self, cgroup_id: u64) -> Option<(String, String)> {
+        let found = lock(&self.agents)
+            .values()
+            .find(|(c, _, _, _)| *c == cgroup_id)
+            .map(|(_, t, n, _)| (t.clone(), n.clone()));
+        found.or_else(|| {
+            lock(&self.gone)
+                .iter()
+                .rev()
+                .find(|(c, _, _)| *c == cgroup_id)
+                .map(|(_, t, n)| (t.clone(), n.clone()))
+        })
+    }
+
+    /// Count one reported denial of agent `id`.
+    pub fn note_denial(&self, id: &str) {
+        *lock(&self.denials).entry(id.to_string()).or_default() += 1;
+    }
+
+    /// Denials reported for agent `id` since the daemon started.
+    pub fn denials(&self, id: &str) -> u64 {
+        lock(&self.denials).get(id).copied().unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let maps = lock(&self.maps);
+        let get = |i: u32| maps.stats.get(&i, 0).unwrap_or(0);
+        Stats {
+            allowed: get(STAT_ALLOWED),
+            denied: get(STAT_DENIED),
+            events_dropped: get(STAT_DROPPED),
+            unchecked: get(STAT_UNCHECKED),
+        }
+    }
+
+    /// The ring buffer of denials (once).
+    pub fn take_events(&self) -> Option<RingBuf<MapData>> {
+        lock(&self.events).take()
+    }
+}
+
+fn key_eq(a: &Key<RawKeyData>, b: &Key<RawKeyData>) -> bool {
+    a.prefix_len() == b.prefix_len() && a.data() == b.data()
+}
+
+/// Load and attach the programs for the daemon, saying what is active: `Ok` with the enforcer,
+/// or `Err` with why not (the daemon then relies on Landlock for filesystem scopes).
+pub fn setup() -> Result<Arc<FsEnforcer>, String> {
+    let hooks = PROGRAMS
+        .iter()
+        .map(|(_, h)| format!("lsm/{h}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match FsEnforcer::load().and_then(|f| f.attach().map(|()| f)) {
+        Ok(f) => {
+            tracing::info!(
+                "BPF LSM: {hooks} attached (agents' filesystem scopes, defence in depth behind Landlock)"
+            );
+            Ok(f)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "BPF LSM: {hooks} not active: {e}; filesystem scopes are enforced by Landlock alone"
+            );
+            Err(e.to_string())
+        }
+    }
+}
+
+/// `agentosd check`: whether the programs load on this kernel (loaded, not attached).
+pub fn check_line() -> String {
+    let hooks = PROGRAMS
+        .iter()
+        .map(|(_, h)| format!("lsm/{h}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match FsEnforcer::load() {
+        Ok(_) => format!("agentos BPF LSM filesystem programs (ebpf/fs.bpf.c: {hooks}): load OK"),
+        Err(e) => format!(
+            "agentos BPF LSM filesystem programs (ebpf/fs.bpf.c: {hooks}): {e}; filesystem scopes rely on Landlock"
+        ),
+    }
+}
+
+/// Read denials from `ring` as they come and hand each to `on_denial`. Returns only when the
+/// fd cannot be polled.
+pub async fn read_events(ring: RingBuf<MapData>, mut on_denial: impl FnMut(Denial)) {
+    // SAFETY: the RingBuf owns its map fd and is moved into the AsyncFd, so the fd stays open
+    // and refers to the same ring buffer for the AsyncFd's whole lifetime.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+    };
+    let mut afd = match registered {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(
+                "cannot poll the BPF LSM ring buffer: {e}; filesystem denials are NOT reported"
+            );
+            return;
+        }
+    };
+    loop {
+        let mut guard = match afd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(
+                    "BPF LSM ring buffer poll: {e}; filesystem denials are NOT reported"
+                );
+                return;
+            }
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match Denial::decode(&item) {
+                Some(d) => on_denial(d),
+                None => tracing::warn!("short BPF LSM event of {} bytes ignored", item.len()),
+            }
+        }
+        guard.clear_ready();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn layouts_match_intf_h() {
+        assert_eq!(std::mem::size_of::<RawKeyData>(), 256);
+        assert_eq!(std::mem::size_of::<Key<RawKeyData>>(), 260);
+        assert_eq!(std::mem::size_of::<RawEvent>(), 32 + 16 + EVENT_PATH);
+    }
+
+    fn plan(read: &[&str], exec: &[&str], write: &[&str]) -> Plan {
+        let v = |s: &[&str]| s.iter().map(PathBuf::from).collect();
+        Plan {
+            read: v(read),
+            read_exec: v(exec),
+            read_write: v(write),
+            ..Plan::default()
+        }
+    }
+
+    fn no_links(p: &Path) -> Option<PathBuf> {
+        match p.to_str() {
+            Some("/bin") => Some("/usr/bin".into()),
+            Some("/lib64") => Some("/usr/lib64".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn prefixes_match_on_component_boundaries() {
+        let p = Policy::from_plan(&plan(&["/srv/docs/", "/etc/passwd"], &[], &[]), &no_links);
+        assert_eq!(p.granted("/srv/docs"), READ);
+        assert_eq!(p.granted("/srv/docs/a/b.txt"), READ);
+        assert_eq!(p.granted("/srv/docs2"), 0);
+        assert_eq!(p.granted("/srv/docs2/x"), 0);
+        assert_eq!(p.granted("/srv"), 0);
+        assert_eq!(p.granted("/etc/passwd"), READ);
+        assert_eq!(p.granted("/etc/passwd-"), 0);
+        assert_eq!(p.granted("/etc/shadow"), 0);
+        let root = Policy::from_plan(&plan(&["/"], &[], &[]), &no_links);
+        assert_eq!(root.granted("/anything/at/all"), READ);
+        assert_eq!(root.granted("/"), READ);
+    }
+
+    #[test]
+    fn longest_match_carries_the_ancestors_rights() {
+        // /usr read+exec, /usr/share/doc read-only by the contract, home read+write.
+        let p = Policy::from_plan(
+            &plan(
+                &["/usr/share/doc"],
+                &["/usr", "/bin"],
+                &["/var/lib/agentos/h"],
+            ),
+            &no_links,
+        );
+        assert_eq!(p.granted("/usr/share/doc/x"), READ | EXEC);
+        // /bin resolves to /usr/bin, which is under /usr.
+        assert!(!p.prefixes.contains_key("/bin"));
+        assert_eq!(p.granted("/usr/bin/true"), READ | EXEC);
+        assert_eq!(p.granted("/var/lib/agentos/h/tmp/f"), READ | WRITE);
+        assert_eq!(p.granted("/var/lib/agentos"), 0);
+        let d = p.describe();
+        assert!(d.contains("read+exec /usr /usr/bin /usr/share/doc"), "{d}");
+    }
+
+    #[test]
+    fn the_baseline_plan_becomes_prefixes() {
+        let g = crate::sandbox::Grants {
+            fs_read: vec!["/srv/vmt".into()],
+            fs_exec: vec!["/opt/tools".into()],
+            ..Default::default()
+        };
+        let home = Path::new("/var/lib/agentos/agents/t/a");
+        let p = Policy::from_plan(&g.plan(home).unwrap(), &no_links);
+        assert_eq!(p.granted("/srv/vmt/f"), READ);
+        assert_eq!(p.granted("/opt/tools/run"), READ | EXEC);
+        assert_eq!(p.granted("/var/lib/agentos/agents/t/a/out"), READ | WRITE);
+        assert_eq!(p.granted("/dev/null"), READ | WRITE);
+        assert_eq!(p.granted("/proc/self/status"), READ);
+        assert_eq!(p.granted("/etc/shadow"), 0);
+        assert_eq!(
+            p.granted("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            READ | EXEC
+        );
+    }
+
+    #[test]
+    fn long_prefixes_are_widened_with_a_note() {
+        let long = format!("/data/{}/leaf", "x".repeat(300));
+        let p = Policy::from_plan(&plan(&[&long], &[], &[]), &no_links);
+        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
+        assert_eq!(p.granted(&format!("{long}/f")), READ);
+        assert_eq!(p.granted("/data/y"), READ);
+        assert_eq!(p.granted("/other"), 0);
+    }
+
+    #[test]
+    fn keys_end_in_a_slash() {
+        let p = Policy::from_plan(&plan(&["/srv/docs", "/"], &[], &[]), &no_links);
+        let keys = p.keys(7);
+        assert_eq!(keys.len(), 2);
+        let (root, _) = keys.iter().find(|(k, _)| k.data().path[1] == 0).unwrap();
+        assert_eq!(root.prefix_len(), 64 + 8);
+        let (docs, v) = keys.iter().find(|(k, _)| k.data().path[1] == b's').unwrap();
+        assert_eq!(&docs.data().path[..10], b"/srv/docs/");
+        assert_eq!(docs.prefix_len(), 64 + 8 * 10);
+        assert_eq!(docs.data().cgroup_id, 7);
+        assert_eq!(*v, u32::from(READ));
+    }
+
+    #[test]
+    fn events_decode() {
+        let mut e = RawEvent {
+            cgroup_id: 42,
+            time_ns: 1,
+            pid: 7,
+            tid: 8,
+            f_flags: 0o1,
+            hook: HOOK_FILE_OPEN,
+            want: WRITE,
+            granted: READ,
+            flags: 0,
+            comm: [0; 16],
+            path: [0; EVENT_PATH],
+        };
+        e.comm[..3].copy_from_slice(b"cat");
+        e.path[..11].copy_from_slice(b"/srv/x/file");
+        // SAFETY: RawEvent is plain old data; viewing it as bytes is sound.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&e as *const RawEvent).cast::<u8>(),
+                std::mem::size_of::<RawEvent>(),
+            )
+        };
+        let d = Denial::decode(bytes).unwrap();
+        assert_eq!(
+            (d.hook, d.syscall, d.path.as_str(), d.comm.as_str()),
+            ("lsm/file_open", "open", "/srv/x/file", "cat")
+        );
+        assert_eq!((d.access.as_str(), d.granted.as_str()), ("write", "read"));
+        assert_eq!((d.pid, d.tid, d.flags, d.path_cut), (7, 8, 1, false));
+        e.hook = 6;
+        e.want = EXEC;
+        e.flags = EV_NO_PREFIX | EV_PATH_CUT;
+        // SAFETY: as above.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&e as *const RawEvent).cast::<u8>(),
+                std::mem::size_of::<RawEvent>(),
+            )
+        };
+        let d = Denial::decode(bytes).unwrap();
+        assert_eq!((d.hook, d.syscall), ("lsm/bprm_check_security", "execve"));
+        assert_eq!((d.access.as_str(), d.granted.as_str()), ("exec", "none"));
+        assert!(d.path_cut);
+        assert!(Denial::decode(&bytes[..10]).is_none());
+    }
+
+    #[test]
+    fn loads_where_bpf_lsm_is_allowed_and_says_why_not_elsewhere() {
+        // On the development host BPF LSM is refused (lockdown): the error names it. In the VM
+        // suite it loads (vm-tests/tests/fslsm.rs).
+        match FsEnforcer::load() {
+            Ok(_) => {}
+            Err(FsError::NotBuilt) => eprintln!("skipped: BPF programs not built"),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(
+                    s.contains("refused (EPERM)")
+                        || s.contains("Operation not permitted")
+                        || s.contains("BTF"),
+                    "{s}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * agentos filesystem scopes as BPF LSM programs: defence in depth behind Landlock, where the
+ * kernel allows BPF LSM (not on hosts with lockdown; the daemon reports that and relies on
+ * Landlock). The scopes are the ones the sandbox gives Landlock (agentosd/src/sandbox: the
+ * contract's fs.read / fs.write / fs.exec, the baseline system paths and the agent's home), one
+ * set of prefixes per agent keyed by its cgroup id.
+ *
+ * lsm/file_open: an open for reading needs a read grant, for writing a write grant.
+ * lsm/bprm_check_security: the file an execve runs (and each script interpreter) needs an exec
+ * grant. Refusals return -EACCES (what Landlock returns) and go to the ring buffer `fs_events`.
+ *
+ * Both programs are global: a process whose cgroup is not an agent's costs one hash lookup miss
+ * (`fs_agents`) and is left alone. Files on kernel-internal mounts and pseudo filesystems
+ * (pipes, sockets, anonymous inodes, nsfs, memfd reopened through /proc/self/fd) are not checked:
+ * Landlock does not check them either (security/landlock/fs.c: is_nouser_or_private, internal
+ * mounts), and the LSM must never refuse what Landlock allows.
+ *
+ * Kernel structures are read with CO-RE (field offsets relocated against the running kernel's
+ * BTF by aya): only the fields used are declared below, no vmlinux.h.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "intf.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define EACCES 13
+#define PATH_BUF 4096
+#define MNT_INTERNAL 0x4000
+#define SB_NOUSER (1U << 31)
+#define S_PRIVATE (1U << 9)
+#define FMODE_READ 0x1
+#define FMODE_WRITE 0x2
+#define __FMODE_EXEC 0x20
+
+struct super_block {
+	unsigned long s_flags;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct super_block *d_sb;
+} __attribute__((preserve_access_index));
+
+struct vfsmount {
+	int mnt_flags;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct vfsmount *mnt;
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct inode {
+	unsigned int i_flags;
+} __attribute__((preserve_access_index));
+
+struct file {
+	union {
+		const struct path f_path;
+		struct path __f_path;
+	};
+	struct inode *f_inode;
+	unsigned int f_flags;
+	unsigned int f_mode;
+} __attribute__((preserve_access_index));
+
+struct linux_binprm {
+	struct file *file;
+} __attribute__((preserve_access_index));
+
+/* Cgroup id of an agent -> 1: "this cgroup is an agent's, check it". */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGENTOS_MAX_AGENTS);
+	__type(key, __u64);
+	__type(value, __u32);
+} fs_agents SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, AGENTOS_FS_MAX_PREFIXES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct agentos_fs_key);
+	__type(value, __u32);
+} fs_prefixes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, AGENTOS_EVENTS_BYTES);
+} fs_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, AGENTOS_FS_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} fs_stats SEC(".maps");
+
+/* Per-CPU scratch: the path (too big for the 512-byte stack) and the lookup key. */
+struct scratch {
+	char path[PATH_BUF];
+	struct agentos_fs_key key;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} fs_scratch SEC(".maps");
+
+static __always_inline void count(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&fs_stats, &slot);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+/* Landlock's exemptions: kernel-internal mounts, pseudo filesystems no user can mount, private
+ * inodes. */
+static __always_inline int exempt(struct file *file)
+{
+	struct vfsmount *mnt = file->f_path.mnt;
+	struct dentry *dentry = file->f_path.dentry;
+	struct inode *inode = file->f_inode;
+	if (mnt && (mnt->mnt_flags & MNT_INTERNAL))
+		return 1;
+	if (dentry && dentry->d_sb && (dentry->d_sb->s_flags & SB_NOUSER))
+		return 1;
+	if (inode && (inode->i_flags & S_PRIVATE))
+		return 1;
+	return 0;
+}
+
+static __always_inline int check(struct file *file, __u64 cgid, __u8 hook, __u8 want)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&fs_scratch, &zero);
+	if (!s)
+		return 0;
+	if (exempt(file)) {
+		count(AGENTOS_FS_STAT_UNCHECKED);
+		return 0;
+	}
+	long n = bpf_d_path((struct path *)&file->f_path, s->path, PATH_BUF);
+	if (n <= 1 || n > PATH_BUF || s->path[0] != '/') {
+		/* No path in this namespace (e.g. "pipe:[..]"): nothing Landlock would check. */
+		count(AGENTOS_FS_STAT_UNCHECKED);
+		return 0;
+	}
+	__u32 len = (__u32)n - 1; /* without the NUL */
+	s->key.cgroup_id = cgid;
+	/* Bytes past prefixlen are ignored by the trie: copy a fixed size. */
+	__builtin_memcpy(s->key.path, s->path, AGENTOS_FS_PATH_KEY);
+	if (len < AGENTOS_FS_PATH_KEY) {
+		s->key.path[len] = '/';
+		s->key.prefixlen = 64 + 8 * (len + 1);
+	} else {
+		/* Cut: stored prefixes end in '/', so a match still ends on a real boundary. */
+		s->key.prefixlen = 64 + 8 * AGENTOS_FS_PATH_KEY;
+	}
+	__u32 *granted = bpf_map_lookup_elem(&fs_prefixes, &s->key);
+	__u8 have = granted ? (__u8)*granted : 0;
+	if ((have & want) == want) {
+		count(AGENTOS_FS_STAT_ALLOWED);
+		return 0;
+	}
+	count(AGENTOS_FS_STAT_DENIED);
+	struct agentos_fs_event *e = bpf_ringbuf_reserve(&fs_events, sizeof(*e), 0);
+	if (!e) {
+		count(AGENTOS_FS_STAT_EVENTS_DROPPED);
+		return -EACCES;
+	}
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	e->cgroup_id = cgid;
+	e->time_ns = bpf_ktime_get_ns();
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->f_flags = file->f_flags;
+	e->hook = hook;
+	e->want = want;
+	e->granted = have;
+	e->flags = (len >= AGENTOS_FS_EVENT_PATH ? AGENTOS_FS_EV_PATH_CUT : 0) |
+		   (granted ? 0 : AGENTOS_FS_EV_NO_PREFIX);
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	__builtin_memcpy(e->path, s->path, AGENTOS_FS_EVENT_PATH);
+	e->path[AGENTOS_FS_EVENT_PATH - 1] = 0;
+	bpf_ringbuf_submit(e, 0);
+	return -EACCES;
+}
+
+SEC("lsm/file_open")
+int BPF_PROG(agentos_lsm_file_open, struct file *file, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	unsigned int mode = file->f_mode;
+	__u8 want = 0;
+	if (mode & FMODE_READ)
+		want |= AGENTOS_FS_READ;
+	if (mode & FMODE_WRITE)
+		want |= AGENTOS_FS_WRITE;
+	/* Exec (__FMODE_EXEC opens) is lsm/bprm_check_security's: here it needs read only. */
+	if (!want)
+		return 0;
+	return check(file, cgid, AGENTOS_HOOK_LSM_FILE_OPEN, want);
+}
+
+SEC("lsm/bprm_check_security")
+int BPF_PROG(agentos_lsm_bprm_check, struct linux_binprm *bprm, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	struct file *file = bprm->file;
+	if (!file)
+		return 0;
+	return check(file, cgid, AGENTOS_HOOK_LSM_BPRM_CHECK, AGENTOS_FS_EXEC);
+}

@@ -1,0 +1,1416 @@
+//! `cargo xtask bench mcp`: tool calls over the agents' MCP sockets, black box. A private
+//! dbus-daemon and a release agentosd (own cgroup root, own state directory on the real disk, a
+//! tools directory with one `mcp` tool) are started; the measured clients are this binary
+//! re-executed (`bench mcp-client`), and the tool server is this binary too
+//! (`bench mcp-echo-server`, answers at once), so no interpreter start-up or tool work is in the
+//! loop. Nothing in the daemon is instrumented.
+//!
+//! Sequential round trips (one request in flight, `--calls` per path, in `--rounds` interleaved
+//! rounds so drifting load hits every path alike):
+//!
+//! | path | what one round trip is |
+//! |---|---|
+//! | floor | the same client, a plain Unix-socket echo server in the bench process (same line framing, no daemon) |
+//! | tool server over a pipe | the same client starts the echo tool server itself and calls it over its stdin/stdout (no daemon) |
+//! | ping via agentosd | the client runs as an agent (own cgroup, uid, Landlock, seccomp); MCP `ping` is answered in the daemon's session |
+//! | tools/call via agentosd | the same agent calls the tool: ipc → gate → audit record committed (fdatasync) → proxied to the agent's echo server → result record queued → reply |
+//! | tools/call refused | a tool the contract does not grant: gate → deny record queued (not awaited) → error reply |
+//! | D-Bus | `ListAgents` on the daemon through the same private dbus-daemon (zbus, from the bench) |
+//! | fdatasync | one append of a 338-byte line + `fdatasync` on the state directory's file system (the disk's floor) |
+//!
+//! Then `--agents` agents (default 100) flood the daemon for `--flood-secs` with `ping`, then
+//! with `tools/call`, one request in flight each, while the bench times `ListAgents` (in
+//! process) and `agentctl list` (a process) every 100 ms.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+#[derive(Args)]
+pub struct McpArgs {
+    /// Round trips per sequential path (split over the rounds).
+    #[arg(long, default_value_t = 100_000)]
+    pub calls: usize,
+    /// Interleaved rounds of the sequential paths.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Unmeasured round trips per path and client process first.
+    #[arg(long, default_value_t = 1000)]
+    pub warmup: usize,
+    /// fdatasync samples (the disk's floor).
+    #[arg(long, default_value_t = 2000)]
+    pub syncs: usize,
+    /// Concurrent agents in the flood (0: no flood).
+    #[arg(long, default_value_t = 100)]
+    pub agents: usize,
+    /// Seconds per flood phase (ping, then tools/call).
+    #[arg(long, default_value_t = 10)]
+    pub flood_secs: u64,
+    /// Working directory (state directory, audit log, copies of the binary) [default:
+    /// /var/tmp/agentos-bench-mcp-PID]: put it on the file system you want the audit log on.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The audit log's directory [default: STATE_DIR/audit, in --dir]. E.g. a directory on
+    /// /dev/shm (tmpfs, where fdatasync costs nothing) takes the disk out of the measurement.
+    #[arg(long)]
+    pub audit_dir: Option<PathBuf>,
+    /// Directory with release agentosd and agentctl [default: build them next to this binary].
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Leave the working directory (daemon log, audit log, samples) in place.
+    #[arg(long)]
+    pub keep: bool,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ClientArgs {
+    /// Socket to connect to [default: $AGENTOS_SOCKET, else the fd in $AGENTOS_SOCKET_FD].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Start `bench mcp-echo-server` as a child and talk to it over its stdin/stdout.
+    #[arg(long)]
+    pub spawn_server: bool,
+    /// Comma-separated request kinds: ping, call, denied, echo (a ping line, echoed back).
+    #[arg(long, default_value = "ping")]
+    pub modes: String,
+    /// The tool `call` calls.
+    #[arg(long, default_value = TOOL)]
+    pub tool: String,
+    #[arg(long, default_value_t = 1000)]
+    pub calls: usize,
+    #[arg(long, default_value_t = 100)]
+    pub warmup: usize,
+    /// Output prefix: samples go to PREFIX-MODE.bin (u32 ns, little endian), then PREFIX.done.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Flood: after the warm-up write PREFIX.ready, wait for DIR/go ("start_ns phase_ns gap_ns",
+    /// CLOCK_MONOTONIC), then run each mode for one phase.
+    #[arg(long)]
+    pub flood: Option<PathBuf>,
+}
+
+/// The tool the agents call: the echo server's `echo`, behind the `bench` manifest.
+const TOOL: &str = "bench.echo";
+/// An installed tool the contracts do not grant.
+const DENIED_TOOL: &str = "denied.noop";
+const TENANT: &str = "bench";
+
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tool server: answers at once.
+
+/// `bench mcp-echo-server`: an MCP stdio server with one tool, `echo`, that answers "ok".
+pub fn echo_server() -> Result<()> {
+    let stdin = std::io::stdin();
+    let mut r = stdin.lock();
+    let stdout = std::io::stdout();
+    let mut w = stdout.lock();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if r.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+            continue;
+        };
+        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
+        else {
+            continue; // notifications, responses
+        };
+        let id = id.to_string();
+        let reply = match method {
+            "tools/call" => format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"ok"}}]}}}}"#
+            ),
+            "ping" => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#),
+            "initialize" => {
+                let v = msg
+                    .pointer("/params/protocolVersion")
+                    .cloned()
+                    .unwrap_or(json!("2025-06-18"));
+                json!({"jsonrpc": "2.0", "id": msg["id"], "result": {
+                    "protocolVersion": v, "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "xtask-bench-echo", "version": "0"}}})
+                .to_string()
+            }
+            "tools/list" => json!({"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": [{
+                "name": "echo", "description": "Answers ok at once (benchmark).",
+                "inputSchema": {"type": "object"}}]}})
+            .to_string(),
+            m => json!({"jsonrpc": "2.0", "id": msg["id"],
+                "error": {"code": -32601, "message": format!("no method {m}")}})
+            .to_string(),
+        };
+        w.write_all(reply.as_bytes())?;
+        w.write_all(b"\n")?;
+        w.flush()?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measured client.
+
+struct Conn {
+    r: BufReader<Box<dyn Read>>,
+    w: Box<dyn Write>,
+    child: Option<Child>,
+    line: Vec<u8>,
+    next_id: u64,
+}
+
+impl Conn {
+    fn socket(path: Option<&Path>) -> Result<Conn> {
+        let path = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("AGENTOS_SOCKET").map(PathBuf::from));
+        let s = match path {
+            Some(p) => {
+                UnixStream::connect(&p).with_context(|| format!("connect {}", p.display()))?
+            }
+            None => {
+                let fd: i32 = std::env::var("AGENTOS_SOCKET_FD")
+                    .context("no --socket, AGENTOS_SOCKET or AGENTOS_SOCKET_FD")?
+                    .parse()
+                    .context("AGENTOS_SOCKET_FD")?;
+                // SAFETY: the daemon hands this fd to the agent's process as a connected socket
+                // it owns; nothing else in this process uses it.
+                unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+            }
+        };
+        let r = s.try_clone()?;
+        Ok(Conn {
+            r: BufReader::with_capacity(64 * 1024, Box::new(r)),
+            w: Box::new(s),
+            child: None,
+            line: Vec::with_capacity(4096),
+            next_id: 1,
+        })
+    }
+
+    fn server() -> Result<Conn> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["bench", "mcp-echo-server"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("start the echo server")?;
+        let w = child.stdin.take().context("stdin")?;
+        let r = child.stdout.take().context("stdout")?;
+        Ok(Conn {
+            r: BufReader::with_capacity(64 * 1024, Box::new(r)),
+            w: Box::new(w),
+            child: Some(child),
+            line: Vec::with_capacity(4096),
+            next_id: 1,
+        })
+    }
+
+    fn send(&mut self, req: &[u8]) -> Result<()> {
+        self.w.write_all(req)?;
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<&[u8]> {
+        self.line.clear();
+        if self.r.read_until(b'\n', &mut self.line)? == 0 {
+            bail!("the peer closed the connection");
+        }
+        Ok(&self.line)
+    }
+
+    /// One request → its response (as JSON).
+    fn rpc(&mut self, method: &str, params: Value) -> Result<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut req =
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
+        req.push('\n');
+        self.send(req.as_bytes())?;
+        let v: Value = serde_json::from_slice(self.recv()?)?;
+        if v.get("error").is_some() {
+            bail!("{method}: {v}");
+        }
+        Ok(v["result"].clone())
+    }
+
+    fn handshake(&mut self, tool: Option<&str>) -> Result<()> {
+        self.rpc(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "xtask-bench", "version": "0"}}),
+        )?;
+        self.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")?;
+        if let Some(tool) = tool {
+            // Also starts the agent's tool server in the daemon.
+            let list = self.rpc("tools/list", json!({}))?;
+            let names: Vec<&str> = list["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["name"].as_str())
+                .collect();
+            if !names.contains(&tool) {
+                bail!("tool {tool} is not listed: {names:?}");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Ping,
+    Call,
+    Denied,
+    Echo,
+}
+
+fn parse_modes(s: &str) -> Result<Vec<Mode>> {
+    s.split(',')
+        .map(|m| match m.trim() {
+            "ping" => Ok(Mode::Ping),
+            "call" => Ok(Mode::Call),
+            "denied" => Ok(Mode::Denied),
+            "echo" => Ok(Mode::Echo),
+            other => bail!("unknown mode {other:?} (ping, call, denied, echo)"),
+        })
+        .collect()
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Ping => "ping",
+        Mode::Call => "call",
+        Mode::Denied => "denied",
+        Mode::Echo => "echo",
+    }
+}
+
+/// One timed round trip of `mode`; returns the nanoseconds.
+fn round_trip(c: &mut Conn, mode: Mode, tool: &str, buf: &mut String) -> Result<u32> {
+    use std::fmt::Write as _;
+    let id = c.next_id;
+    c.next_id += 1;
+    buf.clear();
+    match mode {
+        Mode::Ping | Mode::Echo => {
+            let _ = write!(buf, r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        }
+        Mode::Call => {
+            let _ = write!(
+                buf,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"text":"hello"}}}}}}"#
+            );
+        }
+        Mode::Denied => {
+            let _ = write!(
+                buf,
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{DENIED_TOOL}","arguments":{{}}}}}}"#
+            );
+        }
+    }
+    buf.push('\n');
+    let t0 = mono_ns();
+    c.send(buf.as_bytes())?;
+    let reply = c.recv()?;
+    let dt = mono_ns() - t0;
+    // Check every answer (outside the timed part).
+    if mode == Mode::Echo {
+        if reply != buf.as_bytes() {
+            bail!("the echo differs: {}", String::from_utf8_lossy(reply));
+        }
+    } else {
+        let v: Value = serde_json::from_slice(reply)
+            .with_context(|| format!("reply {}", String::from_utf8_lossy(reply)))?;
+        let ok = v["id"] == json!(id)
+            && match mode {
+                Mode::Denied => v["error"]["code"] == json!(-32001),
+                _ => v.get("result").is_some() && v["result"]["isError"] != json!(true),
+            };
+        if !ok {
+            bail!("unexpected reply to {}: {v}", mode_name(mode));
+        }
+    }
+    Ok(dt.min(u32::MAX as u64) as u32)
+}
+
+fn write_samples(prefix: &Path, mode: Mode, samples: &[u32]) -> Result<()> {
+    let mut bytes = Vec::with_capacity(samples.len() * 4);
+    for s in samples {
+        bytes.extend_from_slice(&s.to_le_bytes());
+    }
+    let p = PathBuf::from(format!("{}-{}.bin", prefix.display(), mode_name(mode)));
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("{}", tmp.display()))?;
+    std::fs::rename(&tmp, &p)?;
+    Ok(())
+}
+
+fn touch(prefix: &Path, ext: &str, text: &str) -> Result<()> {
+    let p = PathBuf::from(format!("{}.{ext}", prefix.display()));
+    std::fs::write(&p, text).with_context(|| format!("{}", p.display()))
+}
+
+/// `bench mcp-client`.
+pub fn client(a: ClientArgs) -> Result<()> {
+    let modes = parse_modes(&a.modes)?;
+    let mut c = if a.spawn_server {
+        Conn::server()?
+    } else {
+        Conn::socket(a.socket.as_deref())?
+    };
+    let needs_tool = modes.contains(&Mode::Call);
+    if !modes.contains(&Mode::Echo) {
+        c.handshake(needs_tool.then_some(a.tool.as_str()))?;
+    }
+    let mut buf = String::with_capacity(256);
+    for &m in &modes {
+        for _ in 0..a.warmup {
+            round_trip(&mut c, m, &a.tool, &mut buf)?;
+        }
+    }
+    match &a.flood {
+        None => {
+            for &m in &modes {
+                let mut samples = Vec::with_capacity(a.calls);
+                for _ in 0..a.calls {
+                    samples.push(round_trip(&mut c, m, &a.tool, &mut buf)?);
+                }
+                write_samples(&a.out, m, &samples)?;
+            }
+        }
+        Some(dir) => {
+            touch(&a.out, "ready", "")?;
+            let go = dir.join("go");
+            let text = loop {
+                if let Ok(t) = std::fs::read_to_string(&go)
+                    && t.ends_with('\n')
+                {
+                    break t;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            let v: Vec<u64> = text
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .context("go file")?;
+            let [start, phase, gap] = v[..] else {
+                bail!("go file: {text:?}");
+            };
+            for (i, &m) in modes.iter().enumerate() {
+                let begin = start + i as u64 * (phase + gap);
+                let end = begin + phase;
+                while mono_ns() < begin {
+                    std::thread::sleep(Duration::from_micros(
+                        ((begin - mono_ns()) / 1000).clamp(1, 10_000),
+                    ));
+                }
+                let mut samples = Vec::with_capacity(1 << 16);
+                while mono_ns() < end {
+                    samples.push(round_trip(&mut c, m, &a.tool, &mut buf)?);
+                }
+                write_samples(&a.out, m, &samples)?;
+            }
+        }
+    }
+    touch(&a.out, "done", "")?;
+    if let Some(mut child) = c.child.take() {
+        drop(c);
+        let _ = child.wait();
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bench.
+
+/// Processes this bench started, killed by PID when dropped (unless already waited for).
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Env {
+    dir: PathBuf,
+    exe: PathBuf,
+    state: PathBuf,
+    ctl_dir: PathBuf,
+    contracts: PathBuf,
+    bin_dir: PathBuf,
+    bus: String,
+    cgroup_root: PathBuf,
+    daemon_pid: u32,
+    rt: tokio::runtime::Runtime,
+    client: agentosd::client::Client,
+}
+
+impl Env {
+    fn home(&self, name: &str) -> PathBuf {
+        self.state.join("home").join(TENANT).join(name)
+    }
+
+    fn agent_log(&self, name: &str) -> String {
+        std::fs::read_to_string(
+            self.state
+                .join("logs")
+                .join(TENANT)
+                .join(format!("{name}.log")),
+        )
+        .unwrap_or_default()
+    }
+
+    fn daemon_log(&self) -> String {
+        let t = std::fs::read_to_string(self.dir.join("agentosd.log")).unwrap_or_default();
+        let n = t.len().saturating_sub(4000);
+        t[t.floor_char_boundary(n)..].to_string()
+    }
+
+    fn agentctl(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(self.bin_dir.join("agentctl"))
+            .arg("--bus-address")
+            .arg(&self.bus)
+            .args(args)
+            .output()
+            .context("run agentctl")
+    }
+
+    fn list_states(&self) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .rt
+            .block_on(agentosd::client::list_rows(&self.client))
+            .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
+        Ok(rows.into_iter().map(|r| (r.name, r.state)).collect())
+    }
+
+    fn list_timed(&self) -> Result<u64> {
+        let t0 = mono_ns();
+        self.rt
+            .block_on(agentosd::client::list_rows(&self.client))
+            .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
+        Ok(mono_ns() - t0)
+    }
+
+    fn agentctl_list_timed(&self) -> Result<u64> {
+        let t0 = mono_ns();
+        let out = self.agentctl(&["list"])?;
+        let dt = mono_ns() - t0;
+        if !out.status.success() {
+            bail!(
+                "agentctl list failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(dt)
+    }
+
+    /// Write the contract of agent `name` running this binary with `args` and start it.
+    fn start_agent(&self, name: &str, args: &[String]) -> Result<()> {
+        let bin = self.exe.parent().context("bin dir")?.display().to_string();
+        let text = format!(
+            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: {TENANT}\n\
+             class: {{ latency: SRT }}\n\
+             exec:\n  command: {exe}\n  args: {args}\n\
+             capabilities:\n  - bench\n  - fs.read: [{bin}, {ctl}]\n  - fs.exec: [{bin}]\n",
+            exe = self.exe.display(),
+            args = serde_json::to_string(args)?,
+            ctl = self.ctl_dir.display(),
+        );
+        contracts::parse_contract(&text, &format!("{name}.yaml"))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let f = self.contracts.join(format!("{name}.yaml"));
+        std::fs::write(&f, text)?;
+        let out = self.agentctl(&["start", &f.display().to_string()])?;
+        if !out.status.success() {
+            bail!(
+                "agentctl start {name}: {}{}\ndaemon log:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.daemon_log()
+            );
+        }
+        Ok(())
+    }
+
+    /// Wait until every agent in `names` wrote HOME/out.<ext>; fail when one stopped without.
+    fn wait_for(&self, names: &[String], ext: &str, secs: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let mut left: Vec<&String> = names.iter().collect();
+        let mut last_check = Instant::now();
+        while !left.is_empty() {
+            left.retain(|n| !self.home(n).join(format!("out.{ext}")).exists());
+            if left.is_empty() {
+                break;
+            }
+            if last_check.elapsed() > Duration::from_millis(500) {
+                last_check = Instant::now();
+                let states = self.list_states()?;
+                for n in &left {
+                    let st = states
+                        .iter()
+                        .find(|(name, _)| name == *n)
+                        .map(|s| s.1.as_str())
+                        .unwrap_or("missing");
+                    if !matches!(st, "running" | "activating" | "starting")
+                        && !self.home(n).join(format!("out.{ext}")).exists()
+                    {
+                        bail!(
+                            "agent {n} is {st} without {ext}; its log:\n{}\ndaemon log:\n{}",
+                            self.agent_log(n),
+                            self.daemon_log()
+                        );
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} agents did not write {ext} within {secs} s (first: {}); its log:\n{}",
+                    left.len(),
+                    left[0],
+                    self.agent_log(left[0])
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// CPU ticks per thread name of the daemon.
+    fn daemon_threads(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{}/task", self.daemon_pid)) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let comm = stat[open + 1..close].to_string();
+            let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+            let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+            match out.iter_mut().find(|(c, _)| *c == comm) {
+                Some(x) => x.1 += ticks,
+                None => out.push((comm, ticks)),
+            }
+        }
+        out
+    }
+}
+
+fn read_samples(p: &Path) -> Result<Vec<u32>> {
+    let b = std::fs::read(p).with_context(|| format!("{}", p.display()))?;
+    Ok(b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Sorted samples with percentiles.
+struct Dist(Vec<u64>);
+
+impl Dist {
+    fn new(mut v: Vec<u64>) -> Dist {
+        v.sort_unstable();
+        Dist(v)
+    }
+    /// Permille.
+    fn p(&self, pm: usize) -> u64 {
+        if self.0.is_empty() {
+            return 0;
+        }
+        self.0[((self.0.len() - 1) * pm / 1000).min(self.0.len() - 1)]
+    }
+    fn max(&self) -> u64 {
+        self.0.last().copied().unwrap_or(0)
+    }
+    fn mean(&self) -> u64 {
+        self.0.iter().sum::<u64>() / self.0.len().max(1) as u64
+    }
+    fn json(&self) -> Value {
+        json!({"n": self.0.len(), "p50_ns": self.p(500), "p99_ns": self.p(990),
+            "p999_ns": self.p(999), "max_ns": self.max(), "mean_ns": self.mean()})
+    }
+}
+
+fn us(ns: u64) -> String {
+    let u = ns as f64 / 1000.0;
+    if u < 100.0 {
+        format!("{u:.1}")
+    } else {
+        format!("{u:.0}")
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e6)
+}
+
+fn sdiff(a: u64, b: u64) -> String {
+    let d = a as f64 - b as f64;
+    format!("{:+.1}", d / 1000.0)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// File system type and source of the mount holding `p` (from /proc/self/mountinfo).
+fn filesystem_of(p: &Path) -> String {
+    let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut best: Option<(usize, String)> = None;
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (Some(mp), Some(fstype), Some(src)) = (f.get(4), f.get(dash + 1), f.get(dash + 2))
+        else {
+            continue;
+        };
+        if p.starts_with(mp) && best.as_ref().is_none_or(|b| mp.len() >= b.0) {
+            best = Some((mp.len(), format!("{fstype} on {src} (mounted at {mp})")));
+        }
+    }
+    best.map(|b| b.1).unwrap_or_else(|| "unknown".into())
+}
+
+/// `syncs` appends of a 338-byte line, each followed by fdatasync, in `dir`.
+fn fdatasync_floor(dir: &Path, syncs: usize) -> Result<Vec<u64>> {
+    use std::os::fd::AsRawFd;
+    let p = dir.join("fdatasync-probe");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&p)?;
+    let line = [b'x'; 337];
+    let mut v = Vec::with_capacity(syncs);
+    for _ in 0..syncs {
+        let t0 = mono_ns();
+        f.write_all(&line)?;
+        f.write_all(b"\n")?;
+        // SAFETY: fdatasync on an fd this function owns.
+        if unsafe { libc::fdatasync(f.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("fdatasync");
+        }
+        v.push(mono_ns() - t0);
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&p);
+    Ok(v)
+}
+
+/// The floor: a line echo server on a Unix socket, one thread per connection.
+fn floor_server(path: &Path) -> Result<()> {
+    let l = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            std::thread::spawn(move || {
+                let Ok(mut w) = s.try_clone() else { return };
+                let mut r = BufReader::with_capacity(64 * 1024, s);
+                let mut line = Vec::with_capacity(4096);
+                loop {
+                    line.clear();
+                    match r.read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {
+                            if w.write_all(&line).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+fn chmod(p: &Path, mode: u32) -> Result<()> {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", p.display()))
+}
+
+fn start_bus(dir: &Path) -> Result<(Child, String)> {
+    let conf = dir.join("bus.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+  <limit name="max_replies_per_connection">50000</limit>
+  <limit name="max_connections_per_user">100000</limit>
+</busconfig>
+"#,
+            dir.join("bus.sock").display()
+        ),
+    )?;
+    let mut child = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", conf.display()))
+        .args(["--print-address=1", "--nofork"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start dbus-daemon (apt-get install dbus)")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("bus stdout")?).read_line(&mut line)?;
+    Ok((child, line.trim().to_string()))
+}
+
+/// Kill everything in `path` and below (cgroup.kill), then remove the tree bottom-up.
+fn destroy_cgroup_tree(path: &Path) {
+    if !path.exists() {
+        return;
+    }
+    let _ = std::fs::write(path.join("cgroup.kill"), "1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let ev = std::fs::read_to_string(path.join("cgroup.events")).unwrap_or_default();
+        if !ev.contains("populated 1") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    fn rm(p: &Path) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    rm(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(p);
+    }
+    rm(path);
+}
+
+fn build_bins() -> Result<PathBuf> {
+    let here = std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .to_path_buf();
+    eprintln!("bench mcp: building release agentosd and agentctl…");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let st = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "--release", "-p", "agentosd", "--bins"])
+        .status()
+        .context("cargo build")?;
+    if !st.success() {
+        bail!("cargo build --release -p agentosd --bins failed");
+    }
+    Ok(here)
+}
+
+const ECHO_MANIFEST: &str = r#"apiVersion: agentos/v0.2
+kind: Tool
+name: bench
+description: The benchmark's echo server (xtask bench mcp-echo-server); answers at once.
+risk: low
+timeout_ms: 10000
+mcp:
+  command: EXE
+  args: [bench, mcp-echo-server]
+  startup_timeout_ms: 20000
+sandbox:
+  runtime: [BIN]
+"#;
+
+const DENIED_MANIFEST: &str = r#"apiVersion: agentos/v0.2
+kind: Tool
+name: denied.noop
+description: Installed, granted to nobody (the benchmark's refused call).
+risk: low
+exec:
+  command: /bin/true
+input_schema: {type: object}
+"#;
+
+pub fn run(a: McpArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench mcp needs root (cgroups, agents with their own uids)");
+    }
+    if a.rounds == 0 || a.calls < a.rounds {
+        bail!("--calls must be at least --rounds");
+    }
+    let mount = agentosd::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
+    let bin_dir = match &a.bin_dir {
+        Some(d) => d.clone(),
+        None => build_bins()?,
+    };
+    for b in ["agentosd", "agentctl"] {
+        if !bin_dir.join(b).exists() {
+            bail!("{} is missing", bin_dir.join(b).display());
+        }
+    }
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("/var/tmp/agentos-bench-mcp-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let dir = std::fs::canonicalize(&dir)?;
+    chmod(&dir, 0o755)?;
+    let cgroup_root = mount.join(format!("agentos-bench-mcp-{}", std::process::id()));
+    let audit_created = a.audit_dir.as_ref().is_some_and(|d| !d.exists());
+    let mut procs = Procs(Vec::new());
+    let result = bench(&a, &dir, &bin_dir, &cgroup_root, &mut procs);
+    // Teardown: the daemon (SIGTERM: it stops its agents and tool servers), the bus, then
+    // whatever is left in our cgroup tree.
+    if let Some(d) = procs.0.first_mut() {
+        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+        unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = d.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(procs);
+    destroy_cgroup_tree(&cgroup_root);
+    if a.keep {
+        eprintln!("bench mcp: kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+        if let (true, Some(d)) = (audit_created, &a.audit_dir) {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    result
+}
+
+fn bench(
+    a: &McpArgs,
+    dir: &Path,
+    bin_dir: &Path,
+    cgroup_root: &Path,
+    procs: &mut Procs,
+) -> Result<()> {
+    let state = dir.join("state");
+    let audit_dir = a.audit_dir.clone().unwrap_or_else(|| state.join("audit"));
+    std::fs::create_dir_all(&audit_dir)?;
+    let fs = filesystem_of(&audit_dir);
+    let load_before = loadavg();
+    // Layout. Agents (their own uids) must reach bin/ and ctl/.
+    let bin = dir.join("bin");
+    let ctl_dir = dir.join("ctl");
+    let tools = dir.join("tools.d");
+    let contracts = dir.join("contracts");
+    let out = dir.join("out");
+    for d in [&bin, &ctl_dir, &tools, &contracts, &out, &state] {
+        std::fs::create_dir_all(d)?;
+        chmod(d, 0o755)?;
+    }
+    let exe = bin.join("xtask");
+    std::fs::copy(std::env::current_exe()?, &exe)?;
+    chmod(&exe, 0o755)?;
+    std::fs::write(
+        tools.join("bench.yaml"),
+        ECHO_MANIFEST
+            .replace("EXE", &exe.display().to_string())
+            .replace("BIN", &bin.display().to_string()),
+    )?;
+    std::fs::write(tools.join("denied.yaml"), DENIED_MANIFEST)?;
+    let agents_d = dir.join("agents.d");
+    std::fs::create_dir_all(&agents_d)?;
+
+    let (bus_child, bus) = start_bus(dir)?;
+    procs.0.push(bus_child);
+    std::fs::create_dir_all(cgroup_root)?;
+    let log = std::fs::File::create(dir.join("agentosd.log"))?;
+    let daemon = Command::new(bin_dir.join("agentosd"))
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--agents-dir")
+        .arg(&agents_d)
+        .arg("--cgroup-root")
+        .arg(cgroup_root)
+        .arg("--bus-address")
+        .arg(&bus)
+        .arg("--tools-dir")
+        .arg(&tools)
+        .arg("--audit-dir")
+        .arg(&audit_dir)
+        .args(["--stop-timeout", "2", "--stop-agents-on-exit"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start agentosd")?;
+    let daemon_pid = daemon.id();
+    // The daemon first: teardown sends it SIGTERM before the rest is killed.
+    procs.0.insert(0, daemon);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        let c = rt.block_on(agentosd::client::Client::connect(Some(&bus)));
+        if let Ok(c) = c
+            && rt.block_on(agentosd::client::list_rows(&c)).is_ok()
+        {
+            break c;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "agentosd did not come up in 30 s; its log:\n{}",
+                std::fs::read_to_string(dir.join("agentosd.log")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let env = Env {
+        dir: dir.to_path_buf(),
+        exe: exe.clone(),
+        state: state.clone(),
+        ctl_dir,
+        contracts,
+        bin_dir: bin_dir.to_path_buf(),
+        bus,
+        cgroup_root: cgroup_root.to_path_buf(),
+        daemon_pid,
+        rt,
+        client,
+    };
+    eprintln!(
+        "bench mcp: agentosd pid {daemon_pid}, state {} ({fs}), cgroup {}",
+        state.display(),
+        env.cgroup_root.display()
+    );
+
+    // ---- Sequential paths, interleaved by rounds.
+    let per = a.calls / a.rounds;
+    let names = [
+        "floor",
+        "pipe",
+        "ping",
+        "call",
+        "denied",
+        "dbus",
+        "fdatasync",
+    ];
+    let mut samples: Vec<Vec<u64>> = vec![Vec::new(); names.len()];
+    let floor_sock = dir.join("floor.sock");
+    floor_server(&floor_sock)?;
+    let threads_before = env.daemon_threads();
+    let seq_t0 = Instant::now();
+    let client_args = |modes: &str, prefix: &Path| -> Vec<String> {
+        [
+            "bench",
+            "mcp-client",
+            "--modes",
+            modes,
+            "--calls",
+            &per.to_string(),
+            "--warmup",
+            &a.warmup.to_string(),
+            "--out",
+            &prefix.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    for r in 0..a.rounds {
+        eprintln!(
+            "bench mcp: round {}/{} ({per} round trips per path)…",
+            r + 1,
+            a.rounds
+        );
+        // Floor.
+        let p = out.join(format!("floor-{r}"));
+        let mut args = client_args("echo", &p);
+        args.extend(["--socket".into(), floor_sock.display().to_string()]);
+        let st = Command::new(&exe).args(&args).status()?;
+        if !st.success() {
+            bail!("floor client failed ({st})");
+        }
+        samples[0].extend(
+            read_samples(&out.join(format!("floor-{r}-echo.bin")))?
+                .iter()
+                .map(|&x| x as u64),
+        );
+        // The tool server over a pipe.
+        let p = out.join(format!("pipe-{r}"));
+        let mut args = client_args("call", &p);
+        args.extend(["--spawn-server".into(), "--tool".into(), "echo".into()]);
+        let st = Command::new(&exe).args(&args).status()?;
+        if !st.success() {
+            bail!("pipe client failed ({st})");
+        }
+        samples[1].extend(
+            read_samples(&out.join(format!("pipe-{r}-call.bin")))?
+                .iter()
+                .map(|&x| x as u64),
+        );
+        // The agent: ping, tools/call, refused tools/call.
+        let name = format!("seq-{r}");
+        let home_out = env.home(&name).join("out");
+        // $HOME is only known inside the agent; the path is the same.
+        let args = client_args("ping,call,denied", &home_out);
+        env.start_agent(&name, &args)?;
+        env.wait_for(std::slice::from_ref(&name), "done", 3600)?;
+        for (i, m) in [(2, "ping"), (3, "call"), (4, "denied")] {
+            samples[i].extend(
+                read_samples(&env.home(&name).join(format!("out-{m}.bin")))?
+                    .iter()
+                    .map(|&x| x as u64),
+            );
+        }
+        // D-Bus.
+        for _ in 0..a.warmup.min(per) {
+            env.list_timed()?;
+        }
+        for _ in 0..per {
+            samples[5].push(env.list_timed()?);
+        }
+        // The disk.
+        samples[6].extend(fdatasync_floor(&audit_dir, a.syncs / a.rounds)?);
+    }
+    let seq_secs = seq_t0.elapsed().as_secs_f64();
+    let threads_after = env.daemon_threads();
+    let dists: Vec<Dist> = samples.into_iter().map(Dist::new).collect();
+
+    // ---- The flood.
+    let mut flood_json = Value::Null;
+    let mut flood_rows = Vec::new();
+    let mut resp_rows = Vec::new();
+    let mut flood_threads = Vec::new();
+    if a.agents > 0 {
+        eprintln!("bench mcp: starting {} flooding agents…", a.agents);
+        let names: Vec<String> = (0..a.agents).map(|i| format!("flood-{i:03}")).collect();
+        for n in &names {
+            let home_out = env.home(n).join("out");
+            let args: Vec<String> = [
+                "bench",
+                "mcp-client",
+                "--modes",
+                "ping,call",
+                "--warmup",
+                "20",
+                "--out",
+                &home_out.display().to_string(),
+                "--flood",
+                &env.ctl_dir.display().to_string(),
+            ]
+            .map(String::from)
+            .to_vec();
+            env.start_agent(n, &args)?;
+        }
+        env.wait_for(&names, "ready", 300)?;
+        // Idle baseline: every agent started, connected, its tool server up, waiting.
+        let mut idle = (Vec::new(), Vec::new());
+        for _ in 0..20 {
+            idle.0.push(env.list_timed()?);
+            idle.1.push(env.agentctl_list_timed()?);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let phase = a.flood_secs * 1_000_000_000;
+        let gap = 1_000_000_000;
+        let start = mono_ns() + 500_000_000;
+        let go = env.ctl_dir.join("go");
+        std::fs::write(go.with_extension("tmp"), format!("{start} {phase} {gap}\n"))?;
+        std::fs::rename(go.with_extension("tmp"), &go)?;
+        eprintln!(
+            "bench mcp: flood: {} s of ping, then {} s of tools/call…",
+            a.flood_secs, a.flood_secs
+        );
+        let mut during = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+        let mut load = [String::new(), String::new()];
+        for (i, d) in during.iter_mut().enumerate() {
+            let begin = start + i as u64 * (phase + gap);
+            let end = begin + phase;
+            while mono_ns() < begin {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let before = env.daemon_threads();
+            let mut tick = begin + 50_000_000;
+            while tick < end {
+                while mono_ns() < tick {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                d.0.push(env.list_timed()?);
+                d.1.push(env.agentctl_list_timed()?);
+                tick += 100_000_000;
+                while tick < mono_ns() {
+                    tick += 100_000_000;
+                }
+            }
+            while mono_ns() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            flood_threads.push(thread_delta(&before, &env.daemon_threads()));
+            load[i] = loadavg();
+        }
+        env.wait_for(&names, "done", 120)?;
+        let mut pj = Vec::new();
+        for (i, m) in ["ping", "call"].iter().enumerate() {
+            let mut all = Vec::new();
+            let mut per_agent = Vec::new();
+            for n in &names {
+                let s = read_samples(&env.home(n).join(format!("out-{m}.bin")))?;
+                per_agent.push(s.len() as u64);
+                all.extend(s.iter().map(|&x| x as u64));
+            }
+            let total = all.len() as u64;
+            let d = Dist::new(all);
+            let pa = Dist::new(per_agent);
+            let rate = total as f64 / a.flood_secs as f64;
+            let cpu: u64 = flood_threads[i].iter().map(|t| t.1).sum();
+            flood_rows.push(format!(
+                "| {} | {} | {total} | **{rate:.0}** | {} | {} | {} | {} | {} / {} / {} | {:.0}% |",
+                if i == 0 {
+                    "ping"
+                } else {
+                    "tools/call (gate + durable audit + tool)"
+                },
+                a.agents,
+                us(d.p(500)),
+                us(d.p(990)),
+                us(d.p(999)),
+                us(d.max()),
+                pa.0.first().copied().unwrap_or(0),
+                pa.p(500),
+                pa.max(),
+                cpu as f64 / clk_tck() / a.flood_secs as f64 * 100.0,
+            ));
+            pj.push(json!({"phase": m, "calls": total, "calls_per_s": rate, "latency": d.json(),
+                "per_agent_min": pa.0.first(), "per_agent_median": pa.p(500), "per_agent_max": pa.max(),
+                "loadavg_after": load[i], "daemon_threads_ticks": flood_threads[i]}));
+        }
+        let mut rj = Vec::new();
+        for (label, (l, c)) in [
+            (format!("{} agents started, idle", a.agents), idle),
+            (
+                format!("{} agents flooding ping", a.agents),
+                during[0].clone(),
+            ),
+            (
+                format!("{} agents flooding tools/call", a.agents),
+                during[1].clone(),
+            ),
+        ] {
+            let (l, c) = (Dist::new(l), Dist::new(c));
+            resp_rows.push(format!(
+                "| {label} | {} | {} / {} / {} | {} / {} / {} |",
+                c.0.len(),
+                ms(l.p(500)),
+                ms(l.p(990)),
+                ms(l.max()),
+                ms(c.p(500)),
+                ms(c.p(990)),
+                ms(c.max())
+            ));
+            rj.push(json!({"while": label, "list_agents": l.json(), "agentctl_list": c.json()}));
+        }
+        flood_json =
+            json!({"agents": a.agents, "secs": a.flood_secs, "phases": pj, "responsiveness": rj});
+    }
+    let load_after = loadavg();
+
+    // ---- Report.
+    let labels = [
+        "floor: Unix-socket line echo, no daemon",
+        "tool server over a pipe, no daemon (tools/call)",
+        "`ping` via agentosd (agent → socket → session → reply)",
+        "**`tools/call` via agentosd** (gate + durable audit + proxied tool)",
+        "`tools/call` refused by the gate (not granted; record queued, not awaited)",
+        "D-Bus: `ListAgents` via dbus-daemon (zbus)",
+        "disk: append 338 B + `fdatasync`",
+    ];
+    let floor = &dists[0];
+    println!(
+        "\nMCP round trips, one request in flight: {per} per path and round × {} rounds (interleaved), {} warm-up per client\n\
+         audit log: {} ({fs}); loadavg before {load_before}, after {load_after}; sequential part {seq_secs:.0} s\n",
+        a.rounds,
+        a.warmup,
+        audit_dir.display()
+    );
+    println!(
+        "| path | n | p50 µs | p99 µs | p99.9 µs | max µs | mean µs | p50 ÷ floor | p99 ÷ floor |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, d) in dists.iter().enumerate() {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1}× | {:.1}× |",
+            labels[i],
+            d.0.len(),
+            us(d.p(500)),
+            us(d.p(990)),
+            us(d.p(999)),
+            us(d.max()),
+            us(d.mean()),
+            d.p(500) as f64 / floor.p(500).max(1) as f64,
+            d.p(990) as f64 / floor.p(990).max(1) as f64,
+        );
+    }
+    let (pipe, ping, call, denied) = (&dists[1], &dists[2], &dists[3], &dists[4]);
+    let gate =
+        |pm: usize| call.p(pm) as i64 - ping.p(pm) as i64 - pipe.p(pm) as i64 + floor.p(pm) as i64;
+    println!("\nDifferences of the distributions above (percentile minus percentile):\n");
+    println!("| difference | p50 µs | p99 µs |");
+    println!("|---|---:|---:|");
+    println!(
+        "| ping via agentosd − floor (the daemon's socket + session, no gate) | {} | {} |",
+        sdiff(ping.p(500), floor.p(500)),
+        sdiff(ping.p(990), floor.p(990))
+    );
+    println!(
+        "| tools/call via agentosd − tool server over a pipe (all the daemon adds) | {} | {} |",
+        sdiff(call.p(500), pipe.p(500)),
+        sdiff(call.p(990), pipe.p(990))
+    );
+    println!(
+        "| **gate + audit + proxy** = (tools/call − ping via agentosd) − (pipe − floor) | **{:+.1}** | **{:+.1}** |",
+        gate(500) as f64 / 1000.0,
+        gate(990) as f64 / 1000.0
+    );
+    println!(
+        "| refused − ping via agentosd (gate decision + queued record, no sync) | {} | {} |",
+        sdiff(denied.p(500), ping.p(500)),
+        sdiff(denied.p(990), ping.p(990))
+    );
+    let met = gate(990) < 50_000;
+    println!(
+        "\nGoal gate + audit overhead p99 < 50 µs: {} ({:.1} µs)",
+        if met { "met" } else { "NOT met" },
+        gate(990) as f64 / 1000.0
+    );
+    let seq_threads = thread_delta(&threads_before, &threads_after);
+    println!(
+        "daemon CPU during the sequential part, by thread (s): {}",
+        fmt_threads(&seq_threads)
+    );
+    if !flood_rows.is_empty() {
+        println!(
+            "\n{} agents, each one request in flight, {} s per phase:\n",
+            a.agents, a.flood_secs
+        );
+        println!(
+            "| phase | agents | calls | calls/s | p50 µs | p99 µs | p99.9 µs | max µs | calls per agent min / median / max | daemon CPU (of one core) |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &flood_rows {
+            println!("{r}");
+        }
+        for (i, t) in flood_threads.iter().enumerate() {
+            println!(
+                "daemon CPU in the {} phase, by thread (s): {}",
+                ["ping", "tools/call"][i],
+                fmt_threads(t)
+            );
+        }
+        println!("\nThe daemon answering operators meanwhile (every 100 ms):\n");
+        println!(
+            "| while | samples | `ListAgents` p50 / p99 / max ms | `agentctl list` (process) p50 / p99 / max ms |"
+        );
+        println!("|---|---:|---:|---:|");
+        for r in &resp_rows {
+            println!("{r}");
+        }
+        let worst = flood_json["responsiveness"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .skip(1)
+            .map(|r| r["agentctl_list"]["max_ns"].as_u64().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        println!(
+            "\nGoal `agentctl list` within 50 ms while {} agents flood: {} (worst {} ms)",
+            a.agents,
+            if worst < 50_000_000 { "met" } else { "NOT met" },
+            ms(worst)
+        );
+    }
+    if let Some(p) = &a.json {
+        let seq: Vec<Value> = names
+            .iter()
+            .zip(&dists)
+            .map(|(n, d)| json!({"path": n, "latency": d.json()}))
+            .collect();
+        std::fs::write(
+            p,
+            serde_json::to_vec_pretty(&json!({
+                "calls": a.calls, "rounds": a.rounds, "warmup": a.warmup,
+                "filesystem": fs, "loadavg_before": load_before, "loadavg_after": load_after,
+                "sequential": seq, "gate_audit_p50_ns": gate(500), "gate_audit_p99_ns": gate(990),
+                "daemon_threads_sequential_ticks": seq_threads, "flood": flood_json,
+            }))?,
+        )?;
+    }
+    Ok(())
+}
+
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// Per-thread-name CPU ticks used between two snapshots, largest first.
+fn thread_delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = after
+        .iter()
+        .map(|(n, t)| {
+            let b = before
+                .iter()
+                .find(|(m, _)| m == n)
+                .map(|x| x.1)
+                .unwrap_or(0);
+            (n.clone(), t.saturating_sub(b))
+        })
+        .filter(|x| x.1 > 0)
+        .collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
+    v
+}
+
+fn fmt_threads(v: &[(String, u64)]) -> String {
+    v.iter()
+        .take(6)
+        .map(|(n, t)| format!("{n} {:.2}", *t as f64 / clk_tck()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
