@@ -26,8 +26,8 @@ fn main() {
         );
     }
     // net: the cgroup programs and lsm/socket_connect share the policy map. fs: the
-    // filesystem-scope LSM programs (enforce::fs).
-    for name in ["net", "fs"] {
+    // filesystem-scope LSM programs (enforce::fs). sysc: the opt-in syscall counter (enforce::sysc).
+    for name in ["net", "fs", "sysc"] {
         let src = src_dir.join(format!("{name}.bpf.c"));
         let obj = out.join(format!("{name}.bpf.o"));
         println!("cargo:rerun-if-changed={}", src.display());

@@ -202,6 +202,9 @@ pub struct Status {
     /// Kernel denials since the daemon started (absent from older daemons).
     #[serde(default)]
     pub denials: u64,
+    /// Syscalls of the current (or last) run; absent unless the daemon counts them.
+    #[serde(default)]
+    pub syscalls: Option<u64>,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -491,6 +494,11 @@ pub fn render_status(st: &Status, log: &[String]) -> String {
             st.denials, st.name
         ));
     }
+    if let Some(n) = st.syscalls {
+        s.push_str(&format!(
+            "   Syscalls: {n} entered by its processes in this run (agentosd --syscall-counts)\n"
+        ));
+    }
     s.push_str(&format!("      Tasks: {}\n", st.tasks_current));
     s.push_str(&format!(
         "     Memory: {}\n",
@@ -670,6 +678,25 @@ mod tests {
         let t = render_tree(&[(10, 1, "sh".into()), (11, 10, "sleep 1".into())]);
         assert!(t.contains("└─10 sh"));
         assert!(t.contains("  └─11 sleep 1"), "{t}");
+    }
+
+    #[test]
+    fn status_shows_syscalls_only_when_counted() {
+        // An older daemon's JSON has no `syscalls`: absent, like counting off.
+        let old = serde_json::json!({
+            "id": "default/a", "name": "a", "tenant": "default", "state": "running",
+            "result": "", "main_pid": 0, "control_group": "", "latency_class": "DT",
+            "cpu_usage_nsec": null, "memory_current": null, "tasks_current": 1, "restarts": 0,
+            "restart_policy": "no", "started_at_us": 0, "exit_status": "",
+            "unenforced_budgets": [], "notes": [], "log_path": "", "origin": "", "enabled": false,
+            "object_path": "", "command": "sleep", "processes": []
+        });
+        let mut st: Status = serde_json::from_value(old).expect("status without syscalls");
+        assert_eq!(st.syscalls, None);
+        assert!(!render_status(&st, &[]).contains("Syscalls"));
+        st.syscalls = Some(200_212);
+        let t = render_status(&st, &[]);
+        assert!(t.contains("\n   Syscalls: 200212 entered"), "{t}");
     }
 }
 

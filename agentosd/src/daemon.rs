@@ -31,6 +31,9 @@ pub struct Options {
     pub audit_journal: bool,
     /// Load the sched_ext scheduler scx_agentos (`--sched-ext`); see scx.rs.
     pub sched_ext: bool,
+    /// Count each agent's syscalls on the global syscall-entry hook (`--syscall-counts`; every
+    /// process on the host pays for it, so off by default). See enforce/sysc.rs.
+    pub syscall_counts: bool,
     /// Tool manifests (`--tools-dir`).
     pub tools_dir: PathBuf,
     /// Sockets directory [default: /run/agentos with the default state dir, else STATE_DIR/run].
@@ -53,6 +56,7 @@ impl Default for Options {
             audit_key: None,
             audit_journal: true,
             sched_ext: false,
+            syscall_counts: false,
             tools_dir: PathBuf::from("/etc/agentos/tools.d"),
             run_dir: None,
             consent_timeout: Duration::from_secs(120),
@@ -197,6 +201,9 @@ pub async fn run(opts: Options) -> Result<()> {
     sup.set_host_offer(crate::audit_trail::host_offer(&report));
     sup.set_net(setup_net(&root.join("agents"), &report));
     sup.set_fs(crate::enforce::fs::setup());
+    if opts.syscall_counts {
+        sup.set_sysc(crate::enforce::sysc::setup());
+    }
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     setup_mcp(&sup, &opts, &root);
@@ -486,6 +493,7 @@ pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
             Err(e) => println!("agentos network programs (ebpf/net.bpf.c): NOT loadable: {e}"),
         }
         println!("{}", crate::enforce::fs::check_line());
+        println!("{}", crate::enforce::sysc::check_line());
     }
     0
 }

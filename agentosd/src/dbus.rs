@@ -536,6 +536,13 @@ impl AgentObject {
         self.status().denials
     }
 
+    /// Syscalls entered by the agent's processes in its current (or last) run; u64::MAX when
+    /// the daemon does not count them (`agentosd --syscall-counts` is off).
+    #[zbus(property(emits_changed_signal = "false"), name = "Syscalls")]
+    async fn syscalls(&self) -> u64 {
+        self.status().syscalls.unwrap_or(u64::MAX)
+    }
+
     /// CPU time in ns (`cpu.stat usage_usec`); u64::MAX when unknown, like systemd.
     #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
     async fn cpu_usage_nsec(&self) -> u64 {

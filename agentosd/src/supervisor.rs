@@ -174,6 +174,9 @@ pub struct AgentStatus {
     pub deadline_misses: Option<u64>,
     /// Kernel denials (cgroup BPF, BPF LSM, Landlock, seccomp) reported since the daemon started.
     pub denials: u64,
+    /// Syscalls entered by the agent's processes in its current (or last) run; `None` unless
+    /// the daemon counts them (`agentosd --syscall-counts`, see enforce/sysc.rs).
+    pub syscalls: Option<u64>,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -309,6 +312,7 @@ impl Agent {
                     deadline_misses: (i.spec.latency_class == "HRT")
                         .then(|| self.overruns.misses()),
                     denials: 0,
+                    syscalls: None,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,
@@ -382,6 +386,8 @@ pub struct Supervisor {
     net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
     /// BPF LSM filesystem scopes, or why they are unavailable (set by the daemon).
     fs: std::sync::OnceLock<Result<Arc<crate::enforce::fs::FsEnforcer>, String>>,
+    /// Per-agent syscall counts when the operator enabled them, or why they are off.
+    sysc: std::sync::OnceLock<Result<Arc<crate::enforce::sysc::SyscCounter>, String>>,
     /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
     scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
     /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
@@ -438,6 +444,7 @@ impl Supervisor {
             offer: std::sync::OnceLock::new(),
             net: std::sync::OnceLock::new(),
             fs: std::sync::OnceLock::new(),
+            sysc: std::sync::OnceLock::new(),
             scx: std::sync::OnceLock::new(),
             mcp: std::sync::OnceLock::new(),
         }))
@@ -535,6 +542,7 @@ impl Supervisor {
     pub fn status_of(&self, agent: &Agent) -> AgentStatus {
         let mut st = agent.status(&self.cgroup_mount);
         st.denials = self.kernel_denials(&agent.id);
+        st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
         st
     }
 

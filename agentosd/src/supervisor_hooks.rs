@@ -13,6 +13,7 @@ use crate::cgroup::Cgroup;
 use crate::enforce::fs::{self, FsEnforcer};
 use crate::enforce::kaudit;
 use crate::enforce::net::{self, NetEnforcer};
+use crate::enforce::sysc::SyscCounter;
 use crate::sys::ExitStatus;
 
 impl Supervisor {
@@ -59,6 +60,20 @@ impl Supervisor {
         }
     }
 
+    /// Count the agents' syscalls with `sysc` (`--syscall-counts`), or record why not.
+    pub fn set_sysc(&self, sysc: Result<Arc<SyscCounter>, String>) {
+        let _ = self.sysc.set(sysc);
+    }
+
+    /// The syscall counter, or why there is none (off unless the operator enabled it).
+    pub fn sysc(&self) -> Result<&Arc<SyscCounter>, String> {
+        match self.sysc.get() {
+            Some(Ok(c)) => Ok(c),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("not enabled (agentosd --syscall-counts)".into()),
+        }
+    }
+
     /// Fill the agent's kernel policies keyed by the id of `cg` (which must exist) before its
     /// first process: the BPF LSM filesystem scopes ([`Self::fs_prepare`]) and the network
     /// destinations. Returns notes for `agentctl status`.
@@ -76,6 +91,11 @@ impl Supervisor {
                 }
                 return Err(e);
             }
+        }
+        if let Ok(c) = self.sysc()
+            && let Err(e) = c.add(&agent.id, cgroup_id(cg.path()))
+        {
+            notes.push(format!("syscall counts: {e}"));
         }
         Ok(notes)
     }
@@ -192,6 +212,9 @@ impl Supervisor {
         }
         if let Ok(f) = self.fs() {
             f.clear(&agent.id);
+        }
+        if let Ok(c) = self.sysc() {
+            c.remove(&agent.id);
         }
     }
 

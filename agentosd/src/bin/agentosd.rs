@@ -56,6 +56,11 @@ struct RunArgs {
     /// by AGENTOSD_SCHED_EXT=1 in the environment (a systemd drop-in)
     #[arg(long, global = true)]
     sched_ext: bool,
+    /// Count each agent's syscalls (`agentctl status`: Syscalls) with a BPF program on the
+    /// global syscall-entry hook. Every process on the host pays for it on every syscall (see
+    /// docs/benchmarks.md), so it is off by default. Also enabled by AGENTOSD_SYSCALL_COUNTS=1
+    #[arg(long, global = true)]
+    syscall_counts: bool,
     /// Tool manifests (`*.yaml`) agents may call through their MCP socket
     #[arg(long, global = true, default_value = "/etc/agentos/tools.d")]
     tools_dir: PathBuf,
@@ -128,6 +133,10 @@ fn main() -> anyhow::Result<()> {
                 audit_journal: !r.no_audit_journal,
                 sched_ext: r.sched_ext
                     || std::env::var("AGENTOSD_SCHED_EXT").is_ok_and(|v| v == "1" || v == "yes"),
+                syscall_counts: r.syscall_counts
+                    || agentosd::enforce::sysc::env_enables(
+                        std::env::var(agentosd::enforce::sysc::ENV).ok().as_deref(),
+                    ),
                 tools_dir: r.tools_dir,
                 run_dir: r.run_dir,
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),

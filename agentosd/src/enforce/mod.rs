@@ -3,9 +3,11 @@
 //! `agents/` cgroup with a policy map keyed by cgroup id and denials to a ring buffer that the
 //! daemon appends to the audit trail. `fs`: BPF LSM `file_open` and `bprm_check_security`
 //! enforcing the agents' filesystem scopes (the Landlock plan) where the kernel allows BPF LSM.
+//! `sysc`: opt-in per-agent syscall counts on the global syscall-entry hook (`--syscall-counts`).
 //! `kaudit`: Landlock and seccomp denials of agents, read
 //! from the kernel's audit log. See docs/audit.md ("Kernel denials").
 
 pub mod fs;
 pub mod kaudit;
 pub mod net;
+pub mod sysc;
