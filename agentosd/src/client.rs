@@ -640,78 +640,8 @@ pub async fn check(address: Option<&str>, json: bool) -> i32 {
     exit::OK
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn time_formats() {
-        assert_eq!(fmt_time_us(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(
-            fmt_time_us(1_700_000_000_000_000),
-            "2023-11-14 22:13:20 UTC"
-        );
-        assert_eq!(fmt_bytes(512), "512B");
-        assert_eq!(fmt_bytes(1536), "1.5K");
-    }
-
-    #[test]
-    fn list_table_has_header_and_count() {
-        let rows = vec![ListRow {
-            id: "default/ticker".into(),
-            name: "ticker".into(),
-            tenant: "default".into(),
-            state: "running".into(),
-            result: String::new(),
-            latency_class: "DT".into(),
-            main_pid: 42,
-            object_path: "/org/agentos1/agent/default_ticker".into(),
-        }];
-        let t = render_list(&rows);
-        assert!(t.starts_with("AGENT"));
-        assert!(t.contains("default/ticker  running"));
-        assert!(t.contains("1 agents listed."));
-    }
-
-    #[test]
-    fn tree_nests_children() {
-        let t = render_tree(&[(10, 1, "sh".into()), (11, 10, "sleep 1".into())]);
-        assert!(t.contains("└─10 sh"));
-        assert!(t.contains("  └─11 sleep 1"), "{t}");
-    }
-
-    #[test]
-    fn status_shows_syscalls_only_when_counted() {
-        // An older daemon's JSON has no `syscalls`: absent, like counting off.
-        let old = serde_json::json!({
-            "id": "default/a", "name": "a", "tenant": "default", "state": "running",
-            "result": "", "main_pid": 0, "control_group": "", "latency_class": "DT",
-            "cpu_usage_nsec": null, "memory_current": null, "tasks_current": 1, "restarts": 0,
-            "restart_policy": "no", "started_at_us": 0, "exit_status": "",
-            "unenforced_budgets": [], "notes": [], "log_path": "", "origin": "", "enabled": false,
-            "object_path": "", "command": "sleep", "processes": []
-        });
-        let mut st: Status = serde_json::from_value(old).expect("status without syscalls");
-        assert_eq!(st.syscalls, None);
-        assert!(!render_status(&st, &[]).contains("Syscalls"));
-        st.syscalls = Some(200_212);
-        let t = render_status(&st, &[]);
-        assert!(t.contains("\n   Syscalls: 200212 entered"), "{t}");
-    }
-}
-
 /// One held call, as `agentctl consent list --json` prints it.
-#[derive(Debug, Clone, serde::Serialize, Deserialize, PartialEq)]
-pub struct ConsentRow {
-    pub id: u64,
-    pub agent: String,
-    pub tool: String,
-    pub capability: String,
-    /// The call's arguments, secrets redacted.
-    pub arguments: serde_json::Value,
-    pub requested_us: u64,
-    pub expires_us: u64,
-}
+pub use crate::mcp::consent::Request as ConsentRow;
 
 /// `agentctl consent list`: the calls waiting for an answer.
 pub async fn consent_list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
@@ -791,4 +721,64 @@ pub async fn consent_answer(c: &Client, approve: bool, ids: &[u64]) -> i32 {
         }
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_formats() {
+        assert_eq!(fmt_time_us(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(
+            fmt_time_us(1_700_000_000_000_000),
+            "2023-11-14 22:13:20 UTC"
+        );
+        assert_eq!(fmt_bytes(512), "512B");
+        assert_eq!(fmt_bytes(1536), "1.5K");
+    }
+
+    #[test]
+    fn list_table_has_header_and_count() {
+        let rows = vec![ListRow {
+            id: "default/ticker".into(),
+            name: "ticker".into(),
+            tenant: "default".into(),
+            state: "running".into(),
+            result: String::new(),
+            latency_class: "DT".into(),
+            main_pid: 42,
+            object_path: "/org/agentos1/agent/default_ticker".into(),
+        }];
+        let t = render_list(&rows);
+        assert!(t.starts_with("AGENT"));
+        assert!(t.contains("default/ticker  running"));
+        assert!(t.contains("1 agents listed."));
+    }
+
+    #[test]
+    fn tree_nests_children() {
+        let t = render_tree(&[(10, 1, "sh".into()), (11, 10, "sleep 1".into())]);
+        assert!(t.contains("└─10 sh"));
+        assert!(t.contains("  └─11 sleep 1"), "{t}");
+    }
+
+    #[test]
+    fn status_shows_syscalls_only_when_counted() {
+        // An older daemon's JSON has no `syscalls`: absent, like counting off.
+        let old = serde_json::json!({
+            "id": "default/a", "name": "a", "tenant": "default", "state": "running",
+            "result": "", "main_pid": 0, "control_group": "", "latency_class": "DT",
+            "cpu_usage_nsec": null, "memory_current": null, "tasks_current": 1, "restarts": 0,
+            "restart_policy": "no", "started_at_us": 0, "exit_status": "",
+            "unenforced_budgets": [], "notes": [], "log_path": "", "origin": "", "enabled": false,
+            "object_path": "", "command": "sleep", "processes": []
+        });
+        let mut st: Status = serde_json::from_value(old).expect("status without syscalls");
+        assert_eq!(st.syscalls, None);
+        assert!(!render_status(&st, &[]).contains("Syscalls"));
+        st.syscalls = Some(200_212);
+        let t = render_status(&st, &[]);
+        assert!(t.contains("\n   Syscalls: 200212 entered"), "{t}");
+    }
 }

@@ -237,27 +237,13 @@ impl Supervisor {
             let mut seen = 0u64;
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                let dropped = f.stats().events_dropped;
-                if dropped > seen {
-                    tracing::warn!(
-                        "BPF LSM ring buffer full: {} filesystem denial event(s) were not reported individually (counted)",
-                        dropped - seen
-                    );
-                    if let Some(t) = sup.audit.get() {
-                        t.submit(
-                            audit::Record::new(audit::Kind::Denial, "", "")
-                                .decision(Decision::Deny)
-                                .detail(json!({
-                                    "event": "denials-dropped",
-                                    "where": "bpf lsm ring buffer full",
-                                    "mechanism": "bpf-lsm",
-                                    "count": dropped - seen,
-                                    "total": dropped,
-                                })),
-                        );
-                    }
-                    seen = dropped;
-                }
+                report_ring_drops(
+                    sup.audit.get(),
+                    f.stats().events_dropped,
+                    &mut seen,
+                    "bpf lsm ring buffer full",
+                    "bpf-lsm",
+                );
             }
         });
     }
@@ -325,27 +311,13 @@ impl Supervisor {
                 if let Some(t) = sup.audit.get() {
                     report_queue_drops(t, &mut seen_queue);
                 }
-                let dropped = n.stats().events_dropped;
-                if dropped > seen {
-                    tracing::warn!(
-                        "BPF ring buffer full: {} denial event(s) were not reported individually (counted)",
-                        dropped - seen
-                    );
-                    if let Some(t) = sup.audit.get() {
-                        t.submit(
-                            audit::Record::new(audit::Kind::Denial, "", "")
-                                .decision(Decision::Deny)
-                                .detail(json!({
-                                    "event": "denials-dropped",
-                                    "where": "bpf ring buffer full",
-                                    "mechanism": "cgroup-bpf",
-                                    "count": dropped - seen,
-                                    "total": dropped,
-                                })),
-                        );
-                    }
-                    seen = dropped;
-                }
+                report_ring_drops(
+                    sup.audit.get(),
+                    n.stats().events_dropped,
+                    &mut seen,
+                    "bpf ring buffer full",
+                    "cgroup-bpf",
+                );
             }
         });
     }
@@ -630,6 +602,38 @@ static KAUDIT_DENIALS: Mutex<std::collections::BTreeMap<String, u64>> =
     Mutex::new(std::collections::BTreeMap::new());
 
 /// A record for kernel denials the audit queue had no room for since the last call.
+/// A BPF ring buffer was full: say how many denial events were lost (counted by the program),
+/// in the log and as a record of its own, never silently.
+fn report_ring_drops(
+    trail: Option<&Arc<AuditTrail>>,
+    dropped: u64,
+    seen: &mut u64,
+    where_: &str,
+    mechanism: &str,
+) {
+    if dropped <= *seen {
+        return;
+    }
+    tracing::warn!(
+        "{where_}: {} denial event(s) were not reported individually (counted)",
+        dropped - *seen
+    );
+    if let Some(t) = trail {
+        t.submit(
+            audit::Record::new(audit::Kind::Denial, "", "")
+                .decision(Decision::Deny)
+                .detail(json!({
+                    "event": "denials-dropped",
+                    "where": where_,
+                    "mechanism": mechanism,
+                    "count": dropped - *seen,
+                    "total": dropped,
+                })),
+        );
+    }
+    *seen = dropped;
+}
+
 fn report_queue_drops(t: &AuditTrail, seen: &mut u64) {
     let q = t.dropped();
     if q > *seen {

@@ -344,17 +344,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = String::new();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 impl FsEnforcer {
     /// Load both LSM programs (not attached yet). Fails with the kernel's reason where BPF LSM
     /// is refused (lockdown, `lsm=` without bpf).
@@ -378,7 +367,7 @@ impl FsEnforcer {
                 .try_into()
                 .map_err(|e: aya::programs::ProgramError| err(e.to_string()))?;
             prog.load(hook, &btf).map_err(|e| {
-                let chain = source_chain(&e);
+                let chain = super::source_chain(&e);
                 if chain.contains("Operation not permitted") || chain.contains("os error 1)") {
                     err("refused (EPERM): this kernel does not allow BPF LSM programs (lockdown, or lsm= lacks bpf)".into())
                 } else {
@@ -434,7 +423,7 @@ impl FsEnforcer {
                 })?;
             prog.attach().map_err(|e| FsError::Program {
                 program: format!("{name} (lsm/{hook})"),
-                error: format!("attach: {e}{}", source_chain(&e)),
+                error: format!("attach: {e}{}", super::source_chain(&e)),
             })?;
         }
         *lock(&self.attached) = true;

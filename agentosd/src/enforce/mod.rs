@@ -11,3 +11,16 @@ pub mod fs;
 pub mod kaudit;
 pub mod net;
 pub mod sysc;
+
+/// The causes of an error (aya's load errors keep the kernel's verifier text there), each after
+/// ": ".
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

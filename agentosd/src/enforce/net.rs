@@ -449,7 +449,7 @@ impl NetEnforcer {
                 })?;
             prog.load().map_err(|e| NetError::Program {
                 program: name.into(),
-                error: format!("{e}{}", source_chain(&e)),
+                error: format!("{e}{}", super::source_chain(&e)),
             })?;
         }
         let lsm = load_lsm(&mut bpf);
@@ -505,7 +505,7 @@ impl NetEnforcer {
                     error: format!(
                         "attach to {}: {e}{}",
                         agents_cgroup.display(),
-                        source_chain(&e)
+                        super::source_chain(&e)
                     ),
                 })?;
         }
@@ -518,7 +518,7 @@ impl NetEnforcer {
                 .ok_or_else(|| "not loaded".to_string())
                 .and_then(|p| {
                     p.attach()
-                        .map_err(|e| format!("attach: {e}{}", source_chain(&e)))
+                        .map_err(|e| format!("attach: {e}{}", super::source_chain(&e)))
                 });
             *lsm = r.map(|_| true);
         }
@@ -632,7 +632,7 @@ fn load_lsm(bpf: &mut aya::Ebpf) -> Result<bool, String> {
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())?;
     prog.load("socket_connect", &btf).map_err(|e| {
-        let chain = source_chain(&e);
+        let chain = super::source_chain(&e);
         if chain.contains("Operation not permitted") || chain.contains("os error 1)") {
             "refused (EPERM): this kernel does not allow BPF LSM programs (lockdown, or lsm= lacks bpf)".to_string()
         } else {
@@ -640,17 +640,6 @@ fn load_lsm(bpf: &mut aya::Ebpf) -> Result<bool, String> {
         }
     })?;
     Ok(false)
-}
-
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = String::new();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Read denials from `ring` as they come (tokio `AsyncFd` on the ring buffer's fd) and hand each

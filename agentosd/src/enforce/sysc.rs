@@ -103,17 +103,6 @@ impl std::fmt::Debug for SyscCounter {
     }
 }
 
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = String::new();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 impl SyscCounter {
     /// Load the program for `hook` (not attached yet: costs nothing until [`Self::attach`]).
     pub fn load(hook: Hook) -> Result<Arc<SyscCounter>, SyscError> {
@@ -124,7 +113,7 @@ impl SyscCounter {
         let program = hook.program();
         let perr = |e: aya::programs::ProgramError| SyscError::Program {
             program,
-            error: format!("{e}{}", source_chain(&e)),
+            error: format!("{e}{}", super::source_chain(&e)),
         };
         let prog = bpf.program_mut(program).ok_or(SyscError::Program {
             program,
@@ -171,7 +160,7 @@ impl SyscCounter {
         let program = self.hook.program();
         let perr = |e: aya::programs::ProgramError| SyscError::Program {
             program,
-            error: format!("attach: {e}{}", source_chain(&e)),
+            error: format!("attach: {e}{}", super::source_chain(&e)),
         };
         let mut bpf = lock(&self.bpf);
         let prog = bpf.program_mut(program).ok_or(SyscError::Program {

@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, oneshot};
 
-/// One pending request, as `agentctl consent list` shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// One pending request, as `agentctl consent list` shows it (and `--json` prints it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Request {
     pub id: u64,
     /// `tenant/name` of the calling agent.
