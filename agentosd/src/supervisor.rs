@@ -392,6 +392,9 @@ pub struct Supervisor {
     scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
     /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
     mcp: std::sync::OnceLock<mcp_hooks::McpHooks>,
+    /// Agent id → kernel denials reported since the daemon started, whatever refused them
+    /// (cgroup BPF, BPF LSM, Landlock, seccomp). See supervisor_hooks.rs.
+    denials: Mutex<BTreeMap<String, u64>>,
 }
 
 #[path = "supervisor_hooks.rs"]
@@ -447,6 +450,7 @@ impl Supervisor {
             sysc: std::sync::OnceLock::new(),
             scx: std::sync::OnceLock::new(),
             mcp: std::sync::OnceLock::new(),
+            denials: Mutex::default(),
         }))
     }
 

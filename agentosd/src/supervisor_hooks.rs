@@ -218,45 +218,13 @@ impl Supervisor {
         }
     }
 
-    /// Read the BPF LSM filesystem ring buffer into the audit trail (like the network one);
-    /// report dropped events as records, never silently.
-    fn spawn_fs_denial_reader(self: &Arc<Self>) {
-        let Ok(f) = self.fs() else {
-            return;
-        };
-        let Some(ring) = f.take_events() else {
-            return;
-        };
-        let sup = self.clone();
-        tokio::spawn(async move {
-            fs::read_events(ring, |d| sup.audit_fs_denial(&d)).await;
-        });
-        let sup = self.clone();
-        let f = f.clone();
-        tokio::spawn(async move {
-            let mut seen = 0u64;
-            loop {
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                report_ring_drops(
-                    sup.audit.get(),
-                    f.stats().events_dropped,
-                    &mut seen,
-                    "bpf lsm ring buffer full",
-                    "bpf-lsm",
-                );
-            }
-        });
-    }
-
     fn audit_fs_denial(&self, d: &fs::Denial) {
         let (tenant, name) = self
             .fs()
             .ok()
             .and_then(|f| f.agent_of(d.cgroup_id))
             .unwrap_or_default();
-        if let Ok(f) = self.fs() {
-            f.note_denial(&format!("{tenant}/{name}"));
-        }
+        self.note_denial(&tenant, &name);
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} {} of {} ({}, EACCES)", d.syscall, d.access, d.path, d.hook
@@ -287,37 +255,45 @@ impl Supervisor {
         t.submit_or_count(rec);
     }
 
-    /// Read the BPF ring buffer and append every denial to the audit trail as a kernel denial;
-    /// report dropped events (ring buffer full) as records too, never silently.
+    /// Read the BPF ring buffers (network, filesystem) and append every denial to the audit
+    /// trail as a kernel denial; every 2 s, report what was lost (ring buffer full, audit queue
+    /// full: counted) as records too, never silently.
     pub fn spawn_denial_reader(self: &Arc<Self>) {
-        self.spawn_fs_denial_reader();
-        let Ok(n) = self.net() else {
-            return;
-        };
-        let Some(ring) = n.take_events() else {
-            return;
-        };
+        if let Ok(n) = self.net()
+            && let Some(ring) = n.take_events()
+        {
+            let sup = self.clone();
+            tokio::spawn(async move {
+                net::read_events(ring, |d| sup.audit_denial(&d)).await;
+            });
+        }
+        if let Ok(f) = self.fs()
+            && let Some(ring) = f.take_events()
+        {
+            let sup = self.clone();
+            tokio::spawn(async move {
+                fs::read_events(ring, |d| sup.audit_fs_denial(&d)).await;
+            });
+        }
         let sup = self.clone();
         tokio::spawn(async move {
-            net::read_events(ring, |d| sup.audit_denial(&d)).await;
-        });
-        let sup = self.clone();
-        let n = n.clone();
-        tokio::spawn(async move {
-            let mut seen = 0u64;
-            let mut seen_queue = 0u64;
+            let (mut seen_net, mut seen_fs, mut seen_queue) = (0u64, 0u64, 0u64);
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                if let Some(t) = sup.audit.get() {
+                let trail = sup.audit.get();
+                if let Some(t) = trail {
                     report_queue_drops(t, &mut seen_queue);
                 }
-                report_ring_drops(
-                    sup.audit.get(),
-                    n.stats().events_dropped,
-                    &mut seen,
-                    "bpf ring buffer full",
-                    "cgroup-bpf",
-                );
+                if let Ok(n) = sup.net() {
+                    let dropped = n.stats().events_dropped;
+                    let (w, m) = ("bpf ring buffer full", "cgroup-bpf");
+                    report_ring_drops(trail, dropped, &mut seen_net, w, m);
+                }
+                if let Ok(f) = sup.fs() {
+                    let dropped = f.stats().events_dropped;
+                    let (w, m) = ("bpf lsm ring buffer full", "bpf-lsm");
+                    report_ring_drops(trail, dropped, &mut seen_fs, w, m);
+                }
             }
         });
     }
@@ -328,9 +304,7 @@ impl Supervisor {
             .ok()
             .and_then(|n| n.agent_of(d.cgroup_id))
             .unwrap_or_default();
-        if let Ok(n) = self.net() {
-            n.note_denial(&format!("{tenant}/{name}"));
-        }
+        self.note_denial(&tenant, &name);
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} to {}:{} ({}, EPERM)", d.syscall, d.addr, d.port, d.hook
@@ -363,9 +337,16 @@ impl Supervisor {
     /// Kernel denials reported for agent `id` since the daemon started: cgroup BPF and BPF LSM
     /// (the network and filesystem enforcers' counts) plus Landlock and seccomp (from the kernel audit log).
     pub(super) fn kernel_denials(&self, id: &str) -> u64 {
-        let net = self.net().map(|n| n.denials(id)).unwrap_or(0);
-        let fs = self.fs().map(|f| f.denials(id)).unwrap_or(0);
-        net + fs + lock(&KAUDIT_DENIALS).get(id).copied().unwrap_or(0)
+        lock(&self.denials).get(id).copied().unwrap_or(0)
+    }
+
+    /// Count one kernel denial of agent `tenant/name` (an empty name: not an agent's).
+    fn note_denial(&self, tenant: &str, name: &str) {
+        if !name.is_empty() {
+            *lock(&self.denials)
+                .entry(format!("{tenant}/{name}"))
+                .or_default() += 1;
+        }
     }
 
     /// Read Landlock and seccomp denials from the kernel's audit log (enforce/kaudit.rs) on a
@@ -399,19 +380,6 @@ impl Supervisor {
             return;
         }
         tracing::info!("kernel denials: reading Landlock and seccomp audit records");
-        // Without the network enforcer nobody else reports a full audit queue.
-        if self.net().is_err() {
-            let sup = self.clone();
-            tokio::spawn(async move {
-                let mut seen = 0u64;
-                loop {
-                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                    if let Some(t) = sup.audit.get() {
-                        report_queue_drops(t, &mut seen);
-                    }
-                }
-            });
-        }
     }
 
     fn audit_kernel_output(&self, o: Result<kaudit::Output, kaudit::Loss>) {
@@ -450,11 +418,7 @@ impl Supervisor {
             .as_ref()
             .map(|w| (w.tenant.clone(), w.name.clone()))
             .unwrap_or_default();
-        if who.is_some() {
-            *lock(&KAUDIT_DENIALS)
-                .entry(format!("{tenant}/{name}"))
-                .or_default() += 1;
-        }
+        self.note_denial(&tenant, &name);
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} ({}, {})",
@@ -595,11 +559,6 @@ impl Supervisor {
         })
     }
 }
-
-/// Landlock and seccomp denials counted per agent (`tenant/name`) since the daemon started
-/// (one supervisor per daemon process).
-static KAUDIT_DENIALS: Mutex<std::collections::BTreeMap<String, u64>> =
-    Mutex::new(std::collections::BTreeMap::new());
 
 /// A record for kernel denials the audit queue had no room for since the last call.
 /// A BPF ring buffer was full: say how many denial events were lost (counted by the program),

@@ -336,6 +336,36 @@ pub fn contract_yaml(name: &str, command: &str, args: &[&str], compute: &str) ->
     )
 }
 
+/// The results an attempt script printed to the agent's `log`: lines `NAME ok` or
+/// `NAME err …`, read once the script printed `done` (at most 60 s).
+#[track_caller]
+pub fn attempt_results(log: &str) -> Vec<(String, String)> {
+    wait_for(
+        "the agent to finish its attempts",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            text.lines().any(|l| l == "done").then(|| {
+                text.lines()
+                    .filter_map(|l| {
+                        let (n, r) = l.split_once(' ')?;
+                        (r == "ok" || r.starts_with("err ")).then(|| (n.to_string(), r.to_string()))
+                    })
+                    .collect()
+            })
+        },
+    )
+}
+
+/// The result of attempt `name` in [`attempt_results`]' list.
+#[track_caller]
+pub fn result_of(r: &[(String, String)], name: &str) -> String {
+    r.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no result for {name}: {r:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vm_tests::{Agent, Out, agentctl, cmd, require_vm, systemctl, wait_for, write_contract};
+use vm_tests::{
+    Agent, Out, agentctl, attempt_results, cmd, require_vm, result_of, systemctl, wait_for,
+    write_contract,
+};
 
 const BASE: &str = "/srv/vmt-fs";
 
@@ -73,31 +76,6 @@ r proc-self cat /proc/self/status
 echo done
 exec sleep 600
 "#;
-
-fn results(log: &str) -> Vec<(String, String)> {
-    wait_for(
-        "the agent to finish its attempts",
-        Duration::from_secs(60),
-        || {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            text.lines().any(|l| l == "done").then(|| {
-                text.lines()
-                    .filter_map(|l| {
-                        let (n, r) = l.split_once(' ')?;
-                        (r == "ok" || r.starts_with("err ")).then(|| (n.to_string(), r.to_string()))
-                    })
-                    .collect()
-            })
-        },
-    )
-}
-
-fn result_of(r: &[(String, String)], name: &str) -> String {
-    r.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("no result for {name}: {r:?}"))
-}
 
 /// `sh -c SCRIPT` as root, moved into cgroup `cg` first (no Landlock, no seccomp: only the BPF
 /// LSM stands between it and the files).
@@ -188,7 +166,7 @@ fn bpf_lsm_enforces_filesystem_scopes_independently_of_landlock() {
     assert!(status.stdout.contains("filesystem (BPF LSM):"), "{status}");
 
     // 1. The agent, under Landlock and the BPF LSM.
-    let r = results(st["log_path"].as_str().unwrap());
+    let r = attempt_results(st["log_path"].as_str().unwrap());
     report(&format!("ok agent attempts (Landlock + BPF LSM): {r:?}"));
     for ok in [
         "read-granted",

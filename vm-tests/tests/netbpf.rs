@@ -8,32 +8,9 @@ use std::net::{TcpListener, UdpSocket};
 use std::time::Duration;
 
 use serde_json::Value;
-use vm_tests::{Agent, agentctl, cmd, helper, require_vm, wait_for, write_contract};
-
-fn results(log: &str) -> Vec<(String, String)> {
-    wait_for(
-        "the agent to finish its attempts",
-        Duration::from_secs(60),
-        || {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            text.lines().any(|l| l == "done").then(|| {
-                text.lines()
-                    .filter_map(|l| {
-                        let (n, r) = l.split_once(' ')?;
-                        (r == "ok" || r.starts_with("err ")).then(|| (n.to_string(), r.to_string()))
-                    })
-                    .collect()
-            })
-        },
-    )
-}
-
-fn result_of(r: &[(String, String)], name: &str) -> String {
-    r.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("no result for {name}: {r:?}"))
-}
+use vm_tests::{
+    Agent, agentctl, attempt_results, cmd, helper, require_vm, result_of, wait_for, write_contract,
+};
 
 fn denial<'a>(recs: &'a [Value], syscall: &str, addr: &str, port: u16) -> &'a Value {
     recs.iter()
@@ -85,7 +62,7 @@ fn lsm_and_cgroup_bpf_refuse_ungranted_destinations() {
     );
     let agent = Agent::start(name, &c);
     let st = agent.wait_state("running", Duration::from_secs(30));
-    let r = results(st["log_path"].as_str().unwrap());
+    let r = attempt_results(st["log_path"].as_str().unwrap());
     eprintln!("vmt-net: {r:?}");
     assert_eq!(result_of(&r, "udp-granted"), "ok");
     let mut buf = [0u8; 64];

@@ -318,17 +318,15 @@ struct Maps {
     stats: Array<MapData, u64>,
 }
 
-/// Per-agent entry: cgroup id, tenant, name, the keys installed.
-type Entry = (u64, String, String, Vec<Key<RawKeyData>>);
-
 /// The loaded (and, after [`FsEnforcer::attach`], attached) programs and their maps.
 pub struct FsEnforcer {
     bpf: Mutex<aya::Ebpf>,
     maps: Mutex<Maps>,
     events: Mutex<Option<RingBuf<MapData>>>,
-    agents: Mutex<StdHashMap<String, Entry>>,
-    gone: Mutex<std::collections::VecDeque<(u64, String, String)>>,
-    denials: Mutex<StdHashMap<String, u64>>,
+    /// The agents with entries in the maps (and those cleared recently).
+    agents: super::AgentCgroups,
+    /// Agent id → the prefix keys installed for it.
+    keys: Mutex<StdHashMap<String, Vec<Key<RawKeyData>>>>,
     attached: Mutex<bool>,
 }
 
@@ -402,9 +400,8 @@ impl FsEnforcer {
                 stats,
             }),
             events: Mutex::new(Some(events)),
-            agents: Mutex::default(),
-            gone: Mutex::default(),
-            denials: Mutex::default(),
+            agents: super::AgentCgroups::default(),
+            keys: Mutex::default(),
             attached: Mutex::new(false),
         }))
     }
@@ -441,16 +438,15 @@ impl FsEnforcer {
         policy: &Policy,
     ) -> Result<(), FsError> {
         let keys = policy.keys(cgroup_id);
-        let old = lock(&self.agents).remove(id);
+        let old_cg = self.agents.cgroup_of(id);
+        let old_keys = lock(&self.keys).remove(id).unwrap_or_default();
         let mut maps = lock(&self.maps);
-        if let Some((old_cg, _, _, old_keys)) = &old {
-            if *old_cg != cgroup_id {
-                let _ = maps.agents.remove(old_cg);
-            }
-            for k in old_keys {
-                if !keys.iter().any(|(n, _)| key_eq(n, k)) {
-                    let _ = maps.prefixes.remove(k);
-                }
+        if let Some(old_cg) = old_cg.filter(|c| *c != cgroup_id) {
+            let _ = maps.agents.remove(&old_cg);
+        }
+        for k in &old_keys {
+            if !keys.iter().any(|(n, _)| key_eq(n, k)) {
+                let _ = maps.prefixes.remove(k);
             }
         }
         let map_err = |map: &'static str| {
@@ -468,58 +464,26 @@ impl FsEnforcer {
             .insert(cgroup_id, 1u32, 0)
             .map_err(map_err("fs_agents"))?;
         drop(maps);
-        lock(&self.agents).insert(
-            id.to_string(),
-            (
-                cgroup_id,
-                tenant.into(),
-                name.into(),
-                keys.into_iter().map(|(k, _)| k).collect(),
-            ),
-        );
+        self.agents.insert(id, cgroup_id, tenant, name);
+        lock(&self.keys).insert(id.to_string(), keys.into_iter().map(|(k, _)| k).collect());
         Ok(())
     }
 
     /// Remove agent `id`'s entries (its cgroup is gone or going).
     pub fn clear(&self, id: &str) {
-        if let Some((cg, t, n, keys)) = lock(&self.agents).remove(id) {
-            let mut maps = lock(&self.maps);
+        let keys = lock(&self.keys).remove(id).unwrap_or_default();
+        let mut maps = lock(&self.maps);
+        if let Some(cg) = self.agents.remove(id) {
             let _ = maps.agents.remove(&cg);
-            for k in &keys {
-                let _ = maps.prefixes.remove(k);
-            }
-            drop(maps);
-            let mut gone = lock(&self.gone);
-            if gone.len() >= 1024 {
-                gone.pop_front();
-            }
-            gone.push_back((cg, t, n));
+        }
+        for k in &keys {
+            let _ = maps.prefixes.remove(k);
         }
     }
 
     /// The agent (tenant, name) whose cgroup has this id.
     pub fn agent_of(&self, cgroup_id: u64) -> Option<(String, String)> {
-        let found = lock(&self.agents)
-            .values()
-            .find(|(c, _, _, _)| *c == cgroup_id)
-            .map(|(_, t, n, _)| (t.clone(), n.clone()));
-        found.or_else(|| {
-            lock(&self.gone)
-                .iter()
-                .rev()
-                .find(|(c, _, _)| *c == cgroup_id)
-                .map(|(_, t, n)| (t.clone(), n.clone()))
-        })
-    }
-
-    /// Count one reported denial of agent `id`.
-    pub fn note_denial(&self, id: &str) {
-        *lock(&self.denials).entry(id.to_string()).or_default() += 1;
-    }
-
-    /// Denials reported for agent `id` since the daemon started.
-    pub fn denials(&self, id: &str) -> u64 {
-        lock(&self.denials).get(id).copied().unwrap_or(0)
+        self.agents.agent_of(cgroup_id)
     }
 
     pub fn stats(&self) -> Stats {

@@ -6,7 +6,6 @@
 //! `agents/` without a policy entry, is refused with EPERM and reported through the ring buffer.
 //! Dropped reports are counted in the `stats` map and surfaced, never silent.
 
-use std::collections::HashMap as StdHashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd as _;
 use std::path::Path;
@@ -408,13 +407,8 @@ pub struct NetEnforcer {
     bpf: Mutex<aya::Ebpf>,
     maps: Mutex<Maps>,
     events: Mutex<Option<RingBuf<MapData>>>,
-    /// Agent id → (cgroup id, tenant, name) of the entry in the policy map.
-    agents: Mutex<StdHashMap<String, (u64, String, String)>>,
-    /// Cgroup id → (tenant, name) of agents whose entry was cleared recently: their last
-    /// denials may still be in the ring buffer.
-    gone: Mutex<std::collections::VecDeque<(u64, String, String)>>,
-    /// Agent id → kernel denials reported since the daemon started.
-    denials: Mutex<StdHashMap<String, u64>>,
+    /// The agents with an entry in the policy map (and those cleared recently).
+    agents: super::AgentCgroups,
     attached: Mutex<Option<String>>,
     /// The BPF LSM program: `Ok(true)` attached, `Ok(false)` loaded, `Err` why not.
     lsm: Mutex<Result<bool, String>>,
@@ -473,9 +467,7 @@ impl NetEnforcer {
             bpf: Mutex::new(bpf),
             maps: Mutex::new(Maps { policy, stats }),
             events: Mutex::new(Some(events)),
-            agents: Mutex::default(),
-            gone: Mutex::default(),
-            denials: Mutex::default(),
+            agents: super::AgentCgroups::default(),
             attached: Mutex::new(None),
             lsm: Mutex::new(lsm),
         }))
@@ -549,7 +541,7 @@ impl NetEnforcer {
         policy: &Policy,
     ) -> Result<(), NetError> {
         let raw = policy.raw();
-        let old = lock(&self.agents).get(id).map(|(c, _, _)| *c);
+        let old = self.agents.cgroup_of(id);
         let mut maps = lock(&self.maps);
         if let Some(old) = old.filter(|o| *o != cgroup_id) {
             let _ = maps.policy.remove(&old);
@@ -560,45 +552,20 @@ impl NetEnforcer {
                 map: "net_policy",
                 error: e.to_string(),
             })?;
-        lock(&self.agents).insert(id.to_string(), (cgroup_id, tenant.into(), name.into()));
+        self.agents.insert(id, cgroup_id, tenant, name);
         Ok(())
     }
 
     /// Remove agent `id`'s entry (its cgroup is gone or going).
     pub fn clear(&self, id: &str) {
-        if let Some((cg, t, n)) = lock(&self.agents).remove(id) {
+        if let Some(cg) = self.agents.remove(id) {
             let _ = lock(&self.maps).policy.remove(&cg);
-            let mut gone = lock(&self.gone);
-            if gone.len() >= 1024 {
-                gone.pop_front();
-            }
-            gone.push_back((cg, t, n));
         }
     }
 
     /// The agent (tenant, name) whose cgroup has this id.
     pub fn agent_of(&self, cgroup_id: u64) -> Option<(String, String)> {
-        let found = lock(&self.agents)
-            .values()
-            .find(|(c, _, _)| *c == cgroup_id)
-            .map(|(_, t, n)| (t.clone(), n.clone()));
-        found.or_else(|| {
-            lock(&self.gone)
-                .iter()
-                .rev()
-                .find(|(c, _, _)| *c == cgroup_id)
-                .map(|(_, t, n)| (t.clone(), n.clone()))
-        })
-    }
-
-    /// Count one reported denial of agent `id`.
-    pub fn note_denial(&self, id: &str) {
-        *lock(&self.denials).entry(id.to_string()).or_default() += 1;
-    }
-
-    /// Kernel denials reported for agent `id` since the daemon started.
-    pub fn denials(&self, id: &str) -> u64 {
-        lock(&self.denials).get(id).copied().unwrap_or(0)
+        self.agents.agent_of(cgroup_id)
     }
 
     /// Entries in the policy map now.
