@@ -50,7 +50,7 @@ impl Server {
         let (ipc, incoming) = match started {
             Ok(x) => x,
             Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
-                eprintln!("SKIPPED: no usable io_uring here: {e}");
+                common::skip(module_path!(), &format!("no usable io_uring here: {e}"));
                 return None;
             }
             Err(e) => panic!("IpcServer::start: {e}"),

@@ -140,28 +140,35 @@ fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
     match agentosd::sandbox::landlock::kernel_abi() {
         Some(v) if v >= 7 => {}
         other => {
-            eprintln!("SKIPPED: Landlock ABI {other:?} has no audit logging (needs 7)");
+            common::skip(
+                module_path!(),
+                &format!("Landlock ABI {other:?} has no audit logging (needs 7)"),
+            );
             return;
         }
     }
     if let Err(e) = kaudit::open_readlog() {
-        eprintln!("SKIPPED: {e}");
+        common::skip(module_path!(), &e.to_string());
         return;
     }
     if !Path::new("/usr/bin/perl").exists() {
-        eprintln!("SKIPPED: /usr/bin/perl (the agent's way to call keyctl) is missing");
+        common::skip(
+            module_path!(),
+            "/usr/bin/perl (the agent's way to call keyctl) is missing",
+        );
         return;
     }
     let seccomp_logged = kaudit::seccomp_errno_logged().unwrap_or(false);
     if !seccomp_logged {
-        eprintln!(
-            "seccomp part SKIPPED: errno is not in /proc/sys/kernel/seccomp/actions_logged (not changed by tests)"
+        common::skip(
+            "kaudit seccomp part",
+            "errno is not in /proc/sys/kernel/seccomp/actions_logged (not changed by tests)",
         );
     }
     let _audit = match AuditEnabled::ensure() {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("SKIPPED: {e}");
+            common::skip(module_path!(), &e.to_string());
             return;
         }
     };

@@ -231,7 +231,7 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     let peers = match peers() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            common::skip(module_path!(), &why);
             return;
         }
     };
@@ -477,7 +477,7 @@ fn a_process_outside_the_agent_is_refused_at_the_socket() {
     let peers = match peers() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            common::skip(module_path!(), &why);
             return;
         }
     };
@@ -540,7 +540,7 @@ fn the_example_notes_agent_counts_words_through_tools() {
     let peers = match peers() {
         Ok(p) => p,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            common::skip(module_path!(), &why);
             return;
         }
     };

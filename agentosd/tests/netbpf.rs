@@ -47,11 +47,14 @@ for round in range(1, 100):
 
 fn skip_without_bpf() -> bool {
     if let Err(e) = agentosd::enforce::net::probe_load() {
-        eprintln!("SKIPPED netbpf: the cgroup BPF programs cannot load here: {e}");
+        common::skip(
+            "netbpf",
+            &format!("the cgroup BPF programs cannot load here: {e}"),
+        );
         return true;
     }
     if !Path::new("/usr/bin/python3").exists() {
-        eprintln!("SKIPPED netbpf: /usr/bin/python3 is needed for the agent");
+        common::skip("netbpf", "/usr/bin/python3 is needed for the agent");
         return true;
     }
     false

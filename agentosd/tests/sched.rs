@@ -43,7 +43,10 @@ macro_rules! setup {
     ($tag:expr) => {{
         skip_unless_capable!();
         if !deadline_supported() {
-            eprintln!("SKIPPED: sched_setattr(SCHED_DEADLINE) is refused on this host");
+            common::skip(
+                module_path!(),
+                "sched_setattr(SCHED_DEADLINE) is refused on this host",
+            );
             return;
         }
         let bus = Bus::start();

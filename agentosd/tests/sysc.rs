@@ -20,16 +20,20 @@ const BYTES: u64 = 100_000;
 
 fn skip_without_counter() -> bool {
     if std::env::var("AGENTOS_TEST_GLOBAL_BPF").as_deref() != Ok("1") {
-        eprintln!(
-            "SKIPPED sysc: attaches a program to every host process's syscall entry; runs in \
-             `cargo xtask vm test sysc`, or here with AGENTOS_TEST_GLOBAL_BPF=1"
+        common::skip_by_design(
+            "sysc",
+            "attaches a program to every host process's syscall entry; runs in \
+             `cargo xtask vm test sysc`, or here with AGENTOS_TEST_GLOBAL_BPF=1",
         );
         return true;
     }
     let btf = SyscCounter::load(Hook::TpBtf).err();
     let tp = SyscCounter::load(Hook::Tracepoint).err();
     if let (Some(a), Some(b)) = (btf, tp) {
-        eprintln!("SKIPPED sysc: the syscall counter cannot load here: {a}; {b}");
+        common::skip(
+            "sysc",
+            &format!("the syscall counter cannot load here: {a}; {b}"),
+        );
         return true;
     }
     false

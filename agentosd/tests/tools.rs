@@ -974,13 +974,30 @@ async fn mcp_server_is_proxied_sandboxed_restarted_and_forgotten() {
 #[tokio::test]
 async fn files_example_with_the_published_filesystem_server() {
     skip_unless_capable!();
-    let Some(prefix) = std::env::var_os("AGENTOS_TEST_FS_SERVER") else {
-        eprintln!(
-            "SKIPPED: set AGENTOS_TEST_FS_SERVER to an npm prefix with @modelcontextprotocol/server-filesystem"
+    // The npm prefix `cargo xtask mcp-peers` installs (`$AGENTOS_MCP_PEERS/node`), or one named
+    // by AGENTOS_TEST_FS_SERVER.
+    let prefix = std::env::var_os("AGENTOS_TEST_FS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("AGENTOS_MCP_PEERS")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-peers")
+                })
+                .join("node")
+        });
+    let server = prefix.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    if !server.exists() {
+        common::skip(
+            "files_example_with_the_published_filesystem_server",
+            &format!(
+                "{} is missing: run `cargo xtask mcp-peers`",
+                server.display()
+            ),
         );
         return;
-    };
-    let prefix = PathBuf::from(prefix).canonicalize().unwrap();
+    }
+    let prefix = prefix.canonicalize().unwrap();
     let bed = Bed::new("files", true);
     let root = bed.root();
     let manifest = std::fs::read_to_string(examples().join("files.yaml"))

@@ -26,6 +26,11 @@ enum Cmd {
         /// Leave out the VM suite (`cargo xtask vm test`): style checks and host tests only.
         #[arg(long, alias = "no-vm")]
         host_only: bool,
+        /// Let host tests skip when this host lacks what they need (root, cgroup2, BPF…). By
+        /// default a skip fails the run (AGENTOS_TEST_NO_SKIP=1): the machine this project
+        /// targets, and CI, can run every host test, so a skip there is a test that did not run.
+        #[arg(long)]
+        allow_skips: bool,
     },
     /// The guest VM test bed: build the image, run the vm-tests suite, open a shell.
     Vm {
@@ -61,7 +66,10 @@ fn main() -> Result<()> {
     // itself builds without them, so a fresh machine gets them here.
     vm::host::ensure_build_packages()?;
     match cmd {
-        Cmd::Test { host_only } => test(host_only),
+        Cmd::Test {
+            host_only,
+            allow_skips,
+        } => test(host_only, allow_skips),
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::McpPeers => peers::ensure().map(|d| println!("{}", d.display())),
         Cmd::Install(args) => install::run(args),
@@ -104,7 +112,7 @@ fn cargo_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
     Ok(())
 }
 
-fn test(host_only: bool) -> Result<()> {
+fn test(host_only: bool, allow_skips: bool) -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&[
         "clippy",
@@ -117,9 +125,13 @@ fn test(host_only: bool) -> Result<()> {
     ])?;
     // The MCP tests drive the daemon with real clients and servers from the registries.
     let peers = peers::ensure()?;
+    let no_skip = if allow_skips { "0" } else { "1" };
     cargo_with(
         &["test", "--workspace"],
-        &[("AGENTOS_MCP_PEERS", peers.as_os_str())],
+        &[
+            ("AGENTOS_MCP_PEERS", peers.as_os_str()),
+            ("AGENTOS_TEST_NO_SKIP", no_skip.as_ref()),
+        ],
     )?;
     if host_only {
         eprintln!("xtask test: the VM suite was left out (--host-only); run `cargo xtask vm test`");

@@ -11,8 +11,15 @@ use std::time::{Duration, Instant};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// Why these tests cannot run here, if they cannot.
+/// Why these tests cannot run here, if they cannot. Probed once per test binary (tests of one
+/// binary run in parallel threads: a probe cgroup named only by the process id made a second
+/// concurrent probe fail with EEXIST and skip a test that could run).
 pub fn skip_reason() -> Option<String> {
+    static REASON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    REASON.get_or_init(probe_capable).clone()
+}
+
+fn probe_capable() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root (cgroup2 writes, clone3 into a cgroup)".into());
@@ -20,9 +27,16 @@ pub fn skip_reason() -> Option<String> {
     let Some(mount) = agentosd::cgroup::cgroup2_mount() else {
         return Some("no cgroup2 file system mounted".into());
     };
-    let probe = mount.join(format!("agentos-probe-{}", std::process::id()));
-    if std::fs::create_dir(&probe).is_err() {
-        return Some(format!("cannot create a cgroup under {}", mount.display()));
+    let probe = mount.join(format!(
+        "agentos-probe-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    ));
+    if let Err(e) = std::fs::create_dir(&probe) {
+        return Some(format!(
+            "cannot create a cgroup under {}: {e}",
+            mount.display()
+        ));
     }
     let ok = probe.join("cgroup.kill").exists() && probe.join("cgroup.freeze").exists();
     let _ = std::fs::remove_dir(&probe);
@@ -32,11 +46,35 @@ pub fn skip_reason() -> Option<String> {
     None
 }
 
+/// True when skipping is a failure: `cargo xtask test` sets `AGENTOS_TEST_NO_SKIP=1` (CI runs
+/// it as root on a host that can run every host test), so a test that would skip for a reason
+/// this host should not have fails instead of passing silently.
+pub fn skips_forbidden() -> bool {
+    std::env::var_os("AGENTOS_TEST_NO_SKIP").is_some_and(|v| v == "1")
+}
+
+/// Skip `test` because `why`: print it, or fail when skips are forbidden ([`skips_forbidden`]).
+/// For a skip that is right even on the CI host (an opt-in that would touch every process of
+/// the host), use [`skip_by_design`].
+pub fn skip(test: &str, why: &str) {
+    assert!(
+        !skips_forbidden(),
+        "{test} would skip ({why}), but AGENTOS_TEST_NO_SKIP=1 says this host must run it"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Skip `test` for a reason that holds on every host of this kind by design (printed, never a
+/// failure): the test runs elsewhere (the VM suite) or on request.
+pub fn skip_by_design(test: &str, why: &str) {
+    eprintln!("SKIPPED {test}: {why}");
+}
+
 #[macro_export]
 macro_rules! skip_unless_capable {
     () => {
         if let Some(why) = common::skip_reason() {
-            eprintln!("SKIPPED {}: {why}", module_path!());
+            common::skip(module_path!(), &why);
             return;
         }
     };

@@ -8,8 +8,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod channels;
 #[path = "../common/mod.rs"]
 mod common;
+mod deputy;
+mod net;
 mod probe;
 
 use std::net::TcpListener;
@@ -18,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Expect {
+pub enum Expect {
     /// The call must fail with this errno.
     Denied(&'static str),
     /// The call must succeed (a control).
@@ -26,10 +29,75 @@ enum Expect {
 }
 use Expect::*;
 
-struct Attempt {
-    name: &'static str,
-    args: Vec<String>,
-    expect: Expect,
+pub struct Attempt {
+    pub name: &'static str,
+    pub args: Vec<String>,
+    pub expect: Expect,
+    /// The contract's capabilities for this attempt's agent.
+    pub caps: Caps,
+}
+
+/// Which capabilities an attempt's agent gets.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Caps {
+    /// The suite's standard grants (a readable and a writable directory, this binary as
+    /// executable, one loopback port to connect to and one to bind).
+    Standard,
+    /// The standard filesystem grants and no network capability at all.
+    NoNet,
+    /// Exactly this `capabilities:` block (YAML lines after `capabilities:`; may be empty).
+    Custom(String),
+}
+
+/// What every attempt module may use to build its attempts.
+pub struct Ctx {
+    /// This binary: the probe every agent runs.
+    pub exe: PathBuf,
+    /// A private directory (0711) for contracts and fixtures.
+    pub dir: PathBuf,
+    /// The daemon's state directory (agent homes under `home/<tenant>/<name>`, logs under
+    /// `logs/<tenant>/<name>.log`).
+    pub state: PathBuf,
+    /// The standard filesystem capability lines (see [`Caps::Standard`]).
+    pub fs_caps: String,
+    /// The standard network capability lines.
+    pub net_caps: String,
+    /// The test cgroup the daemon runs agents under (`agents/<tenant>/<name>` below it).
+    pub cgroup: PathBuf,
+    pub daemon_pid: u32,
+}
+
+impl Ctx {
+    /// Write the contract of agent `escape/<name>`, which runs `probe <attempt> <args…>` with
+    /// `caps`, and return its path.
+    pub fn contract(&self, name: &str, attempt: &str, args: &[String], caps: &Caps) -> PathBuf {
+        let mut a = vec!["probe".to_string(), attempt.to_string()];
+        a.extend(args.iter().cloned());
+        let a: Vec<String> = a.iter().map(|s| format!("{s:?}")).collect();
+        let block = match caps {
+            Caps::Standard => format!("{}{}", self.fs_caps, self.net_caps),
+            Caps::NoNet => self.fs_caps.clone(),
+            Caps::Custom(c) => c.clone(),
+        };
+        let caps = if block.trim().is_empty() {
+            "capabilities: []\n".to_string()
+        } else {
+            format!("capabilities:\n{block}")
+        };
+        let text = format!(
+            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: escape\nexec: {{ command: {:?}, args: [{}] }}\n{caps}restart: \"no\"\n",
+            self.exe.display().to_string(),
+            a.join(", ")
+        );
+        let p = self.dir.join(format!("{name}.yaml"));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// The agent's log (where the probe's result line appears).
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.state.join(format!("logs/escape/{name}.log"))
+    }
 }
 
 fn main() {
@@ -44,11 +112,11 @@ fn main() {
         return;
     }
     if let Some(why) = common::skip_reason() {
-        eprintln!("SKIPPED escape: {why}");
+        common::skip("escape", &why);
         return;
     }
     if agentosd::sandbox::landlock::kernel_abi().is_none() {
-        eprintln!("SKIPPED escape: kernel without Landlock");
+        common::skip("escape", "kernel without Landlock");
         return;
     }
     std::process::exit(suite(filter.as_deref()));
@@ -186,7 +254,7 @@ fn suite(filter: Option<&str>) -> i32 {
     // The agents' uids must be able to walk to their state directories.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let state = dir.path().join("state");
-    let d = common::Daemon::start(&bus, &cg.path, &state);
+    let mut d = common::Daemon::start(&bus, &cg.path, &state);
 
     // Granted paths: one readable, one writable; a world-writable /tmp is NOT granted.
     let grant = tempfile::Builder::new()
@@ -226,27 +294,30 @@ fn suite(filter: Option<&str>) -> i32 {
     let bind_ok = free(());
     let bind_no = free(());
 
-    let caps = format!(
-        "capabilities:\n  - fs.read: [{}]\n  - fs.write: [{}]\n  - fs.exec: [{}]\n  - net.connect: [\"127.0.0.1:{gport}\"]\n  - net.bind: [\"127.0.0.1:{bind_ok}\"]\nrestart: \"no\"\n",
+    let fs_caps = format!(
+        "  - fs.read: [{}]\n  - fs.write: [{}]\n  - fs.exec: [{}]\n",
         grant.path().display(),
         wgrant.path().display(),
         exe_s
     );
-    let contract = |name: &str, attempt: &str, args: &[String]| {
-        let mut a = vec!["probe".to_string(), attempt.to_string()];
-        a.extend(args.iter().cloned());
-        let a: Vec<String> = a.iter().map(|s| format!("{s:?}")).collect();
-        let text = format!(
-            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: escape\nexec: {{ command: {exe_s:?}, args: [{}] }}\n{caps}",
-            a.join(", ")
-        );
-        let p = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(&p, text).unwrap();
-        p
+    let net_caps = format!(
+        "  - net.connect: [\"127.0.0.1:{gport}\"]\n  - net.bind: [\"127.0.0.1:{bind_ok}\"]\n"
+    );
+    let ctx = Ctx {
+        exe: exe.clone(),
+        dir: dir.path().to_path_buf(),
+        state: state.clone(),
+        fs_caps,
+        net_caps,
+        cgroup: cg.path.clone(),
+        daemon_pid: d.pid(),
+    };
+    let contract = |name: &str, attempt: &str, args: &[String], caps: &Caps| {
+        ctx.contract(name, attempt, args, caps)
     };
 
     // A victim agent to attack: another agent with a secret in its state directory.
-    let vf = contract("victim", "sleep", &[]);
+    let vf = contract("victim", "sleep", &[], &Caps::Standard);
     d.ctl_ok(&["start", vf.to_str().unwrap()]);
     let vst = d.wait_state("escape/victim", "running", 10);
     let victim_pid = vst["main_pid"].as_u64().unwrap().to_string();
@@ -267,277 +338,336 @@ fn suite(filter: Option<&str>) -> i32 {
         .filter(|p| Path::new(p).exists());
 
     let s = |v: &str| vec![v.to_string()];
+    // Where `write-tmp` tries to create a file: it must not exist after the attempts.
+    let tmp_target = PathBuf::from(format!(
+        "/tmp/agentos-escape-{}-write-tmp",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp_target);
     let mut attempts = vec![
         // filesystem
         Attempt {
             name: "read-shadow",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "read-other-home",
             args: s(&secret.display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "list-other-home",
             args: s(&victim_home.display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "read-home-root",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-tmp",
-            args: vec![],
+            args: s(&tmp_target.display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-etc",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-daemon-state",
             args: s(&state.join("uids.json").display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-readonly-grant",
             args: s(&grant.path().display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "dev-kmsg-write",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "proc-sys-write",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "daemon-environ",
             args: s(&daemon_pid),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "cgroup-escape",
             args: s(&victim_procs.display().to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         // exec
         Attempt {
             name: "exec-ungranted",
             args: s(common::agentctl_bin()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "exec-from-home",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         // network
         Attempt {
             name: "connect-ungranted",
             args: s(&uport.to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "bind-ungranted",
             args: s(&bind_no.to_string()),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "abstract-socket",
             args: s(&abstract_name),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "raw-socket",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "packet-socket",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         // processes
         Attempt {
             name: "ptrace-daemon",
             args: s(&daemon_pid),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "ptrace-other-agent",
             args: s(&victim_pid),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "ptrace-traceme",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "process-vm-read",
             args: s(&victim_pid),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "signal-daemon",
             args: s(&daemon_pid),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "signal-other-agent",
             args: s(&victim_pid),
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "setuid-root",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "setgid-root",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "sched-fifo",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "nice-raise",
             args: vec![],
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         },
         // kernel interfaces
         Attempt {
             name: "mount-tmpfs",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "chroot",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "userns-unshare",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "userns-clone",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "clone3",
             args: vec![],
             expect: Denied("ENOSYS"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "bpf-prog-load",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "perf-event-open",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "keyctl",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "kexec-load",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "init-module",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "clock-settime",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "io-uring-setup",
             args: vec![],
             expect: Denied("EPERM"),
+            caps: Caps::Standard,
         },
         Attempt {
             name: "x32-syscall",
             args: vec![],
             expect: Denied("ENOSYS"),
+            caps: Caps::Standard,
         },
         // controls: the same sandbox still lets the agent do its job
         Attempt {
             name: "identity",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "open-fds",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "read-granted",
             args: s(&grant.path().join("data").display().to_string()),
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "read-passwd",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-home",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-tmpdir",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "write-granted",
             args: s(&wgrant.path().display().to_string()),
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "exec-granted",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "connect-granted",
             args: s(&gport.to_string()),
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "bind-granted",
             args: s(&bind_ok.to_string()),
             expect: Allowed,
+            caps: Caps::Standard,
         },
         Attempt {
             name: "fork-and-signal-own-child",
             args: vec![],
             expect: Allowed,
+            caps: Caps::Standard,
         },
     ];
     if let Some(m) = ["/dev/mem", "/dev/kmem", "/dev/port"]
@@ -548,6 +678,7 @@ fn suite(filter: Option<&str>) -> i32 {
             name: "dev-mem",
             args: s(m),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         });
     } else {
         println!("skip dev-mem: no /dev/mem, /dev/kmem or /dev/port on this host");
@@ -557,16 +688,26 @@ fn suite(filter: Option<&str>) -> i32 {
             name: "block-device",
             args: s(&b),
             expect: Denied("EACCES"),
+            caps: Caps::Standard,
         });
+    }
+    // Attempts of the other classes, each in its own module; `_fixtures` keeps their listeners
+    // and files alive until the suite ends.
+    let mut _fixtures: Vec<Box<dyn std::any::Any>> = Vec::new();
+    for (more, fixture) in [net::attempts(&ctx), channels::attempts(&ctx)] {
+        attempts.extend(more);
+        _fixtures.push(fixture);
     }
     if let Some(f) = filter {
         attempts.retain(|a| a.name.contains(f));
     }
+    let names: std::collections::BTreeSet<&str> = attempts.iter().map(|a| a.name).collect();
+    assert_eq!(names.len(), attempts.len(), "two attempts share a name");
 
     let mut failures = Vec::new();
     let mut denied = 0;
     for a in &attempts {
-        let f = contract(&format!("esc-{}", a.name), a.name, &a.args);
+        let f = contract(&format!("esc-{}", a.name), a.name, &a.args, &a.caps);
         let out = d.ctl(&["start", f.to_str().unwrap()]);
         if !out.status.success() {
             failures.push(format!(
@@ -666,6 +807,17 @@ fn suite(filter: Option<&str>) -> i32 {
             failures.push(line);
         }
     }
+    // The one file a refused `write-tmp` would have made (the weakened mutation run below
+    // makes it on purpose, so look now).
+    if tmp_target.exists() {
+        failures.push(format!(
+            "write-tmp: {} exists after the attempt",
+            tmp_target.display()
+        ));
+    }
+    // The confused-deputy attempts: links planted for the root daemon, then restarts.
+    let (n_deputy, deputy_failures) = deputy::run(&ctx, &mut d, filter);
+    failures.extend(deputy_failures);
     // Mutation check: the suite must notice a sandbox with one rule taken out.
     if filter.is_none() {
         let find = |n: &str| attempts.iter().find(|a| a.name == n);
@@ -674,7 +826,7 @@ fn suite(filter: Option<&str>) -> i32 {
                 failures.push(format!("mutation {}: no attempt {}", m.rule, m.attempt));
                 continue;
             };
-            let f = contract(&format!("mut-{}", a.name), a.name, &a.args);
+            let f = contract(&format!("mut-{}", a.name), a.name, &a.args, &a.caps);
             let intact = run_direct(&cg.path, dir.path(), &f, None);
             let weak = run_direct(&cg.path, dir.path(), &f, Some(m));
             let verdict = |v: &Option<serde_json::Value>| {
@@ -708,10 +860,7 @@ fn suite(filter: Option<&str>) -> i32 {
         common::alive(victim_pid.parse().unwrap()),
         "victim agent died"
     );
-    assert!(
-        !Path::new(&format!("/tmp/agentos-escape-{}", 0)).exists(),
-        "write-tmp left a file"
-    );
+    let _ = std::fs::remove_file(&tmp_target);
     let _ = d.ctl(&["stop", "escape/victim"]);
     drop(granted);
     drop(abstract_listener);
@@ -719,7 +868,7 @@ fn suite(filter: Option<&str>) -> i32 {
     let _: PathBuf = exe;
     println!(
         "escape suite: {} attempts, {denied} denied as expected, {} failures",
-        attempts.len(),
+        attempts.len() + n_deputy,
         failures.len()
     );
     if failures.is_empty() {

@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 
-fn errno() -> i32 {
+pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
@@ -47,7 +47,7 @@ fn report(attempt: &str, r: Result<String, i32>) {
 }
 
 /// The result of a libc call returning -1 on error.
-fn check(r: i64) -> Result<String, i32> {
+pub fn check(r: i64) -> Result<String, i32> {
     if r < 0 {
         Err(errno())
     } else {
@@ -55,7 +55,7 @@ fn check(r: i64) -> Result<String, i32> {
     }
 }
 
-fn c(s: &str) -> CString {
+pub fn c(s: &str) -> CString {
     CString::new(s).unwrap_or_default()
 }
 
@@ -133,10 +133,7 @@ pub fn run(args: &[String]) {
         "read-other-home" => open(arg(args, 1), libc::O_RDONLY),
         "list-other-home" => open(arg(args, 1), libc::O_RDONLY | libc::O_DIRECTORY),
         "read-home-root" => open("/root", libc::O_RDONLY | libc::O_DIRECTORY),
-        "write-tmp" => open(
-            &format!("/tmp/agentos-escape-{}", std::process::id()),
-            libc::O_WRONLY | libc::O_CREAT,
-        ),
+        "write-tmp" => open(arg(args, 1), libc::O_WRONLY | libc::O_CREAT),
         "write-etc" => open("/etc/agentos-escape", libc::O_WRONLY | libc::O_CREAT),
         "write-daemon-state" => open(arg(args, 1), libc::O_WRONLY),
         "write-readonly-grant" => open(
@@ -404,7 +401,15 @@ pub fn run(args: &[String]) {
             std::thread::sleep(std::time::Duration::from_secs(3600));
             Ok("slept".into())
         }
-        other => Ok(format!("unknown attempt {other}")),
+        // Attempts of the other classes live in their own modules; a name nobody knows is a
+        // failure of the suite itself (it once reported success, so a typo passed).
+        other => crate::net::probe(other, args)
+            .or_else(|| crate::channels::probe(other, args))
+            .or_else(|| crate::deputy::probe(other, args))
+            .unwrap_or_else(|| {
+                println!("{{\"attempt\":{other:?},\"ok\":false,\"errno\":\"unknown attempt\",\"detail\":\"\"}}");
+                std::process::exit(2)
+            }),
     };
     report(&name, r);
 }

@@ -1,0 +1,15 @@
+//! Network attempts (issue 12, class 3): every family and direction without a grant.
+
+use crate::{Attempt, Ctx};
+
+/// The attempts of this class and a fixture (listeners, files) kept alive while they run.
+pub fn attempts(_ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
+    (Vec::new(), Box::new(()))
+}
+
+/// Run attempt `name` inside the agent; `None` when this module does not know it.
+pub fn probe(name: &str, _args: &[String]) -> Option<Result<String, i32>> {
+    match name {
+        _ => None,
+    }
+}
