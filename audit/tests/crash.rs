@@ -19,8 +19,10 @@ use common::*;
 
 const ENV: &str = "AUDIT_STORM_DIR";
 
-/// The child: never returns when `AUDIT_STORM_DIR` is set.
+/// The child: never returns when `AUDIT_STORM_DIR` is set. Ignored, so it is not counted as a
+/// test of its own: the parent runs it with `--ignored --exact`.
 #[test]
+#[ignore = "child process of kill_9_mid_storm_loses_no_acknowledged_record"]
 fn storm_child() {
     let Ok(dir) = std::env::var(ENV) else { return };
     let mut o = opts();
@@ -50,7 +52,13 @@ fn storm_child() {
 
 fn storm_once(dir: &std::path::Path, kill_after_acks: usize) -> HashMap<u64, String> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "storm_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "storm_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ENV, dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -128,6 +136,7 @@ const FULL_ENV: &str = "AUDIT_FULL_DIR";
 /// The child of `a_failed_write_fails_closed`: runs with a file-size limit, appends until the
 /// log refuses.
 #[test]
+#[ignore = "child process of a_failed_write_fails_closed"]
 fn full_child() {
     let Ok(dir) = std::env::var(FULL_ENV) else {
         return;
@@ -167,7 +176,7 @@ fn a_failed_write_fails_closed() {
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --exact full_child --nocapture --test-threads=1"
+            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --ignored --exact full_child --nocapture --test-threads=1"
         ))
         .arg(std::env::current_exe().unwrap())
         .env(FULL_ENV, dir.path())

@@ -264,3 +264,78 @@ fn partial_last_line_is_reported_not_failed() {
     let r = verify(&path, &key().verifying_key()).unwrap();
     assert_eq!(r.incomplete_tail, Some((len, 14)));
 }
+
+/// A record edited and re-hashed on its own (its hash is valid again) breaks the link of the
+/// record after it: the next record's `prev` no longer names it.
+#[test]
+fn record_rehashed_alone_breaks_the_next_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = honest_log(dir.path(), 25);
+    let mut l = lines(&path);
+    let edited = l[4].replace("\"deny\"", "\"allow\"");
+    assert_ne!(edited, l[4]);
+    l[4] = rehash(&edited, None).0;
+    write_lines(&path, &l);
+    let e = verify(&path, &key().verifying_key()).unwrap_err();
+    let msg = e.to_string();
+    let (seq, offset, problem) = bad_record(e);
+    assert_eq!((seq, offset), (6, offset_of(&l, 5)), "{msg}");
+    assert!(matches!(problem, Problem::BrokenLink { .. }), "{msg}");
+}
+
+/// `prev` is compared in its canonical form: the same value in upper-case hex, or a value that
+/// is not hex at all, is a broken link even when the record's own hash is recomputed.
+#[test]
+fn non_canonical_or_garbled_prev_is_a_broken_link() {
+    for garble in [
+        (|p: &str| p.to_ascii_uppercase()) as fn(&str) -> String,
+        |p: &str| format!("zz{}", &p[2..]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = honest_log(dir.path(), 25);
+        let mut l = lines(&path);
+        let at = l[6].find("\"prev\":\"").unwrap() + 8;
+        let prev = l[6][at..at + 64].to_string();
+        let new_prev = garble(&prev);
+        assert_ne!(new_prev, prev);
+        l[6] = rehash(&l[6], Some(&new_prev)).0;
+        // Keep the rest of the chain consistent with the new hash of line 6.
+        rechain(&mut l, 7);
+        write_lines(&path, &l);
+        let e = verify_with_head(&path, &key().verifying_key(), None).unwrap_err();
+        let msg = e.to_string();
+        let (seq, _, problem) = bad_record(e);
+        assert_eq!(seq, 7, "{msg}");
+        assert!(matches!(problem, Problem::BrokenLink { .. }), "{msg}");
+    }
+}
+
+/// Truncation after a checkpoint, then forged (unsigned) records appended with a valid chain up
+/// to and past the head's sequence number: the record at the head's seq is not the one the
+/// signed head names, so the log is reported rewritten.
+#[test]
+fn truncation_plus_forged_tail_is_caught_by_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = honest_log(dir.path(), 25);
+    let head = Head::read(&audit::head_path(&path)).unwrap().unwrap();
+    let mut l = lines(&path);
+    l.truncate(22); // ends with checkpoint 22; the head names checkpoint 29
+    let template = l[20].clone(); // a gate record (seq 21)
+    for seq in 23..=31 {
+        let forged = template.replacen("{\"seq\":21,", &format!("{{\"seq\":{seq},"), 1);
+        assert_ne!(forged, template);
+        l.push(forged);
+    }
+    rechain(&mut l, 22);
+    write_lines(&path, &l);
+    // Without the head the forgery looks like an honest unsigned tail...
+    let r = verify_with_head(&path, &key().verifying_key(), None).unwrap();
+    assert_eq!(r.last_seq, 31);
+    assert_eq!(r.unsigned_tail, 9);
+    // ...with it, the record at the head's seq is not the signed one.
+    let e = verify(&path, &key().verifying_key()).unwrap_err();
+    match e {
+        VerifyError::Rewritten { seq, .. } => assert_eq!(seq, head.seq),
+        other => panic!("expected a rewritten log, got: {other}"),
+    }
+}
