@@ -868,11 +868,22 @@ fn decode_class(n: &N, dec: &mut Dec, class: &mut Class) {
     }
 }
 
-fn normalize_path(s: &str) -> Option<String> {
-    if !(s.starts_with('/') || s.starts_with("{state}")) {
+/// An absolute path, or one under the agent's state directory (`{state}` as its whole first
+/// component: `{state}x` would name a sibling of the agent's home, another agent's), with no
+/// `.` or `..` component and no control character; a trailing `/` is dropped.
+pub(crate) fn normalize_path(s: &str) -> Option<String> {
+    let rest = if s == "{state}" || s.starts_with("{state}/") {
+        &s["{state}".len()..]
+    } else if s.starts_with('/') {
+        s
+    } else {
         return None;
-    }
-    if s.split('/').any(|c| c == "..") || s.chars().any(char::is_control) {
+    };
+    if rest
+        .split('/')
+        .any(|c| c == ".." || c == "." || c.contains("{state}"))
+        || s.chars().any(char::is_control)
+    {
         return None;
     }
     let t = s.trim_end_matches('/');
@@ -883,7 +894,7 @@ fn normalize_path(s: &str) -> Option<String> {
     })
 }
 
-fn net_scope_ok(s: &str) -> bool {
+pub(crate) fn net_scope_ok(s: &str) -> bool {
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
     };
@@ -919,7 +930,7 @@ fn decode_scope(
         match kind {
             CapabilityKind::Filesystem => match normalize_path(&s) {
                 Some(p) => out.push(p),
-                None => dec.err(pos, field, format!("{field}: \"{s}\" is not an absolute path without \"..\" (or one under \"{{state}}\")")),
+                None => dec.err(pos, field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (or one under \"{{state}}/\")")),
             },
             CapabilityKind::Network => {
                 if net_scope_ok(&s) {

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::{Map, Number, Value};
 
 use crate::capability::{self, CapabilityKind};
-use crate::decode::{Dec, Fields};
+use crate::decode::{Dec, Fields, net_scope_ok, normalize_path};
 use crate::diag::{ContractError, Diagnostic, Severity, suggest};
 use crate::node::{self, N, Pos, V};
 use crate::units;
@@ -711,29 +711,6 @@ fn decode_secrets(n: &N, dec: &mut Dec) -> Vec<String> {
     out
 }
 
-fn normalize_path(s: &str) -> Option<String> {
-    if !(s.starts_with('/') || s == "{state}" || s.starts_with("{state}/")) {
-        return None;
-    }
-    if s.split('/').any(|c| c == "..") || s.chars().any(char::is_control) {
-        return None;
-    }
-    let t = s.trim_end_matches('/');
-    Some(if t.is_empty() { "/".into() } else { t.into() })
-}
-
-fn net_scope_ok(s: &str) -> bool {
-    let Some((host, port)) = s.rsplit_once(':') else {
-        return false;
-    };
-    let port_ok = port == "*" || port.parse::<u16>().is_ok_and(|p| p > 0);
-    let host_ok = !host.is_empty()
-        && !host
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/');
-    port_ok && host_ok
-}
-
 fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
     let mut needs = Needs::default();
     let Some(f) = dec.fields(n, "sandbox", SANDBOX) else {
@@ -750,7 +727,7 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
             match *key {
                 "runtime" => match normalize_path(&s) {
                     Some(p) if !p.starts_with('{') => needs.runtime.push(PathBuf::from(p)),
-                    _ => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \"..\" (the tool's own code, e.g. /usr/lib/agentos/tools)")),
+                    _ => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (the tool's own code, e.g. /usr/lib/agentos/tools)")),
                 },
                 "net.connect" | "net.bind" => {
                     if net_scope_ok(&s) {
@@ -769,7 +746,7 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
                         "fs.write" => needs.fs_write.push(p),
                         _ => needs.fs_exec.push(p),
                     },
-                    None => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \"..\" (or one under \"{{state}}\")")),
+                    None => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (or one under \"{{state}}/\")")),
                 },
             }
         }

@@ -18,9 +18,26 @@ const EXPECTED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "bad-path-scopes.yaml",
+        &[
+            "3:15: capabilities[0]: \"/srv/../etc\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "3:30: capabilities[0]: \"{state}/../other\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "3:50: capabilities[0]: \"{state}x\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "3:62: capabilities[0]: \"/srv/{state}\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "3:78: capabilities[0]: \"/srv/./docs\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "3:93: capabilities[0]: \"/srv/docs/..\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
+            "5:19: capabilities[2]: \"example.com:0\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "5:36: capabilities[2]: \"example.com:65536\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "5:57: capabilities[2]: \":443\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "5:65: capabilities[2]: \"exa mple.com:443\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "5:85: capabilities[2]: \"host:\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "6:16: capabilities[3]: an empty scope grants nothing; remove \"tool.call\" or write a bare name for its default scope",
+        ],
+    ),
+    (
         "bad-scopes.yaml",
         &[
-            "3:15: capabilities[0]: \"relative/path\" is not an absolute path without \"..\" (or one under \"{state}\")",
+            "3:15: capabilities[0]: \"relative/path\" is not an absolute path without \".\" or \"..\" components (or one under \"{state}/\")",
             "4:19: capabilities[1]: \"example.com\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
             "5:5: capabilities[2]: unknown capability \"fs.mount\": the \"fs.\" namespace is enforced by the kernel and has only fs.read, fs.write, fs.exec",
         ],
