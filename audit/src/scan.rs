@@ -78,16 +78,6 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// A signed checkpoint found in the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CheckpointAt {
-    pub seq: u64,
-    pub hash: [u8; 32],
-    pub offset: u64,
-    pub end: u64,
-    pub detail: CheckpointDetail,
-}
-
 /// The state of the chain after the records scanned so far.
 #[derive(Debug, Clone)]
 pub(crate) struct Chain {
@@ -105,8 +95,8 @@ pub(crate) struct Chain {
     pub checkpoints: u64,
     /// Records since the last checkpoint.
     pub since_checkpoint: u64,
-    /// The last checkpoint.
-    pub last_checkpoint: Option<CheckpointAt>,
+    /// Seq of the last (signature-checked) checkpoint.
+    pub last_checkpoint_seq: Option<u64>,
 }
 
 impl Chain {
@@ -120,7 +110,7 @@ impl Chain {
             records: 0,
             checkpoints: 0,
             since_checkpoint: 0,
-            last_checkpoint: None,
+            last_checkpoint_seq: None,
         }
     }
 }
@@ -186,17 +176,10 @@ pub(crate) fn scan<R: BufRead>(
             });
         }
         if rec.kind == Kind::Checkpoint {
-            let detail = match check_checkpoint(&rec, key) {
-                Ok(d) => d,
-                Err(why) => return fault(Problem::BadCheckpoint(why)),
-            };
-            chain.last_checkpoint = Some(CheckpointAt {
-                seq: rec.seq,
-                hash,
-                offset,
-                end: offset + n as u64,
-                detail,
-            });
+            if let Err(why) = check_checkpoint(&rec, key) {
+                return fault(Problem::BadCheckpoint(why));
+            }
+            chain.last_checkpoint_seq = Some(rec.seq);
             chain.checkpoints += 1;
             chain.since_checkpoint = 0;
         } else {

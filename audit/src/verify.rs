@@ -213,7 +213,7 @@ pub fn verify_with_head(
         last_seq: chain.next_seq - 1,
         last_hash: hex::encode(chain.prev),
         checkpoints: chain.checkpoints,
-        last_checkpoint_seq: chain.last_checkpoint.as_ref().map(|c| c.seq),
+        last_checkpoint_seq: chain.last_checkpoint_seq,
         unsigned_tail: chain.since_checkpoint,
         head_seq,
         incomplete_tail,

@@ -40,6 +40,15 @@ fn verify_exit_codes() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("first bad record: seq 5"), "{err}");
 
+    // A truncated log names the first record that is missing.
+    let path = honest_log(&dir.path().join("log2"), 12);
+    let mut l = lines(&path);
+    l.truncate(8);
+    write_lines(&path, &l);
+    let (code, out, err) = run_verify(dir.path(), &path);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("first bad record: seq 9"), "{err}");
+
     let (code, _, err) = run_verify(dir.path(), &dir.path().join("nope.log"));
     assert_eq!(code, 3, "{err}");
 }

@@ -339,3 +339,53 @@ fn truncation_plus_forged_tail_is_caught_by_the_head() {
         other => panic!("expected a rewritten log, got: {other}"),
     }
 }
+
+/// The same forgery as above, but with the forged record at the head's seq padded to the very
+/// byte length of the signed checkpoint it replaces, so it starts at the head's offset: the
+/// hash alone must give it away.
+#[test]
+fn forged_record_at_the_heads_offset_is_caught_by_its_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = honest_log(dir.path(), 25);
+    let head = Head::read(&audit::head_path(&path)).unwrap().unwrap();
+    let mut l = lines(&path);
+    let at = l.len() - 1;
+    assert!(l[at].contains("\"kind\":\"checkpoint\""), "{}", l[at]);
+    assert_eq!(offset_of(&l, at), head.offset);
+    let template = l[20].replacen("{\"seq\":21,", &format!("{{\"seq\":{},", head.seq), 1);
+    let pad = l[at].len() - template.len();
+    l[at] = template.replacen("web.fetch", &format!("web.fetch{}", "x".repeat(pad)), 1);
+    rechain(&mut l, at);
+    assert_eq!(offset_of(&l, at), head.offset);
+    write_lines(&path, &l);
+    match verify(&path, &key().verifying_key()).unwrap_err() {
+        VerifyError::Rewritten { seq, offset, .. } => {
+            assert_eq!((seq, offset), (head.seq, head.offset))
+        }
+        other => panic!("expected a rewritten log, got: {other}"),
+    }
+}
+
+/// A record replayed at the end (its seq went backwards) is reported as reordered, not as
+/// records missing.
+#[test]
+fn replayed_record_is_reordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = honest_log(dir.path(), 25);
+    let mut l = lines(&path);
+    let replay = l[4].clone();
+    l.push(replay);
+    write_lines(&path, &l);
+    let e = verify(&path, &key().verifying_key()).unwrap_err();
+    let msg = e.to_string();
+    let (seq, _, problem) = bad_record(e);
+    assert_eq!(seq, 30, "{msg}");
+    assert_eq!(
+        problem,
+        Problem::Reordered {
+            expected: 30,
+            found: 5
+        },
+        "{msg}"
+    );
+}

@@ -32,6 +32,9 @@ const EXPECTED: &[(&str, &[&str])] = &[
             "5:65: capabilities[2]: \"exa mple.com:443\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
             "5:85: capabilities[2]: \"host:\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
             "6:16: capabilities[3]: an empty scope grants nothing; remove \"tool.call\" or write a bare name for its default scope",
+            "7:16: capabilities[4]: \"a/b:443\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")",
+            "8:16: capabilities[5]: empty or invalid scope entry",
+            "9:5: capabilities[6]: a capability with a scope is a one-key mapping such as \"fs.read: [/srv/docs]\"",
         ],
     ),
     (

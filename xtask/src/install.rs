@@ -47,14 +47,6 @@ pub struct InstallArgs {
     pub unit_dir: Option<PathBuf>,
 }
 
-/// The workspace root (xtask lives one level below it).
-fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map_or(manifest.clone(), Path::to_path_buf)
-}
-
 fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
@@ -130,7 +122,7 @@ pub fn render_unit(template: &str, prefix: &Path) -> Result<String> {
 }
 
 pub fn run(args: InstallArgs) -> Result<()> {
-    let root = workspace_root();
+    let root = crate::workspace_root();
     if !args.prefix.is_absolute() {
         bail!(
             "--prefix must be an absolute path, not {}",
@@ -519,7 +511,8 @@ mod tests {
         }
         let tmp = TempDir::new("verify");
         let template =
-            std::fs::read_to_string(workspace_root().join("units/agentosd.service")).expect("unit");
+            std::fs::read_to_string(crate::workspace_root().join("units/agentosd.service"))
+                .expect("unit");
         // verify insists that ExecStart exists; point it at a binary that does.
         let unit = template.replace(UNIT_EXEC_PATH, "/bin/true");
         let path = tmp.0.join("agentosd.service");
@@ -561,7 +554,7 @@ mod tests {
         }
         let tmp = TempDir::new("sysroot");
         std::fs::create_dir_all(tmp.0.join("etc")).expect("etc");
-        let units = workspace_root().join("units");
+        let units = crate::workspace_root().join("units");
         let st = Command::new("systemd-sysusers")
             .arg(format!("--root={}", tmp.0.display()))
             .arg(units.join("agentos.sysusers"))
@@ -602,7 +595,7 @@ mod tests {
             let services = dir.join("services");
             std::fs::create_dir_all(&services).expect("services dir");
             std::fs::copy(
-                workspace_root().join("units/org.agentos1.service"),
+                crate::workspace_root().join("units/org.agentos1.service"),
                 services.join("org.agentos1.service"),
             )
             .expect("copy activation file");
@@ -716,8 +709,9 @@ mod tests {
         }
         let tmp = TempDir::new("dbus");
         std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let policy = std::fs::read_to_string(workspace_root().join("units/org.agentos1.conf"))
-            .expect("policy");
+        let policy =
+            std::fs::read_to_string(crate::workspace_root().join("units/org.agentos1.conf"))
+                .expect("policy");
 
         // 1. The file as shipped loads (the group agentos need not exist yet).
         let shipped = tmp.0.join("shipped.d");

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod install;
+mod mutants;
 mod peers;
 mod vm;
 
@@ -40,6 +41,9 @@ enum Cmd {
     /// Install the real MCP peers the tests use (Python MCP SDK, npm MCP servers) into
     /// target/mcp-peers and print the directory (`cargo xtask test` does this itself).
     McpPeers,
+    /// Mutation testing (cargo-mutants) of the code that decides access, time-boxed, with a
+    /// caught/missed table per file; fails on a missed mutant (docs/testing.md).
+    Mutants(mutants::MutantsArgs),
     /// Build and install agentosd, agentctl, the systemd unit and the D-Bus policy.
     Install(install::InstallArgs),
     /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
@@ -73,6 +77,7 @@ fn main() -> Result<()> {
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::McpPeers => peers::ensure().map(|d| println!("{}", d.display())),
         Cmd::Install(args) => install::run(args),
+        Cmd::Mutants(args) => mutants::run(args),
         Cmd::Demo(args) => demo::run(args),
         #[cfg(feature = "bench")]
         Cmd::Bench { cmd } => bench::run(cmd),
@@ -93,6 +98,14 @@ fn main() -> Result<()> {
             cargo(&all)
         }
     }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map_or(manifest.clone(), std::path::Path::to_path_buf)
 }
 
 fn cargo(args: &[&str]) -> Result<()> {

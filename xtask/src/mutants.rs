@@ -1,0 +1,295 @@
+//! `cargo xtask mutants`: mutation testing (cargo-mutants) of the code that decides access,
+//! each target with the tests that can catch its mutants, time-boxed, with a caught/missed
+//! table per file. A missed mutant in an access decision is a test to write (docs/testing.md).
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+/// The cargo-mutants release the project pins (installed into target/tools on first use).
+const CARGO_MUTANTS: &str = "27.1.0";
+
+#[derive(Args)]
+pub struct MutantsArgs {
+    /// Only the quick targets (pure code in small crates): what `cargo xtask test` could afford.
+    #[arg(long)]
+    short: bool,
+    /// Only targets whose name contains this.
+    #[arg(long, value_name = "NAME")]
+    only: Option<String>,
+    /// Time box per target, in minutes: the run stops there and reports what it covered.
+    #[arg(long, default_value_t = 20)]
+    minutes: u64,
+    /// List the targets and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+/// One module that decides access, and the tests that can catch a change of its decisions.
+struct Target {
+    name: &'static str,
+    package: &'static str,
+    files: &'static [&'static str],
+    /// Only functions whose name matches (cargo-mutants `--re`), when the file holds more.
+    re: Option<&'static str>,
+    /// Arguments for `cargo test` after the package (which test binaries to run).
+    tests: &'static [&'static str],
+    /// Cheap enough for the short run.
+    short: bool,
+}
+
+const TARGETS: &[Target] = &[
+    Target {
+        name: "contract-scopes",
+        package: "contracts",
+        files: &["contracts/src/decode.rs"],
+        re: Some("normalize_path|net_scope_ok|decode_scope|decode_capabilities"),
+        tests: &[],
+        short: true,
+    },
+    Target {
+        name: "audit-verifier",
+        package: "audit",
+        files: &["audit/src/scan.rs", "audit/src/verify.rs"],
+        re: None,
+        tests: &["--test", "verify", "--test", "recovery", "--test", "cli"],
+        short: true,
+    },
+    Target {
+        name: "gate",
+        package: "agentosd",
+        files: &["agentosd/src/mcp/mod.rs"],
+        re: Some("decide"),
+        tests: &["--lib"],
+        short: false,
+    },
+    Target {
+        name: "seccomp-policy",
+        package: "agentosd",
+        files: &["agentosd/src/sandbox/seccomp.rs"],
+        re: None,
+        tests: &["--lib", "--test", "escape"],
+        short: false,
+    },
+    Target {
+        name: "network-policy",
+        package: "agentosd",
+        files: &["agentosd/src/enforce/net.rs"],
+        re: Some("policy_from_scopes|parse_scope|resolve"),
+        tests: &["--lib", "--test", "escape"],
+        short: false,
+    },
+    Target {
+        name: "filesystem-policy",
+        package: "agentosd",
+        files: &["agentosd/src/enforce/fs.rs", "agentosd/src/sandbox/mod.rs"],
+        re: Some("from_plan|plan|from_contract"),
+        tests: &["--lib", "--test", "escape"],
+        short: false,
+    },
+];
+
+/// Per file: (caught, missed, timeout, unviable), and the missed mutants' lines.
+#[derive(Default, Debug, PartialEq)]
+struct Tally {
+    caught: usize,
+    missed: usize,
+    timeout: usize,
+    unviable: usize,
+}
+
+pub fn run(args: MutantsArgs) -> Result<()> {
+    let chosen: Vec<&Target> = TARGETS
+        .iter()
+        .filter(|t| !args.short || t.short)
+        .filter(|t| args.only.as_deref().is_none_or(|o| t.name.contains(o)))
+        .collect();
+    if args.list {
+        for t in &chosen {
+            println!("{:<18} {} ({})", t.name, t.files.join(" "), t.package);
+        }
+        return Ok(());
+    }
+    if chosen.is_empty() {
+        bail!("no mutants target matches (see `cargo xtask mutants --list`)");
+    }
+    let root = crate::workspace_root();
+    let bin = ensure_cargo_mutants(&root)?;
+    let mut missed_all = Vec::new();
+    let mut rows = Vec::new();
+    for t in chosen {
+        let out = root.join("target/mutants").join(t.name);
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out)?;
+        let mut cmd = Command::new(&bin);
+        cmd.current_dir(&root)
+            .args(["mutants", "--package", t.package, "--baseline", "skip"])
+            .args(["--timeout", "300", "--build-timeout", "600", "--no-shuffle"])
+            .arg("--output")
+            .arg(&out)
+            // A persistent target dir keeps the dependencies built between runs.
+            .env("CARGO_TARGET_DIR", root.join("target/mutants-build"));
+        for f in t.files {
+            cmd.args(["--file", f]);
+        }
+        if let Some(re) = t.re {
+            cmd.args(["--re", re]);
+        }
+        if !t.tests.is_empty() {
+            cmd.arg("--").args(t.tests);
+        }
+        // Its own process group, so the time box can stop cargo and the tests with it.
+        cmd.process_group(0);
+        println!("xtask mutants: {} ({} min at most)", t.name, args.minutes);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(args.minutes * 60);
+        let mut boxed = false;
+        loop {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                // SAFETY: kill(2) on the process group of the child this function started.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
+                let _ = child.wait();
+                boxed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let dir = out.join("mutants.out");
+        for f in t.files {
+            let tally = tally(&dir, f);
+            rows.push((t.name, f.to_string(), tally, boxed));
+        }
+        missed_all.extend(lines(&dir.join("missed.txt")));
+    }
+    println!("\n| target | file | caught | missed | timeout | unviable | complete |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, file, t, boxed) in &rows {
+        println!(
+            "| {name} | {file} | {} | {} | {} | {} | {} |",
+            t.caught,
+            t.missed,
+            t.timeout,
+            t.unviable,
+            if *boxed { "no (time box)" } else { "yes" }
+        );
+    }
+    if !missed_all.is_empty() {
+        println!("\nmissed mutants (each is a decision no test holds):");
+        for m in &missed_all {
+            println!("  {m}");
+        }
+        bail!("{} missed mutant(s)", missed_all.len());
+    }
+    Ok(())
+}
+
+/// Lines of one of cargo-mutants' outcome lists (missing file: none).
+fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Count the outcomes of `file`'s mutants in a mutants.out directory. Each list has one line
+/// per mutant, starting with the file's path relative to the workspace (`FILE:LINE:COL: …`).
+fn tally(dir: &Path, file: &str) -> Tally {
+    let n = |list: &str| {
+        lines(&dir.join(list))
+            .iter()
+            .filter(|l| l.starts_with(&format!("{file}:")))
+            .count()
+    };
+    Tally {
+        caught: n("caught.txt"),
+        missed: n("missed.txt"),
+        timeout: n("timeout.txt"),
+        unviable: n("unviable.txt"),
+    }
+}
+
+/// `target/tools/bin/cargo-mutants`, installed from crates.io on first use.
+fn ensure_cargo_mutants(root: &Path) -> Result<PathBuf> {
+    let tools = root.join("target/tools");
+    let bin = tools.join("bin/cargo-mutants");
+    let version_ok = Command::new(&bin)
+        .arg("mutants")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_MUTANTS));
+    if !version_ok {
+        println!(
+            "xtask mutants: installing cargo-mutants {CARGO_MUTANTS} into {}",
+            tools.display()
+        );
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args([
+                "install",
+                "--locked",
+                "--version",
+                CARGO_MUTANTS,
+                "cargo-mutants",
+                "--root",
+            ])
+            .arg(&tools)
+            .status()?;
+        if !st.success() {
+            bail!("cargo install cargo-mutants {CARGO_MUTANTS} failed ({st})");
+        }
+    }
+    Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_counts_per_file() {
+        let d = tempfile_dir();
+        std::fs::write(
+            d.join("caught.txt"),
+            "a/x.rs:1:1: replace f -> bool with true\na/y.rs:2:2: replace g\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("missed.txt"), "a/x.rs:3:3: delete !\n").unwrap();
+        assert_eq!(
+            tally(&d, "a/x.rs"),
+            Tally {
+                caught: 1,
+                missed: 1,
+                timeout: 0,
+                unviable: 0
+            }
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-mutants-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn every_target_names_existing_files() {
+        let root = crate::workspace_root();
+        for t in TARGETS {
+            for f in t.files {
+                assert!(root.join(f).exists(), "{}: {f} does not exist", t.name);
+            }
+        }
+    }
+}
