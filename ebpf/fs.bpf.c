@@ -28,6 +28,7 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define EACCES 13
+#define EPERM 1
 #define PATH_BUF 4096
 #define MNT_INTERNAL 0x4000
 #define SB_NOUSER (1U << 31)
@@ -224,4 +225,34 @@ int BPF_PROG(agentos_lsm_bprm_check, struct linux_binprm *bprm, int ret)
 	if (!file)
 		return 0;
 	return check(file, cgid, AGENTOS_HOOK_LSM_BPRM_CHECK, AGENTOS_FS_EXEC);
+}
+
+/* Abstract Unix socket names (sun_path[0] == 0) have no file and no permission bits, and are
+ * per network namespace: an agent sharing the host's (one with network grants) could bind the
+ * name of a host service before the service does and receive its clients (impersonation).
+ * Refused for every agent; one without network grants is in a namespace of its own anyway.
+ * Autobind (an address of the family alone) gets a fresh random name and stays allowed. Optional:
+ * the daemon runs without it when it does not load (docs/security.md). */
+SEC("lsm/socket_bind")
+int BPF_PROG(agentos_lsm_socket_bind, struct socket *sock, struct sockaddr *address, int addrlen,
+	     int ret)
+{
+	if (ret)
+		return ret;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	if (addrlen <= 2)
+		return 0;
+	__u16 family = 0;
+	char first = 1;
+	if (bpf_probe_read_kernel(&family, sizeof(family), address))
+		return 0;
+	if (family != 1 /* AF_UNIX */)
+		return 0;
+	if (bpf_probe_read_kernel(&first, 1, (char *)address + 2))
+		return 0;
+	if (first != 0)
+		return 0; /* a pathname socket: file permissions and Landlock decide */
+	return -EPERM;
 }

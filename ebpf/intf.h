@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * Layouts shared by the BPF programs and agentosd (agentosd/src/enforce/net.rs mirrors them with
- * #[repr(C)] structs; a unit test checks the sizes). Change both together.
+ * #[repr(C)] structs; a unit test checks the sizes). Change both together, and bump MAPS_LAYOUT
+ * in net.rs when a map's key or value changes: the maps are pinned in bpffs and taken over by
+ * the next daemon, which must not load programs of one layout onto maps of another.
  */
 #ifndef AGENTOS_INTF_H
 #define AGENTOS_INTF_H
@@ -15,16 +17,21 @@
 /* Ring buffer for denial events, bytes (a power of two, a multiple of the page size). */
 #define AGENTOS_EVENTS_BYTES (256 * 1024)
 
-/* One granted destination. An address matches when (dst & mask) == addr, word by word, with
- * addresses in network byte order as the kernel gives them (IPv4 in word 0, the rest zero).
- * port 0 = any port (host byte order otherwise). */
+/* One granted destination (kind CONNECT: connect, sendmsg) or local address (kind BIND). An
+ * address matches when (addr & mask) == rule addr, word by word, with addresses in network byte
+ * order as the kernel gives them (IPv4 in word 0, the rest zero; an IPv4-mapped IPv6 address
+ * `::ffff:a.b.c.d` is checked as the IPv4 address a.b.c.d). port 0 = any port (host byte order
+ * otherwise). */
 struct agentos_net_rule {
 	__u32 addr[4];
 	__u32 mask[4];
 	__u16 family; /* AF_INET (2) or AF_INET6 (10) */
 	__u16 port;
-	__u32 _pad;
+	__u32 kind; /* AGENTOS_NET_RULE_* */
 };
+
+#define AGENTOS_NET_RULE_CONNECT 0 /* net.connect: connect(), sendto()/sendmsg() */
+#define AGENTOS_NET_RULE_BIND 1    /* net.bind: bind() */
 
 /* The value in the policy map, keyed by the agent's cgroup id (__u64). */
 struct agentos_net_policy {
@@ -33,8 +40,14 @@ struct agentos_net_policy {
 	struct agentos_net_rule rules[AGENTOS_MAX_RULES];
 };
 
-/* Allow every destination (a `*:*` grant); denials are still counted for other agents. */
+/* Allow every destination (a `*:*` net.connect grant); denials are still counted for other
+ * agents. */
 #define AGENTOS_NET_ALLOW_ALL 1
+/* Allow every local address (a `*:*` net.bind grant). */
+#define AGENTOS_NET_ALLOW_ALL_BIND 2
+/* The agent may create IPv4/IPv6 sockets at all (it has a net.connect or net.bind grant); even
+ * then only TCP and UDP ones (cgroup/sock_create). */
+#define AGENTOS_NET_INET 4
 
 /* Which program refused. */
 enum agentos_hook {
@@ -43,12 +56,17 @@ enum agentos_hook {
 	AGENTOS_HOOK_SENDMSG4 = 2,
 	AGENTOS_HOOK_SENDMSG6 = 3,
 	AGENTOS_HOOK_LSM_SOCKET_CONNECT = 4,
+	/* 5 and 6: the filesystem hooks below */
+	AGENTOS_HOOK_BIND4 = 7,
+	AGENTOS_HOOK_BIND6 = 8,
+	AGENTOS_HOOK_SOCK_CREATE = 9,
 };
 
 /* Why it refused. */
 enum agentos_reason {
 	AGENTOS_REASON_NOT_GRANTED = 0, /* the agent has a policy; this destination is not in it */
 	AGENTOS_REASON_NO_POLICY = 1,   /* a process under agents/ whose cgroup has no policy entry */
+	AGENTOS_REASON_SOCKET_TYPE = 2, /* sock_create: not TCP or UDP (raw, MPTCP, SCTP, ICMP…) */
 };
 
 /* One denial, to the ring buffer `events`. */
@@ -60,7 +78,7 @@ struct agentos_net_event {
 	__u32 addr[4]; /* destination, network byte order */
 	__u16 family;
 	__u16 port; /* host byte order */
-	__u32 protocol; /* IPPROTO_TCP / IPPROTO_UDP / 0 */
+	__u32 protocol; /* IPPROTO_TCP / IPPROTO_UDP / 0; sock_create: (type << 16) | protocol */
 	__u8 hook;      /* enum agentos_hook */
 	__u8 reason;    /* enum agentos_reason */
 	__u8 _pad[6];

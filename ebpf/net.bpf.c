@@ -1,15 +1,28 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * agentos network enforcement: cgroup sock_addr programs attached to the daemon's agents/
- * cgroup. Every connect() and unconnected sendmsg() (UDP) to an IPv4/IPv6 destination by a
- * process under agents/ is checked against its agent's policy, looked up by cgroup id
- * (bpf_get_current_cgroup_id). A destination the contract does not grant is refused (the caller
- * gets EPERM) and reported to the ring buffer `events`, which agentosd appends to the audit trail
- * as a kernel denial. A process under agents/ whose cgroup has no policy entry is refused too
- * (fail closed): the daemon fills an entry for every agent before its first process exists.
+ * agentos network enforcement: cgroup programs attached to the daemon's agents/ cgroup. Every
+ * connect() and unconnected sendmsg() (UDP, TCP fast open) to an IPv4/IPv6 destination, every
+ * bind() and every IPv4/IPv6 socket created by a process under agents/ is checked against its
+ * agent's policy, looked up by cgroup id (bpf_get_current_cgroup_id):
  *
- * lsm/socket_connect enforces the same policy as defence in depth where the kernel allows BPF
- * LSM programs (not on hosts with lockdown; the daemon reports that). It is global, so it acts
+ *   cgroup/connect4, connect6, sendmsg4, sendmsg6: the destination must be granted (net.connect)
+ *   cgroup/bind4, bind6: the local address must be granted (net.bind), TCP and UDP alike
+ *   cgroup/sock_create: an agent without any network grant creates no IPv4/IPv6 socket; one with
+ *     a grant only TCP (SOCK_STREAM/IPPROTO_TCP) and UDP (SOCK_DGRAM/IPPROTO_UDP) ones, so no
+ *     raw, MPTCP, SCTP, UDP-Lite or ICMP echo socket. The second layer after seccomp's socket
+ *     rules (agentosd/src/sandbox/seccomp.rs).
+ *
+ * An IPv4-mapped IPv6 address (::ffff:a.b.c.d) is checked as the IPv4 address it reaches. A
+ * refusal gives the caller EPERM and is reported to the ring buffer `events`, which agentosd
+ * appends to the audit trail as a kernel denial. A process under agents/ whose cgroup has no
+ * policy entry is refused too (fail closed): the daemon fills an entry for every agent before its
+ * first process exists.
+ *
+ * The daemon pins the links and maps in bpffs (agentosd/src/enforce/net.rs), so the programs stay
+ * attached and keep their policies while agentosd is down or restarting.
+ *
+ * lsm/socket_connect enforces the same connect policy as defence in depth where the kernel allows
+ * BPF LSM programs (not on hosts with lockdown; the daemon reports that). It is global, so it acts
  * only on cgroups that have a policy entry (agents) and leaves every other process alone.
  */
 #include <linux/bpf.h>
@@ -24,6 +37,8 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define AF_INET 2
 #define AF_INET6 10
+#define SOCK_STREAM 1
+#define SOCK_DGRAM 2
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -51,16 +66,29 @@ static __always_inline void count(__u32 slot)
 		__sync_fetch_and_add(v, 1);
 }
 
-static __always_inline int granted(const struct agentos_net_policy *pol, __u16 family,
-				   const __u32 dst[4], __u16 port)
+/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) reaches IPv4 a.b.c.d: check it as that. */
+static __always_inline __u16 unmap(__u16 family, __u32 dst[4])
 {
-	if (pol->flags & AGENTOS_NET_ALLOW_ALL)
+	if (family == AF_INET6 && dst[0] == 0 && dst[1] == 0 && dst[2] == bpf_htonl(0xffff)) {
+		dst[0] = dst[3];
+		dst[2] = 0;
+		dst[3] = 0;
+		return AF_INET;
+	}
+	return family;
+}
+
+static __always_inline int granted(const struct agentos_net_policy *pol, __u16 family,
+				   const __u32 dst[4], __u16 port, __u32 kind)
+{
+	__u32 all = kind == AGENTOS_NET_RULE_BIND ? AGENTOS_NET_ALLOW_ALL_BIND : AGENTOS_NET_ALLOW_ALL;
+	if (pol->flags & all)
 		return 1;
 	for (int i = 0; i < AGENTOS_MAX_RULES; i++) {
 		if (i >= pol->n_rules)
 			break;
 		const struct agentos_net_rule *r = &pol->rules[i];
-		if (r->family != family)
+		if (r->family != family || r->kind != kind)
 			continue;
 		if (r->port && r->port != port)
 			continue;
@@ -99,7 +127,7 @@ static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 fam
 	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 family)
+static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 family, __u32 kind)
 {
 	__u32 dst[4] = {0, 0, 0, 0};
 	if (family == AF_INET) {
@@ -110,12 +138,13 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 		dst[2] = ctx->user_ip6[2];
 		dst[3] = ctx->user_ip6[3];
 	}
+	family = unmap(family, dst);
 	__u16 port = bpf_ntohs((__u16)ctx->user_port);
 	__u64 cgid = bpf_get_current_cgroup_id();
 	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
 	__u8 reason = AGENTOS_REASON_NO_POLICY;
 	if (pol) {
-		if (granted(pol, family, dst, port)) {
+		if (granted(pol, family, dst, port, kind)) {
 			count(AGENTOS_STAT_ALLOWED);
 			return 1;
 		}
@@ -129,25 +158,63 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 SEC("cgroup/connect4")
 int agentos_connect4(struct bpf_sock_addr *ctx)
 {
-	return check(ctx, AGENTOS_HOOK_CONNECT4, AF_INET);
+	return check(ctx, AGENTOS_HOOK_CONNECT4, AF_INET, AGENTOS_NET_RULE_CONNECT);
 }
 
 SEC("cgroup/connect6")
 int agentos_connect6(struct bpf_sock_addr *ctx)
 {
-	return check(ctx, AGENTOS_HOOK_CONNECT6, AF_INET6);
+	return check(ctx, AGENTOS_HOOK_CONNECT6, AF_INET6, AGENTOS_NET_RULE_CONNECT);
 }
 
 SEC("cgroup/sendmsg4")
 int agentos_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return check(ctx, AGENTOS_HOOK_SENDMSG4, AF_INET);
+	return check(ctx, AGENTOS_HOOK_SENDMSG4, AF_INET, AGENTOS_NET_RULE_CONNECT);
 }
 
 SEC("cgroup/sendmsg6")
 int agentos_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return check(ctx, AGENTOS_HOOK_SENDMSG6, AF_INET6);
+	return check(ctx, AGENTOS_HOOK_SENDMSG6, AF_INET6, AGENTOS_NET_RULE_CONNECT);
+}
+
+/* bind() of TCP and UDP sockets (Landlock sees TCP only). Port 0 (an ephemeral port) needs a
+ * grant like any other; the implicit bind of connect()/sendto() does not come here. */
+SEC("cgroup/bind4")
+int agentos_bind4(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_BIND4, AF_INET, AGENTOS_NET_RULE_BIND);
+}
+
+SEC("cgroup/bind6")
+int agentos_bind6(struct bpf_sock_addr *ctx)
+{
+	return check(ctx, AGENTOS_HOOK_BIND6, AF_INET6, AGENTOS_NET_RULE_BIND);
+}
+
+/* Every IPv4/IPv6 socket an agent creates (inet_create/inet6_create call this with the
+ * protocol resolved: SOCK_STREAM with protocol 0 arrives as IPPROTO_TCP). */
+SEC("cgroup/sock_create")
+int agentos_sock_create(struct bpf_sock *ctx)
+{
+	__u32 type = ctx->type, protocol = ctx->protocol;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
+	__u8 reason = AGENTOS_REASON_NO_POLICY;
+	if (pol) {
+		int tcp_udp = (type == SOCK_STREAM && protocol == IPPROTO_TCP) ||
+			      (type == SOCK_DGRAM && protocol == IPPROTO_UDP);
+		if ((pol->flags & AGENTOS_NET_INET) && tcp_udp)
+			return 1;
+		reason = (pol->flags & AGENTOS_NET_INET) ? AGENTOS_REASON_SOCKET_TYPE
+							  : AGENTOS_REASON_NOT_GRANTED;
+	}
+	__u32 none[4] = {0, 0, 0, 0};
+	count(AGENTOS_STAT_DENIED);
+	report(cgid, AGENTOS_HOOK_SOCK_CREATE, reason, ctx->family, none, 0,
+	       (type << 16) | (protocol & 0xffff));
+	return 0;
 }
 
 /* The start of struct sockaddr_in / sockaddr_in6 as the kernel copied it from the caller. */
@@ -182,11 +249,12 @@ int BPF_PROG(agentos_lsm_connect, void *sock, void *address, int addrlen, int re
 		return 0; /* AF_UNIX and the rest: Landlock and seccomp's business */
 	}
 	__u16 port = bpf_ntohs(sa.port);
-	if (granted(pol, sa.family, dst, port)) {
+	__u16 family = unmap(sa.family, dst);
+	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT)) {
 		count(AGENTOS_STAT_ALLOWED);
 		return 0;
 	}
 	count(AGENTOS_STAT_DENIED);
-	report(cgid, AGENTOS_HOOK_LSM_SOCKET_CONNECT, AGENTOS_REASON_NOT_GRANTED, sa.family, dst, port, 0);
+	report(cgid, AGENTOS_HOOK_LSM_SOCKET_CONNECT, AGENTOS_REASON_NOT_GRANTED, family, dst, port, 0);
 	return -1; /* -EPERM */
 }

@@ -177,15 +177,19 @@ fn main() {
             net: Some((Ipv4Addr::new(10, 0, 0, i).into(), 32)),
             family: 2,
             port: to.port(),
+            kind: Default::default(),
         })
         .collect();
     rules.push(Rule {
         net: Some(((*to.ip()).into(), 32)),
         family: 2,
         port: to.port(),
+        kind: Default::default(),
     });
     let policy = Policy {
         allow_all: false,
+        allow_all_bind: false,
+        inet: true,
         rules,
         notes: vec![],
     };

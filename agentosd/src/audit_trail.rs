@@ -15,6 +15,13 @@ use audit::{Ack, AppendError, Decision, Kind, Log, LogOptions, Record};
 use serde_json::{Value, json};
 use tracing::{error, info};
 
+tokio::task_local! {
+    /// The D-Bus caller on whose behalf the current task acts (the `caller` object of
+    /// [`crate::authz::Caller::to_json`]); set by dbus.rs around every method call, so that
+    /// every lifecycle record made while serving the call names who asked.
+    pub static CALLER: Value;
+}
+
 /// Why the trail could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum TrailError {
@@ -224,6 +231,11 @@ impl AuditTrail {
         d.insert("event".into(), json!(event));
         if let Value::Object(m) = detail {
             d.extend(m);
+        }
+        if !d.contains_key("caller")
+            && let Ok(c) = CALLER.try_with(Value::clone)
+        {
+            d.insert("caller".into(), c);
         }
         let r = self
             .agent_record(Kind::Lifecycle, tenant, name)

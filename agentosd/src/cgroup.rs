@@ -38,6 +38,22 @@ fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
 /// The budget controllers the daemon knows how to use.
 pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
 
+/// The leaf of an agent's own processes: `agents/<tenant>/<name>/main`. The contract's budgets
+/// are set one level up, on `agents/<tenant>/<name>`, so they cover this leaf and the agent's
+/// tools (cgroup v2's no-internal-process rule: with controllers enabled for its children, the
+/// agent's cgroup itself holds no process).
+pub const AGENT_MAIN: &str = "main";
+/// The parent of an agent's tool cgroups: `agents/<tenant>/<name>/tools/<call-or-server>`.
+pub const AGENT_TOOLS: &str = "tools";
+/// The controllers an agent's cgroup hands to its children (`main`, `tools`): what tool cgroups
+/// use for their own limits (`pids.max`, `memory.max` of a tool manifest).
+pub const AGENT_CHILD_CONTROLLERS: &[&str] = &["memory", "pids"];
+
+/// The cgroup of agent `tenant/name` under the daemon's root: `ROOT/agents/<tenant>/<name>`.
+pub fn agent_cgroup(root: &Cgroup, tenant: &str, name: &str) -> Cgroup {
+    root.child("agents").child(tenant).child(name)
+}
+
 /// The contents of `cgroup.events`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Events {
@@ -122,9 +138,80 @@ impl Cgroup {
         }
     }
 
-    /// Remove this (empty) cgroup; fine if it is gone. Retries briefly on EBUSY, which the kernel
-    /// returns while exiting tasks are still being released.
+    /// Create this one cgroup, whose parent must exist (no missing parent is made): `Ok(true)`
+    /// when it was made, `Ok(false)` when it existed. Tool cgroups use this, so a call racing
+    /// with the stop of its agent never brings the agent's removed cgroup back.
+    pub fn create_in_existing(&self) -> Result<bool, CgroupError> {
+        match fs::create_dir(&self.path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io_err("mkdir", &self.path, e)),
+        }
+    }
+
+    /// The child cgroups (directories) of this one; none when it is gone.
+    pub fn children(&self) -> Vec<Cgroup> {
+        let Ok(rd) = fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        let mut v: Vec<Cgroup> = rd
+            .flatten()
+            // cgroupfs holds directories and files only; file_type does not follow anything.
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| Cgroup::new(e.path()))
+            .collect();
+        v.sort_by(|a, b| a.path.cmp(&b.path));
+        v
+    }
+
+    /// PIDs of the processes in this cgroup and every cgroup below it.
+    pub fn subtree_procs(&self) -> Vec<u32> {
+        let mut out = self.procs().unwrap_or_default();
+        for c in self.children() {
+            out.extend(c.subtree_procs());
+        }
+        out
+    }
+
+    /// Move every process of this cgroup itself (not of its children) into `leaf`, until none
+    /// is left (a process forking meanwhile is moved by the next round). Returns how many were
+    /// moved. Used to re-adopt an agent of the old layout (its processes directly in
+    /// `agents/<tenant>/<name>`) into its `main` leaf.
+    pub fn move_procs_into(&self, leaf: &Cgroup) -> Result<usize, CgroupError> {
+        let mut moved = 0;
+        for _ in 0..100 {
+            let procs = self.procs()?;
+            if procs.is_empty() {
+                return Ok(moved);
+            }
+            for pid in procs {
+                match leaf.add_proc(pid) {
+                    Ok(()) => moved += 1,
+                    // Exited since the read.
+                    Err(CgroupError::Io { source, .. })
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Err(CgroupError::Timeout {
+            path: self.path.clone(),
+            what: "its processes to move into the leaf (they keep forking)",
+            waited: Duration::ZERO,
+        })
+    }
+
+    /// Remove this cgroup and every (empty) cgroup below it, children first; fine if it is
+    /// gone. Retries briefly on EBUSY, which the kernel returns while exiting tasks are still
+    /// being released. Kills nothing: a populated cgroup fails with EBUSY.
     pub fn remove(&self) -> Result<(), CgroupError> {
+        for c in self.children() {
+            c.remove()?;
+        }
+        self.remove_one()
+    }
+
+    fn remove_one(&self) -> Result<(), CgroupError> {
         let start = Instant::now();
         loop {
             match fs::remove_dir(&self.path) {
@@ -283,16 +370,27 @@ impl Cgroup {
             .read("pids.current")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| {
-                self.read("cgroup.threads")
-                    .map(|t| t.lines().count() as u64)
-                    .unwrap_or(0)
-            });
+            .unwrap_or_else(|| self.subtree_threads());
         Stats {
             cpu_usage_usec,
             memory_current,
             tasks_current,
         }
+    }
+}
+
+impl Cgroup {
+    /// Threads in this cgroup and below (what `pids.current` counts, without the controller).
+    fn subtree_threads(&self) -> u64 {
+        let own = self
+            .read("cgroup.threads")
+            .map(|t| t.lines().count() as u64)
+            .unwrap_or(0);
+        own + self
+            .children()
+            .iter()
+            .map(Cgroup::subtree_threads)
+            .sum::<u64>()
     }
 }
 
@@ -414,6 +512,41 @@ mod tests {
         assert!(ev.populated && !ev.frozen);
         let ev = parse_events("populated 0\nfrozen 1\n");
         assert!(!ev.populated && ev.frozen);
+    }
+
+    #[test]
+    fn agent_layout() {
+        let root = Cgroup::new("/sys/fs/cgroup/agentos");
+        let a = agent_cgroup(&root, "t", "n");
+        assert_eq!(a.path(), Path::new("/sys/fs/cgroup/agentos/agents/t/n"));
+        assert_eq!(
+            a.child(AGENT_MAIN).path(),
+            Path::new("/sys/fs/cgroup/agentos/agents/t/n/main")
+        );
+        assert_eq!(
+            a.child(AGENT_TOOLS).child("call-1-x").path(),
+            Path::new("/sys/fs/cgroup/agentos/agents/t/n/tools/call-1-x")
+        );
+    }
+
+    /// `remove` takes the tree bottom-up (directories only: a plain directory tree stands in for
+    /// cgroupfs, whose directories rmdir even with their interface files in them).
+    #[test]
+    fn remove_is_bottom_up_and_create_in_existing_makes_no_parents() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Cgroup::new(dir.path().join("agents/t/n"));
+        assert!(
+            a.child(AGENT_TOOLS).create_in_existing().is_err(),
+            "no parent is made"
+        );
+        a.create().expect("create");
+        assert!(a.child(AGENT_MAIN).create_in_existing().expect("main"));
+        assert!(!a.child(AGENT_MAIN).create_in_existing().expect("again"));
+        a.child(AGENT_TOOLS).child("call-1").create().expect("tool");
+        assert_eq!(a.children().len(), 2);
+        a.remove().expect("remove the tree");
+        assert!(!a.path().exists());
+        a.remove().expect("gone is fine");
     }
 
     #[test]

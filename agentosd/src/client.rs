@@ -49,6 +49,11 @@ fn classify(e: zbus::Error) -> CliError {
             let name = name.as_str();
             let short = name.strip_prefix("org.agentos1.Error.").unwrap_or(name);
             let msg = detail.clone().unwrap_or_else(|| name.to_string());
+            let msg = if short == "AccessDenied" {
+                format!("access denied ({name}): {msg}")
+            } else {
+                msg
+            };
             let code = match short {
                 "NoSuchAgent" => exit::NOT_FOUND,
                 "org.freedesktop.DBus.Error.ServiceUnknown"
@@ -67,9 +72,10 @@ fn classify(e: zbus::Error) -> CliError {
             zbus::fdo::Error::NoReply(_) | zbus::fdo::Error::Timeout(_) => {
                 CliError::new(exit::UNREACHABLE, format!("agentosd did not answer: {f}"))
             }
-            zbus::fdo::Error::AccessDenied(m) => {
-                CliError::new(exit::FAILED, format!("access denied: {m}"))
-            }
+            zbus::fdo::Error::AccessDenied(m) => CliError::new(
+                exit::FAILED,
+                format!("access denied (org.freedesktop.DBus.Error.AccessDenied): {m}"),
+            ),
             other => CliError::new(exit::FAILED, other.to_string()),
         },
         zbus::Error::InputOutput(_)
@@ -215,8 +221,42 @@ pub struct Status {
 
 fn fail(out: &mut dyn Write, e: CliError) -> i32 {
     let _ = out.flush();
-    eprintln!("agentctl: {}", e.message);
+    // Errors can carry agent-chosen strings (names, process titles, log paths).
+    eprintln!("agentctl: {}", esc_lines(&e.message));
     e.code
+}
+
+use crate::authz::{escape_control as esc, escape_lines as esc_lines};
+
+impl Status {
+    /// A copy with every string an agent (or its contract) chose escaped for a terminal:
+    /// process command lines and titles, exit status, notes, names.
+    pub fn escaped(&self) -> Status {
+        let mut s = self.clone();
+        for f in [
+            &mut s.id,
+            &mut s.name,
+            &mut s.tenant,
+            &mut s.state,
+            &mut s.result,
+            &mut s.control_group,
+            &mut s.latency_class,
+            &mut s.restart_policy,
+            &mut s.exit_status,
+            &mut s.log_path,
+            &mut s.origin,
+            &mut s.command,
+        ] {
+            *f = esc(f);
+        }
+        for v in s.unenforced_budgets.iter_mut().chain(s.notes.iter_mut()) {
+            *v = esc(v);
+        }
+        for p in &mut s.processes {
+            p.2 = esc(&p.2);
+        }
+        s
+    }
 }
 
 /// Whether the argument of `start` names a file rather than a known agent.
@@ -247,7 +287,7 @@ pub async fn start(c: &Client, target: &str) -> i32 {
                 .await
             {
                 Ok(json) => serde_json::from_str::<Status>(&json)
-                    .map(|s| format!("{} (PID {})", s.id, s.main_pid))
+                    .map(|s| format!("{} (PID {})", esc(&s.id), s.main_pid))
                     .unwrap_or_default(),
                 Err(_) => String::new(),
             };
@@ -319,6 +359,20 @@ pub async fn list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
 }
 
 pub fn render_list(rows: &[ListRow]) -> String {
+    let rows: Vec<ListRow> = rows
+        .iter()
+        .map(|r| ListRow {
+            id: esc(&r.id),
+            name: esc(&r.name),
+            tenant: esc(&r.tenant),
+            state: esc(&r.state),
+            result: esc(&r.result),
+            latency_class: esc(&r.latency_class),
+            main_pid: r.main_pid,
+            object_path: r.object_path.clone(),
+        })
+        .collect();
+    let rows = &rows;
     let w = rows.iter().map(|r| r.id.len()).max().unwrap_or(0).max(5);
     let mut s = format!(
         "{:<w$}  {:<11}  {:>8}  {:<5}  {}\n",
@@ -374,6 +428,7 @@ pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut d
         Default::default()
     };
     let _ = write!(out, "{}", render_status(&st, &log.1));
+    let _ = out.flush();
     exit::OK
 }
 
@@ -438,7 +493,10 @@ fn fmt_ago(us: u64) -> String {
     }
 }
 
+/// `agentctl status` text: agent-controlled strings and log lines are escaped
+/// ([`Status::escaped`], [`crate::authz::escape_control`]).
 pub fn render_status(st: &Status, log: &[String]) -> String {
+    let st = &st.escaped();
     let dot = match st.state.as_str() {
         "running" => "●",
         "failed" => "×",
@@ -526,7 +584,7 @@ pub fn render_status(st: &Status, log: &[String]) -> String {
     if !log.is_empty() {
         s.push('\n');
         for l in log {
-            s.push_str(l);
+            s.push_str(&esc(l));
             s.push('\n');
         }
     }
@@ -572,7 +630,7 @@ pub async fn logs(c: &Client, agent: &str, lines: u32, follow: bool) -> i32 {
         };
     let mut out = std::io::stdout();
     for line in l {
-        if writeln!(out, "{line}").is_err() {
+        if writeln!(out, "{}", esc(&line)).is_err() {
             return exit::OK;
         }
     }
@@ -584,6 +642,7 @@ pub async fn logs(c: &Client, agent: &str, lines: u32, follow: bool) -> i32 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         match c.call::<_, (String, u64)>("ReadLog", &(agent, off)).await {
             Ok((text, next)) => {
+                let text = escape_log_text(&text);
                 if out.write_all(text.as_bytes()).is_err() || out.flush().is_err() {
                     return exit::OK;
                 }
@@ -592,6 +651,20 @@ pub async fn logs(c: &Client, agent: &str, lines: u32, follow: bool) -> i32 {
             Err(e) => return fail(&mut out, e),
         }
     }
+}
+
+/// Log text as `ReadLog` returns it (whole lines), each line escaped.
+pub fn escape_log_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        out.push_str(&esc(body));
+        out.push_str(nl);
+    }
+    out
 }
 
 /// `agentctl is-active NAME`: 0 when running (or frozen), 1 otherwise, 3 unknown.
@@ -686,7 +759,7 @@ pub fn render_consents(rows: &[ConsentRow]) -> String {
     );
     for r in rows {
         let left = r.expires_us.saturating_sub(now) / 1_000_000;
-        let mut args = r.arguments.to_string();
+        let mut args = esc(&r.arguments.to_string());
         if args.len() > 120 {
             let cut = (0..=117)
                 .rev()
@@ -697,7 +770,11 @@ pub fn render_consents(rows: &[ConsentRow]) -> String {
         }
         s.push_str(&format!(
             "{:<6} {:<28} {:<24} {:>7}s  {}\n",
-            r.id, r.agent, r.tool, left, args
+            r.id,
+            esc(&r.agent),
+            esc(&r.tool),
+            left,
+            args
         ));
     }
     s.push_str(&format!(
@@ -780,5 +857,45 @@ mod tests {
         st.syscalls = Some(200_212);
         let t = render_status(&st, &[]);
         assert!(t.contains("\n   Syscalls: 200212 entered"), "{t}");
+    }
+
+    #[test]
+    fn agent_strings_reach_the_terminal_escaped() {
+        let st = serde_json::json!({
+            "id": "default/a", "name": "a", "tenant": "default", "state": "running",
+            "result": "", "main_pid": 7, "control_group": "", "latency_class": "DT",
+            "cpu_usage_nsec": null, "memory_current": null, "tasks_current": 1, "restarts": 0,
+            "restart_policy": "no", "started_at_us": 0, "exit_status": "",
+            "unenforced_budgets": [], "notes": [], "log_path": "", "origin": "",
+            "enabled": false, "object_path": "", "command": "sh",
+            "processes": [[7, 1, "sh \u{1b}]0;title\u{7}"]]
+        });
+        let st: Status = serde_json::from_value(st).unwrap();
+        let t = render_status(&st, &["\x1b[2Jfake\rline".to_string()]);
+        assert!(
+            !t.contains('\x1b') && !t.contains('\x07') && !t.contains('\r'),
+            "{t:?}"
+        );
+        assert!(t.contains("\\x1b[2Jfake\\rline"), "{t}");
+        assert!(t.contains("sh \\x1b]0;title\\x07"), "{t}");
+        let rows = vec![ConsentRow {
+            id: 1,
+            agent: "default/a".into(),
+            tool: "pay\u{9b}31m".into(),
+            capability: "c".into(),
+            arguments: serde_json::json!({"to": "\u{202e}evil"}),
+            requested_us: 0,
+            expires_us: 0,
+        }];
+        let t = render_consents(&rows);
+        assert!(
+            t.contains("pay\\u{009b}31m") && t.contains("\\u{202e}evil"),
+            "{t}"
+        );
+        assert!(!t.contains('\u{9b}') && !t.contains('\u{202e}'), "{t}");
+        assert_eq!(
+            escape_log_text("a\x1b[1m\nb\n"),
+            "a\\x1b[1m\nb\n".to_string()
+        );
     }
 }

@@ -40,6 +40,14 @@ pub struct Options {
     pub run_dir: Option<PathBuf>,
     /// How long a call held for consent waits.
     pub consent_timeout: Duration,
+    /// `tools/call` requests of one agent in flight at once, over all its connections
+    /// (`--max-tool-calls-per-agent`; `mcp::SessionLimits::max_calls_per_agent`).
+    pub max_tool_calls_per_agent: usize,
+    /// bpffs directory where the network programs' links and maps are pinned so that they
+    /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net.rs `Pins`.
+    pub bpf_pin_dir: Option<PathBuf>,
+    /// D-Bus authorization rules (`--authz`, `authz::Rule` syntax); empty: `authz::DEFAULT_RULE`.
+    pub authz: Vec<String>,
 }
 
 impl Default for Options {
@@ -60,6 +68,9 @@ impl Default for Options {
             tools_dir: PathBuf::from("/etc/agentos/tools.d"),
             run_dir: None,
             consent_timeout: Duration::from_secs(120),
+            max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
+            bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
+            authz: Vec::new(),
         }
     }
 }
@@ -134,6 +145,7 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         crate::tools::RunnerConfig {
             cgroup_root: Cgroup::new(root),
             state_dir: opts.state_dir.clone(),
+            hooks: Some(sup.tool_cgroup_hooks()),
         },
     );
     for e in &errors {
@@ -151,7 +163,10 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         sup.clone(),
         tools,
         consents,
-        crate::mcp::SessionLimits::default(),
+        crate::mcp::SessionLimits {
+            max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
+            ..Default::default()
+        },
     );
     tokio::spawn(service.clone().run(incoming.conns, incoming.refusals));
     sup.set_mcp(crate::supervisor::McpHooks {
@@ -199,7 +214,11 @@ pub async fn run(opts: Options) -> Result<()> {
     let trail = open_audit(&opts);
     sup.set_audit(trail.clone());
     sup.set_host_offer(crate::audit_trail::host_offer(&report));
-    sup.set_net(setup_net(&root.join("agents"), &report));
+    sup.set_net(setup_net(
+        &root.join("agents"),
+        opts.bpf_pin_dir.as_deref(),
+        &report,
+    ));
     sup.set_fs(crate::enforce::fs::setup());
     if opts.syscall_counts {
         sup.set_sysc(crate::enforce::sysc::setup());
@@ -236,8 +255,27 @@ pub async fn run(opts: Options) -> Result<()> {
     for line in sup.readopt().await {
         info!("{line}");
     }
+    // Entries a previous daemon left in the pinned policy map for agents that ended meanwhile.
+    if let Ok(n) = sup.net() {
+        let gone = n.forget_unknown();
+        if gone > 0 {
+            info!(
+                "network policy: forgot {gone} entries of agents that ended while the daemon was down"
+            );
+        }
+    }
 
+    let (policy, unknown) = crate::authz::Policy::from_rules(&opts.authz)
+        .map_err(anyhow::Error::msg)?
+        .resolve();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            "authorization rules name {} that do not exist here: those rules match nobody",
+            unknown.join(", ")
+        );
+    }
     let manager = Manager {
+        authz: std::sync::Arc::new(policy),
         sup: sup.clone(),
         host_report_json: report.to_json(),
         missing_budgets: missing,
@@ -321,6 +359,10 @@ pub async fn run(opts: Options) -> Result<()> {
     if opts.stop_agents_on_exit {
         info!("stopping all agents (--stop-agents-on-exit)");
         sup.stop_all().await;
+        // No agent left to guard: the pinned network programs go too.
+        if let Ok(n) = sup.net() {
+            n.unpin();
+        }
     } else {
         info!("leaving agents running; they are re-adopted at the next start");
     }
@@ -351,22 +393,60 @@ pub async fn run(opts: Options) -> Result<()> {
 }
 
 /// Load the cgroup BPF network programs and attach them to `agents` (the daemon's own
-/// `ROOT/agents`, which holds nothing but agents). Says so loudly when it cannot, and reports
+/// `ROOT/agents`, which holds nothing but agents), pinned under `pin_root` when given (taking
+/// over the programs a previous daemon pinned there). Says so loudly when it cannot, and reports
 /// the BPF LSM state (defence in depth; Landlock covers the same scopes without it).
 fn setup_net(
     agents: &Path,
+    pin_root: Option<&Path>,
     report: &crate::probe::HostReport,
 ) -> Result<std::sync::Arc<crate::enforce::net::NetEnforcer>, String> {
-    let r = crate::enforce::net::NetEnforcer::load().and_then(|n| {
+    use crate::enforce::net::{NetEnforcer, Pins};
+    let pins = match pin_root {
+        None => {
+            warn!(
+                "network enforcement: BPF pinning off (--bpf-pin-dir none): the programs detach while agentosd is down"
+            );
+            None
+        }
+        Some(root) => match Pins::prepare(root, agents) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                warn!(
+                    "network enforcement: {e}; the programs are NOT pinned and detach while agentosd is down or restarting"
+                );
+                None
+            }
+        },
+    };
+    let old_pins = pins.clone();
+    let mut r = NetEnforcer::load_pinned(pins).and_then(|n| {
         n.attach(agents)?;
         Ok(n)
     });
+    if let (Some(p), Err(e)) = (&old_pins, &r) {
+        warn!("network enforcement: loading onto the pinned maps failed ({e}); loading unpinned");
+        r = NetEnforcer::load().and_then(|n| {
+            n.attach(agents)?;
+            Ok(n)
+        });
+        // Ours are attached: the pinned programs (whose maps we do not fill) go.
+        if r.is_ok()
+            && let Err(e) = p.remove()
+        {
+            warn!("removing the pins {}: {e}", p.dir.display());
+        }
+    }
     match r {
         Ok(n) => {
             info!(
-                "network enforcement: cgroup BPF {} attached to {}",
-                crate::enforce::net::PROGRAMS.join(", "),
-                agents.display()
+                "network enforcement: cgroup BPF {} attached to {}{}",
+                crate::enforce::net::HOOKS,
+                agents.display(),
+                match n.pins() {
+                    Some(p) => format!(", links and maps pinned in {}", p.dir.display()),
+                    None => ", not pinned".to_string(),
+                }
             );
             match n.lsm_status() {
                 Ok(()) => info!(
@@ -480,7 +560,8 @@ pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
         match crate::enforce::net::NetEnforcer::load() {
             Ok(n) => {
                 println!(
-                    "agentos network programs (ebpf/net.bpf.c: cgroup/connect4, connect6, sendmsg4, sendmsg6): load OK"
+                    "agentos network programs (ebpf/net.bpf.c: {}): load OK",
+                    crate::enforce::net::HOOKS
                 );
                 match n.lsm_status() {
                     Err(e) if e.starts_with("loaded") => {
@@ -491,6 +572,14 @@ pub fn check(cgroup_root: Option<PathBuf>, json: bool) -> i32 {
                 }
             }
             Err(e) => println!("agentos network programs (ebpf/net.bpf.c): NOT loadable: {e}"),
+        }
+        let pin_root = std::env::var_os("AGENTOSD_BPF_PIN_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT));
+        if pin_root.as_os_str() == "none" {
+            println!("bpffs pins: off (AGENTOSD_BPF_PIN_DIR=none)");
+        } else {
+            println!("{}", crate::enforce::net::pin_check_line(&pin_root));
         }
         println!("{}", crate::enforce::fs::check_line());
         println!("{}", crate::enforce::sysc::check_line());

@@ -12,7 +12,9 @@ use zbus::object_server::{ObjectServer, SignalEmitter};
 use zbus::{Connection, interface};
 use zbus::{ObjectPath, OwnedObjectPath, Variant as Value};
 
+use crate::authz::{Action, Caller, Policy, Scope};
 use crate::supervisor::{self, Agent, Event, Supervisor};
+use zbus::message::Header;
 
 pub const SERVICE: &str = "org.agentos1";
 pub const MANAGER_PATH: &str = "/org/agentos1";
@@ -40,6 +42,8 @@ pub enum ApiError {
     NoSuchConsent(String),
     /// The daemon does not offer this (e.g. no tool service).
     Unavailable(String),
+    /// The caller does not hold the action (named in the message) for this agent or tenant.
+    AccessDenied(String),
 }
 
 impl From<supervisor::Error> for ApiError {
@@ -64,8 +68,153 @@ fn opath(p: &str) -> Result<OwnedObjectPath> {
     OwnedObjectPath::try_from(p.to_string()).map_err(|e| ApiError::InvalidArgs(e.to_string()))
 }
 
+/// Who is calling, as the bus tells it (`GetConnectionCredentials`: uid, gids, pid), with the
+/// command line and unit of that pid. Nothing the caller sends is believed.
+pub async fn caller_of(hdr: &Header<'_>, conn: &Connection) -> Result<Caller> {
+    let denied = |why: String| ApiError::AccessDenied(format!("{why}; the call is refused"));
+    let sender = hdr
+        .sender()
+        .ok_or_else(|| denied("the call has no sender on the bus".into()))?;
+    let creds = zbus::fdo::DBusProxy::new(conn)
+        .await?
+        .get_connection_credentials(zbus::names::BusName::Unique(sender.to_owned()))
+        .await
+        .map_err(|e| denied(format!("the bus does not say who {sender} is ({e})")))?;
+    let uid = creds
+        .unix_user_id()
+        .ok_or_else(|| denied(format!("the bus gives no UnixUserID for {sender}")))?;
+    // A bus that does not report UnixGroupIDs leaves the list empty: group rules then match
+    // nobody (fail closed).
+    let gids = creds.unix_group_ids().cloned().unwrap_or_default();
+    Ok(Caller {
+        uid,
+        gids,
+        ..Caller::default()
+    }
+    .with_process(creds.process_id()))
+}
+
+/// Run `fut` with `caller` as the audit trail's [`crate::audit_trail::CALLER`]: every
+/// lifecycle record it makes names who asked.
+async fn as_caller<T, F>(caller: &Caller, fut: F) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, supervisor::Error>>,
+{
+    Ok(crate::audit_trail::CALLER
+        .scope(caller.to_json(), fut)
+        .await?)
+}
+
+/// The authorization gate shared by the manager and the agent objects.
+#[derive(Clone)]
+pub struct Gate {
+    pub policy: Arc<Policy>,
+    pub sup: Arc<Supervisor>,
+}
+
+impl Gate {
+    /// Record a refused call on the audit trail (event `refused-call`). Allowed calls are on
+    /// the record through the lifecycle records they cause, which name the caller
+    /// ([`crate::audit_trail::CALLER`]).
+    fn record(&self, caller: &Caller, method: &str, action: Action, target: Option<(&str, &str)>) {
+        let Some(t) = self.sup.audit_trail() else {
+            return;
+        };
+        let (tenant, name) = target.unwrap_or(("", ""));
+        t.submit(t.lifecycle(
+            tenant,
+            name,
+            "refused-call",
+            Some(audit::Decision::Deny),
+            serde_json::json!({"method": method, "action": action.id(), "caller": caller.to_json()}),
+        ));
+    }
+
+    /// Refuse: recorded, and `org.agentos1.Error.AccessDenied` naming the action.
+    pub fn refuse(
+        &self,
+        caller: &Caller,
+        method: &str,
+        action: Action,
+        target: Option<(&str, &str)>,
+    ) -> ApiError {
+        self.record(caller, method, action, target);
+        let what = match target {
+            Some((t, n)) if !t.is_empty() => format!(" on agent {t}/{n}"),
+            _ => String::new(),
+        };
+        ApiError::AccessDenied(format!(
+            "{method}{what}: uid {} does not hold {action} (docs/dbus.md, \"Authorization\"; agentosd --authz)",
+            caller.uid
+        ))
+    }
+
+    /// The caller, if it holds `action` for `scope`; refused (and recorded) otherwise.
+    pub async fn check(
+        &self,
+        hdr: &Header<'_>,
+        conn: &Connection,
+        method: &str,
+        action: Action,
+        scope: Scope<'_>,
+    ) -> Result<Caller> {
+        let caller = caller_of(hdr, conn).await?;
+        if self.policy.allows(&caller, action, scope) {
+            Ok(caller)
+        } else {
+            Err(self.refuse(&caller, method, action, None))
+        }
+    }
+
+    /// Authorize `action` on agent `key`: a caller holding the action for no tenant learns
+    /// nothing about the agent (not even whether it exists). Management calls are recorded.
+    pub async fn agent(
+        &self,
+        hdr: &Header<'_>,
+        conn: &Connection,
+        method: &str,
+        action: Action,
+        key: &str,
+    ) -> Result<(Caller, Arc<Agent>)> {
+        let caller = self
+            .check(hdr, conn, method, action, Scope::AnyTenant)
+            .await?;
+        let a = self.sup.find(key)?;
+        self.on_agent(caller, method, action, a)
+    }
+
+    fn on_agent(
+        &self,
+        caller: Caller,
+        method: &str,
+        action: Action,
+        a: Arc<Agent>,
+    ) -> Result<(Caller, Arc<Agent>)> {
+        if !self
+            .policy
+            .allows(&caller, action, Scope::Tenant(&a.tenant))
+        {
+            return Err(self.refuse(&caller, method, action, Some((&a.tenant, &a.name))));
+        }
+        Ok((caller, a))
+    }
+
+    fn may_read(&self, caller: &Caller, tenant: &str) -> bool {
+        self.policy
+            .allows(caller, Action::Read, Scope::Tenant(tenant))
+    }
+}
+
+/// The gate of the manager object registered on `server`.
+async fn gate_of(server: &ObjectServer) -> Result<Gate> {
+    let m = server.interface::<_, Manager>(MANAGER_PATH).await?;
+    Ok(m.get().await.gate())
+}
+
 /// What the manager object serves.
 pub struct Manager {
+    /// Who may do what (`agentosd --authz`).
+    pub authz: Arc<Policy>,
     pub sup: Arc<Supervisor>,
     /// `agentosd check` result taken at start-up, as JSON.
     pub host_report_json: String,
@@ -86,8 +235,11 @@ pub type AgentRow = (
 );
 
 impl Manager {
-    fn find(&self, agent: &str) -> Result<Arc<Agent>> {
-        Ok(self.sup.find(agent)?)
+    fn gate(&self) -> Gate {
+        Gate {
+            policy: self.authz.clone(),
+            sup: self.sup.clone(),
+        }
     }
 
     fn consents(&self) -> Result<&Arc<crate::mcp::consent::Consents>> {
@@ -101,21 +253,139 @@ impl Manager {
         &self,
         id: u64,
         approve: bool,
-        hdr: &zbus::message::Header<'_>,
+        hdr: &Header<'_>,
         conn: &Connection,
     ) -> Result<()> {
-        let sender = hdr
-            .sender()
-            .ok_or_else(|| ApiError::InvalidArgs("a consent answer needs a sender".into()))?;
-        let uid = zbus::fdo::DBusProxy::new(conn)
-            .await?
-            .get_connection_unix_user(zbus::names::BusName::Unique(sender.to_owned()))
-            .await
-            .map_err(|e| ApiError::InvalidArgs(format!("cannot tell who answered: {e}")))?;
-        self.consents()?
-            .answer(id, approve, uid)
-            .map(|_| ())
-            .map_err(|e| ApiError::NoSuchConsent(e.to_string()))
+        let method = if approve {
+            "ApproveConsent"
+        } else {
+            "DenyConsent"
+        };
+        let gate = self.gate();
+        let caller = gate
+            .check(hdr, conn, method, Action::AnswerConsent, Scope::AnyTenant)
+            .await?;
+        let consents = self.consents()?;
+        let req = consents.list().into_iter().find(|r| r.id == id);
+        // The request's agent decides the tenant; an unknown id needs an unscoped grant so
+        // that a scoped operator cannot probe other tenants' request ids.
+        let (tenant, name) = match &req {
+            Some(r) => r.agent.split_once('/').unwrap_or(("", &r.agent)),
+            None => ("", ""),
+        };
+        let scope = if req.is_some() {
+            Scope::Tenant(tenant)
+        } else {
+            Scope::Global
+        };
+        if !self.authz.allows(&caller, Action::AnswerConsent, scope) {
+            let target = req.as_ref().map(|_| (tenant, name));
+            return Err(gate.refuse(&caller, method, Action::AnswerConsent, target));
+        }
+        let r = consents
+            .answer(id, approve, caller.uid)
+            .map_err(|e| ApiError::NoSuchConsent(e.to_string()))?;
+        if let Some(t) = self.sup.audit_trail() {
+            let (tenant, name) = r.agent.split_once('/').unwrap_or(("", &r.agent));
+            t.submit(t.lifecycle(
+                tenant,
+                name,
+                if approve {
+                    "consent-approved"
+                } else {
+                    "consent-denied"
+                },
+                Some(if approve {
+                    audit::Decision::Approved
+                } else {
+                    audit::Decision::Rejected
+                }),
+                serde_json::json!({"consent_id": id, "tool": r.tool, "caller": caller.to_json()}),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Pre-parse contract text to learn its tenant for the authorization check. `echo`: the
+    /// caller may see the parse error (it sent the text); otherwise the error says only that
+    /// the file does not parse (its content is not the caller's to read).
+    fn tenant_of(text: &str, origin: &str, echo: bool) -> Result<(String, String)> {
+        match contracts::parse_contract(text, origin) {
+            Ok(c) => {
+                let spec = crate::spec::AgentSpec::from_contract(&c);
+                Ok((spec.tenant, spec.name))
+            }
+            Err(e) if echo => Err(ApiError::InvalidContract(e.to_string())),
+            Err(_) => Err(ApiError::InvalidContract(format!(
+                "contract {origin} does not parse (run `agentctl validate` on it as a user who may read it)"
+            ))),
+        }
+    }
+
+    /// Start from contract `text` once the caller holds manage-agents for its tenant.
+    async fn start_text(
+        &self,
+        caller: &Caller,
+        method: &str,
+        text: &str,
+        origin: &str,
+        server: &ObjectServer,
+    ) -> Result<OwnedObjectPath> {
+        // A contract from the agents directory is enabled; the daemon read it, so only root
+        // sees why it does not parse or validate. Other texts are the caller's own (sent, or
+        // a file root named).
+        let enabled = method == "StartAgentByName";
+        let echo = !enabled || caller.uid == 0;
+        let gate = self.gate();
+        let (tenant, name) = match Self::tenant_of(text, origin, echo) {
+            Ok(x) => x,
+            Err(e) => {
+                // On the record like the supervisor's own refusals, with the caller; the
+                // reason quotes the text only when the caller sent it.
+                if let Some(t) = self.sup.audit_trail() {
+                    // Diagnostics quote the text: only text the caller sent goes on the
+                    // record (the trail is readable by operators); never a file's.
+                    let reason = match &e {
+                        ApiError::InvalidContract(m) if method == "StartAgent" => m.clone(),
+                        _ => format!(
+                            "the contract does not parse (diagnostic withheld: {origin} was read by agentosd)"
+                        ),
+                    };
+                    t.submit(t.lifecycle(
+                        "",
+                        "",
+                        "refused",
+                        Some(audit::Decision::Deny),
+                        serde_json::json!({
+                            "reason": reason,
+                            "error": "InvalidContract",
+                            "origin": origin,
+                            "method": method,
+                            "caller": caller.to_json(),
+                        }),
+                    ));
+                }
+                return Err(e);
+            }
+        };
+        if !self
+            .authz
+            .allows(caller, Action::ManageAgents, Scope::Tenant(&tenant))
+        {
+            return Err(gate.refuse(caller, method, Action::ManageAgents, Some((&tenant, &name))));
+        }
+        let r = as_caller(caller, self.sup.start_contract(text, origin, enabled)).await;
+        let agent = match r {
+            Ok(a) => a,
+            Err(ApiError::InvalidContract(_)) if !echo => {
+                return Err(ApiError::InvalidContract(format!(
+                    "contract {origin} is not valid (run `agentctl validate` on it as a user who may read it)"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        register_agent(server, &self.sup, &agent).await;
+        opath(&agent.object_path)
     }
 }
 
@@ -184,28 +454,53 @@ impl Manager {
         contract: String,
         origin: String,
         #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
     ) -> Result<OwnedObjectPath> {
+        const M: &str = "StartAgent";
+        let caller = self
+            .gate()
+            .check(&hdr, conn, M, Action::ManageAgents, Scope::AnyTenant)
+            .await?;
         let origin = if origin.is_empty() {
             "<dbus>".to_string()
         } else {
-            origin
+            crate::authz::escape_control(&origin)
         };
-        let agent = self.sup.start_contract(&contract, &origin, false).await?;
-        register_agent(server, &self.sup, &agent).await;
-        opath(&agent.object_path)
+        self.start_text(&caller, M, &contract, &origin, server)
+            .await
     }
 
-    /// Start an agent from a contract file the daemon reads.
+    /// Start an agent from a contract file the daemon reads: root callers only, since the
+    /// daemon would open the path with its own rights (a confused deputy for anyone else).
+    /// Others send the text with `StartAgent` (what `agentctl start FILE` does).
     async fn start_agent_from_file(
         &self,
         path: String,
         #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
     ) -> Result<OwnedObjectPath> {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ApiError::Io(format!("cannot read contract {path}: {e}")))?;
-        let agent = self.sup.start_contract(&text, &path, false).await?;
-        register_agent(server, &self.sup, &agent).await;
-        opath(&agent.object_path)
+        const M: &str = "StartAgentFromFile";
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, M, Action::ManageAgents, Scope::AnyTenant)
+            .await?;
+        if caller.uid != 0 {
+            gate.record(&caller, M, Action::ManageAgents, None);
+            return Err(ApiError::AccessDenied(format!(
+                "StartAgentFromFile: uid {}: only root may have agentosd open a contract file with its own rights; send the contract text with StartAgent (agentctl start FILE does)",
+                caller.uid
+            )));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            ApiError::Io(format!(
+                "cannot read contract {}: {e}",
+                crate::authz::escape_control(&path)
+            ))
+        })?;
+        let origin = crate::authz::escape_control(&path);
+        self.start_text(&caller, M, &text, &origin, server).await
     }
 
     /// Start a known agent again, or one whose contract is in the agents directory.
@@ -213,71 +508,138 @@ impl Manager {
         &self,
         agent: String,
         #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
     ) -> Result<OwnedObjectPath> {
+        const M: &str = "StartAgentByName";
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, M, Action::ManageAgents, Scope::AnyTenant)
+            .await?;
         match self.sup.find(&agent) {
             Ok(a) => {
-                self.sup.start_existing(&a).await?;
+                let (caller, a) = gate.on_agent(caller, M, Action::ManageAgents, a)?;
+                as_caller(&caller, self.sup.start_existing(&a)).await?;
                 opath(&a.object_path)
             }
             Err(supervisor::Error::NoSuchAgent(_)) => {
                 let Some(path) = self.sup.find_in_agents_dir(&agent) else {
                     return Err(ApiError::NoSuchAgent(format!(
-                        "no such agent: {agent} (not loaded, and no contract for it in {})",
+                        "no such agent: {} (not loaded, and no contract for it in {})",
+                        crate::authz::escape_control(&agent),
                         self.sup.config().agents_dir.display()
                     )));
                 };
                 let text = std::fs::read_to_string(&path).map_err(|e| {
                     ApiError::Io(format!("cannot read contract {}: {e}", path.display()))
                 })?;
-                let a = self
-                    .sup
-                    .start_contract(&text, &path.display().to_string(), true)
-                    .await?;
-                register_agent(server, &self.sup, &a).await;
-                opath(&a.object_path)
+                self.start_text(&caller, M, &text, &path.display().to_string(), server)
+                    .await
             }
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn stop_agent(&self, agent: String) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.stop(&a).await?)
+    async fn stop_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "StopAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.stop(&a)).await
     }
 
     /// Signal the agent's processes; `whom` is `all` (default when empty) or `main`.
-    async fn kill_agent(&self, agent: String, whom: String, signal: i32) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.kill(&a, &whom, signal).await?)
+    async fn kill_agent(
+        &self,
+        agent: String,
+        whom: String,
+        signal: i32,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "KillAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.kill(&a, &whom, signal)).await
     }
 
-    async fn freeze_agent(&self, agent: String) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.freeze(&a).await?)
+    async fn freeze_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "FreezeAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.freeze(&a)).await
     }
 
-    async fn thaw_agent(&self, agent: String) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.thaw(&a).await?)
+    async fn thaw_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "ThawAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.thaw(&a)).await
     }
 
-    async fn restart_agent(&self, agent: String) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.restart(&a).await?)
+    async fn restart_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "RestartAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.restart(&a)).await
     }
 
     /// Stop the agent and forget it (object and state record; its log file stays).
-    async fn remove_agent(&self, agent: String) -> Result<()> {
-        let a = self.find(&agent)?;
-        Ok(self.sup.remove(&a).await?)
+    async fn remove_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "RemoveAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.remove(&a)).await
     }
 
-    /// All agents: (id, name, tenant, state, result, latency class, main PID, object path).
-    async fn list_agents(&self) -> Result<Vec<AgentRow>> {
+    /// All agents the caller may read: (id, name, tenant, state, result, latency class, main
+    /// PID, object path).
+    async fn list_agents(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<AgentRow>> {
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, "ListAgents", Action::Read, Scope::AnyTenant)
+            .await?;
         // From memory only: with 100 agents, reading each one's cgroup and /proc files here
         // made a listing take 18 ms (docs/benchmarks.md, "Tool calls").
         let mut rows = Vec::new();
         for a in self.sup.agents() {
+            if !gate.may_read(&caller, &a.tenant) {
+                continue;
+            }
             let (state, result, class, pid) = a.summary();
             rows.push((
                 a.id.clone(),
@@ -294,23 +656,48 @@ impl Manager {
     }
 
     /// The object path of an agent, by `tenant/name` or `name`.
-    async fn get_agent(&self, agent: String) -> Result<OwnedObjectPath> {
-        let a = self.find(&agent)?;
+    async fn get_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "GetAgent", Action::Read, &agent)
+            .await?;
         opath(&a.object_path)
     }
 
     /// Everything about one agent as a JSON object (what `agentctl status --json` prints).
-    async fn describe_agent(&self, agent: String) -> Result<String> {
-        let a = self.find(&agent)?;
+    async fn describe_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "DescribeAgent", Action::Read, &agent)
+            .await?;
         serde_json::to_string(&self.sup.status_of(&a)).map_err(|e| ApiError::Io(e.to_string()))
     }
 
-    /// Every agent as a JSON array of the same objects.
-    async fn describe_agents(&self) -> Result<String> {
+    /// Every agent the caller may read as a JSON array of the same objects.
+    async fn describe_agents(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String> {
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, "DescribeAgents", Action::Read, Scope::AnyTenant)
+            .await?;
         let all: Vec<_> = self
             .sup
             .agents()
             .iter()
+            .filter(|a| gate.may_read(&caller, &a.tenant))
             .map(|a| self.sup.status_of(a))
             .collect();
         serde_json::to_string(&all).map_err(|e| ApiError::Io(e.to_string()))
@@ -318,8 +705,17 @@ impl Manager {
 
     /// The last `lines` lines of the agent's log, the log's path and the offset to follow from.
     #[zbus(out_args("path", "lines", "offset"))]
-    async fn get_log(&self, agent: String, lines: u32) -> Result<(String, Vec<String>, u64)> {
-        let a = self.find(&agent)?;
+    async fn get_log(
+        &self,
+        agent: String,
+        lines: u32,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, Vec<String>, u64)> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "GetLog", Action::Read, &agent)
+            .await?;
         let (l, off) = crate::logs::tail(&a.log_path, lines as usize)
             .map_err(|e| ApiError::Io(format!("{}: {e}", a.log_path.display())))?;
         Ok((a.log_path.display().to_string(), l, off))
@@ -327,15 +723,31 @@ impl Manager {
 
     /// Log text from `offset` (at most 64 KiB, whole lines) and the next offset (`-f`).
     #[zbus(out_args("text", "next_offset"))]
-    async fn read_log(&self, agent: String, offset: u64) -> Result<(String, u64)> {
-        let a = self.find(&agent)?;
+    async fn read_log(
+        &self,
+        agent: String,
+        offset: u64,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, u64)> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "ReadLog", Action::Read, &agent)
+            .await?;
         crate::logs::read_from(&a.log_path, offset, 64 * 1024)
             .map_err(|e| ApiError::Io(format!("{}: {e}", a.log_path.display())))
     }
 
     /// The host probe taken at start-up, as JSON (same as `agentosd check --json`).
-    async fn check(&self) -> String {
-        self.host_report_json.clone()
+    async fn check(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String> {
+        self.gate()
+            .check(&hdr, conn, "Check", Action::Read, Scope::AnyTenant)
+            .await?;
+        Ok(self.host_report_json.clone())
     }
 
     /// Budget controllers agents cannot get under this daemon's cgroup root.
@@ -376,11 +788,31 @@ impl Manager {
 
     /// Calls held for consent: (id, agent, tool, capability, arguments as JSON with secrets
     /// redacted, requested µs, expires µs), oldest first.
-    async fn list_consent_requests(&self) -> Result<Vec<ConsentRow>> {
+    /// Only requests of agents whose tenant the caller may answer consent for.
+    async fn list_consent_requests(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<ConsentRow>> {
+        let caller = self
+            .gate()
+            .check(
+                &hdr,
+                conn,
+                "ListConsentRequests",
+                Action::AnswerConsent,
+                Scope::AnyTenant,
+            )
+            .await?;
         Ok(self
             .consents()?
             .list()
             .into_iter()
+            .filter(|r| {
+                let tenant = r.agent.split_once('/').map_or("", |(t, _)| t);
+                self.authz
+                    .allows(&caller, Action::AnswerConsent, Scope::Tenant(tenant))
+            })
             .map(consent_row)
             .collect())
     }
@@ -389,7 +821,7 @@ impl Manager {
     async fn approve_consent(
         &self,
         id: u64,
-        #[zbus(header)] hdr: zbus::message::Header<'_>,
+        #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<()> {
         self.answer_consent(id, true, &hdr, conn).await
@@ -399,7 +831,7 @@ impl Manager {
     async fn deny_consent(
         &self,
         id: u64,
-        #[zbus(header)] hdr: zbus::message::Header<'_>,
+        #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<()> {
         self.answer_consent(id, false, &hdr, conn).await
@@ -448,6 +880,20 @@ pub struct AgentObject {
 }
 
 impl AgentObject {
+    async fn authorize(
+        &self,
+        server: &ObjectServer,
+        hdr: &Header<'_>,
+        conn: &Connection,
+        method: &str,
+    ) -> Result<(Caller, Arc<Agent>)> {
+        let gate = gate_of(server).await?;
+        let caller = gate
+            .check(hdr, conn, method, Action::ManageAgents, Scope::AnyTenant)
+            .await?;
+        gate.on_agent(caller, method, Action::ManageAgents, self.agent.clone())
+    }
+
     fn status(&self) -> supervisor::AgentStatus {
         self.sup.status_of(&self.agent)
     }
@@ -455,28 +901,66 @@ impl AgentObject {
 
 #[interface(name = "org.agentos1.Agent")]
 impl AgentObject {
-    async fn stop(&self) -> Result<()> {
-        Ok(self.sup.stop(&self.agent).await?)
+    async fn stop(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Stop").await?;
+        as_caller(&c, self.sup.stop(&a)).await
     }
 
-    async fn kill(&self, whom: String, signal: i32) -> Result<()> {
-        Ok(self.sup.kill(&self.agent, &whom, signal).await?)
+    async fn kill(
+        &self,
+        whom: String,
+        signal: i32,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Kill").await?;
+        as_caller(&c, self.sup.kill(&a, &whom, signal)).await
     }
 
-    async fn freeze(&self) -> Result<()> {
-        Ok(self.sup.freeze(&self.agent).await?)
+    async fn freeze(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Freeze").await?;
+        as_caller(&c, self.sup.freeze(&a)).await
     }
 
-    async fn thaw(&self) -> Result<()> {
-        Ok(self.sup.thaw(&self.agent).await?)
+    async fn thaw(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Thaw").await?;
+        as_caller(&c, self.sup.thaw(&a)).await
     }
 
-    async fn restart(&self) -> Result<()> {
-        Ok(self.sup.restart(&self.agent).await?)
+    async fn restart(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Restart").await?;
+        as_caller(&c, self.sup.restart(&a)).await
     }
 
-    async fn remove(&self) -> Result<()> {
-        Ok(self.sup.remove(&self.agent).await?)
+    async fn remove(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self.authorize(server, &hdr, conn, "Remove").await?;
+        as_caller(&c, self.sup.remove(&a)).await
     }
 
     #[zbus(property, name = "Id")]

@@ -1,6 +1,7 @@
 //! agentosd: the agentos daemon. Modules are named for what they manage.
 
 pub mod audit_trail;
+pub mod authz;
 pub mod cgroup;
 pub mod client;
 pub mod daemon;
@@ -10,6 +11,7 @@ pub mod ipc;
 pub mod logs;
 pub mod mcp;
 pub mod probe;
+pub mod safe_fs;
 pub mod sandbox;
 pub mod sched;
 pub mod scx;

@@ -58,14 +58,9 @@ pub fn read_from(path: &Path, offset: u64, max: usize) -> io::Result<(String, u6
 
 /// Append a line from the daemon itself (e.g. `agentosd: started main process 123`).
 pub fn append_note(path: &Path, line: &str) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-    {
+    // In the daemon's own log directory, never through a link (safe_fs).
+    if let Ok(fd) = crate::safe_fs::open_append(path, 0o644) {
+        let mut f = File::from(fd);
         // One write(2) on an O_APPEND file: the agent writes to the same file, and `writeln!`
         // would issue a write per piece, letting an agent's line land inside ours.
         let _ = f.write_all(format!("agentosd: {line}\n").as_bytes());

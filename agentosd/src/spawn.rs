@@ -1,5 +1,6 @@
 //! Start an agent's main process directly inside its cgroup: `clone3(CLONE_INTO_CGROUP |
-//! CLONE_PIDFD)`, then in the child `setsid`, stdio onto the log file, every other fd
+//! CLONE_PIDFD)`, with its own IPC and (without network grants) network namespace
+//! (`sandbox::Namespaces`), then in the child `setsid`, stdio onto the log file, every other fd
 //! close-on-exec, the latency class's
 //! policy (`SCHED_IDLE` or `SCHED_DEADLINE`, see `sched.rs`),
 //! `chdir`, `execve`. An exec failure is reported to the parent over a CLOEXEC pipe, so "command
@@ -15,6 +16,18 @@ use crate::sys::SyscallError;
 
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The `clone3` namespace flags for an agent's [`crate::sandbox::Namespaces`].
+pub fn namespace_flags(ns: crate::sandbox::Namespaces) -> u64 {
+    let mut f = 0;
+    if ns.ipc {
+        f |= libc::CLONE_NEWIPC as u64;
+    }
+    if ns.net {
+        f |= libc::CLONE_NEWNET as u64;
+    }
+    f
+}
 
 /// `struct clone_args` of linux/sched.h (CLONE_ARGS_SIZE_VER2, 88 bytes).
 #[repr(C)]
@@ -112,21 +125,11 @@ fn cstr(bytes: &[u8], what: &'static str) -> Result<CString, SpawnError> {
 /// Open (create) the log file for appending; it survives daemon restarts because the child owns
 /// its own descriptor.
 pub fn open_log(path: &Path) -> Result<OwnedFd, SpawnError> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| SpawnError::Log {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    }
-    let f = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .map_err(|source| SpawnError::Log {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    Ok(OwnedFd::from(f))
+    // In the daemon's own log directory, never through a link (safe_fs).
+    crate::safe_fs::open_append(path, 0o644).map_err(|e| SpawnError::Log {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })
 }
 
 /// Start `cmd` inside the cgroup whose directory fd is `cgroup_dir`. Blocks until the child has
@@ -187,8 +190,11 @@ pub fn spawn_with_stdio(
 
     let sandbox = cmd.sandbox.as_ref();
     let mut pidfd: libc::c_int = -1;
+    // The agent's own namespaces (IPC always, network without a network grant) are made by
+    // the same clone3: the daemon is root, the child has them before it drops anything.
+    let ns_flags = sandbox.map_or(0, |sb| namespace_flags(sb.namespaces));
     let mut args = CloneArgs {
-        flags: CLONE_PIDFD | CLONE_INTO_CGROUP,
+        flags: CLONE_PIDFD | CLONE_INTO_CGROUP | ns_flags,
         pidfd: &mut pidfd as *mut libc::c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: cgroup_dir.as_raw_fd() as u64,
@@ -297,7 +303,20 @@ pub fn spawn_with_stdio(
     if ret < 0 {
         return Err(SyscallError::new(
             "clone3",
-            format!("CLONE_INTO_CGROUP for {}", cmd.program.display()),
+            format!(
+                "CLONE_INTO_CGROUP{}{} for {}",
+                if ns_flags & libc::CLONE_NEWIPC as u64 != 0 {
+                    " | CLONE_NEWIPC"
+                } else {
+                    ""
+                },
+                if ns_flags & libc::CLONE_NEWNET as u64 != 0 {
+                    " | CLONE_NEWNET"
+                } else {
+                    ""
+                },
+                cmd.program.display()
+            ),
             io::Error::last_os_error(),
         )
         .into());
@@ -343,4 +362,52 @@ pub fn spawn_with_stdio(
         target,
         source: io::Error::from_raw_os_error(errno),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::Namespaces;
+
+    #[test]
+    fn namespace_flags_follow_the_sandbox() {
+        let f = |ipc, net| namespace_flags(Namespaces { ipc, net });
+        assert_eq!(f(false, false), 0);
+        assert_eq!(f(true, false), libc::CLONE_NEWIPC as u64);
+        assert_eq!(
+            f(true, true),
+            (libc::CLONE_NEWIPC | libc::CLONE_NEWNET) as u64
+        );
+        assert_eq!(f(false, true), libc::CLONE_NEWNET as u64);
+    }
+
+    #[test]
+    fn own_network_namespace_only_without_network_grants() {
+        use crate::sandbox::Grants;
+        let none = Grants::default();
+        assert_eq!(
+            Namespaces::for_grants(&none),
+            Namespaces {
+                ipc: true,
+                net: true
+            }
+        );
+        let connect = Grants {
+            net_connect: vec!["127.0.0.1:443".into()],
+            ..Grants::default()
+        };
+        let bind = Grants {
+            net_bind: vec!["127.0.0.1:8080".into()],
+            ..Grants::default()
+        };
+        for g in [connect, bind] {
+            assert_eq!(
+                Namespaces::for_grants(&g),
+                Namespaces {
+                    ipc: true,
+                    net: false
+                }
+            );
+        }
+    }
 }

@@ -64,13 +64,31 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StateError> {
         path: p.to_path_buf(),
         source,
     };
-    fs::create_dir_all(dir).map_err(|e| err("mkdir", dir, e))?;
+    // Root's records, in directories no one else may write (0755 whatever the umask), and
+    // the temporary file never opened through a link.
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| err("mkdir", dir, e))?;
+    }
     let tmp = dir.join(format!(
         ".{}.tmp",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("state")
     ));
     {
-        let mut f = fs::File::create(&tmp).map_err(|e| err("create", &tmp, e))?;
+        let mut f = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .map_err(|e| err("create", &tmp, e))?
+        };
         f.write_all(data).map_err(|e| err("write", &tmp, e))?;
         f.sync_all().map_err(|e| err("fsync", &tmp, e))?;
     }

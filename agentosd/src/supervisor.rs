@@ -243,6 +243,12 @@ fn now_us() -> u64 {
 }
 
 impl Agent {
+    /// The leaf the agent's own processes live in (`<cgroup>/main`); its tools live in
+    /// `<cgroup>/tools/<id>`, the budgets are set on [`Agent::cgroup`] above both.
+    pub fn main_cgroup(&self) -> Cgroup {
+        self.cgroup.child(cgroup::AGENT_MAIN)
+    }
+
     pub fn state(&self) -> State {
         lock(&self.inner).state
     }
@@ -329,10 +335,10 @@ impl Agent {
             st.cpu_usage_nsec = s.cpu_usage_usec.map(|u| u * 1000);
             st.memory_current = s.memory_current;
             st.tasks_current = s.tasks_current;
+            // The agent and its tools (`main` and `tools/*`): all count against its budgets.
             st.processes = self
                 .cgroup
-                .procs()
-                .unwrap_or_default()
+                .subtree_procs()
                 .into_iter()
                 .map(|p| {
                     (
@@ -551,7 +557,7 @@ impl Supervisor {
     }
 
     fn new_agent(&self, spec: AgentSpec, contract: String, origin: String, enabled: bool) -> Agent {
-        let cg = self.agents_cg.child(&spec.tenant).child(&spec.name);
+        let cg = cgroup::agent_cgroup(&self.root, &spec.tenant, &spec.name);
         Agent {
             id: spec.id(),
             tenant: spec.tenant.clone(),
@@ -770,6 +776,7 @@ impl Supervisor {
                         "pid": child.pid,
                         "cgroup": agent.cgroup.path().display().to_string(),
                         "cgroup_id": hooks::cgroup_id(agent.cgroup.path()),
+                        "main_cgroup_id": hooks::cgroup_id(agent.main_cgroup().path()),
                     }),
                 );
                 self.changed(agent);
@@ -781,8 +788,10 @@ impl Supervisor {
             }
             Err(e) => {
                 self.admission.release(&agent.id);
-                let _ = agent.cgroup.kill();
-                let _ = agent.cgroup.remove();
+                // A failed start leaves nothing: whatever the agent or a tool started is
+                // killed with the whole subtree, then the cgroup tree goes.
+                self.kill_and_wait(agent).await;
+                let _ = self.remove_cgroup(agent).await;
                 self.net_clear(agent);
                 self.scx_forget(agent);
                 self.mcp_forget(agent);
@@ -840,8 +849,14 @@ impl Supervisor {
             cg.remove()?;
         }
         cg.create()?;
-        // Network policy in the BPF map before the first process exists.
-        let net_notes = self.net_prepare(agent, cg).await?;
+        // The agent's own processes in a leaf of their own, its tools beside it in `tools/`:
+        // the budgets below are set on `cg` and cover both (no-internal-process rule).
+        let main = agent.main_cgroup();
+        main.create_in_existing()?;
+        cg.enable_subtree(cgroup::AGENT_CHILD_CONTROLLERS);
+        // Network policy in the BPF map before the first process exists, keyed by the leaf the
+        // agent's processes run in (bpf_get_current_cgroup_id()).
+        let net_notes = self.net_prepare(agent, &main).await?;
         // The class in scx_agentos's map before the first process exists too.
         let scx_note = self.scx_register(agent, cg, &spec.latency_class);
         // Budgets.
@@ -906,7 +921,7 @@ impl Supervisor {
             &agent.log_path,
             &format!("starting {}: {}", agent.id, cmd.program.display()),
         );
-        let dirfd = cg.open_dir()?;
+        let dirfd = main.open_dir()?;
         let id = agent.id.clone();
         let child = tokio::task::spawn_blocking(move || spawn::spawn(&cmd, &dirfd))
             .await
@@ -1124,7 +1139,7 @@ impl Supervisor {
             // KillMode=control-group). The cgroup goes too; a restart makes a fresh one.
             self.kill_and_wait(&agent).await;
             self.admission.release(&agent.id);
-            let _ = agent.cgroup.remove();
+            let _ = self.remove_cgroup(&agent).await;
             self.net_clear(&agent);
             self.scx_forget(&agent);
             self.mcp_forget(&agent);
@@ -1163,6 +1178,50 @@ impl Supervisor {
         }
     }
 
+    /// Bring a re-adopted agent's cgroup into this layout, after its policies are keyed by
+    /// `main`: processes of the old layout (directly in `agents/<tenant>/<name>`) move into
+    /// `main`; tool processes the previous daemon left in `tools/` are killed (their calls died
+    /// with it); the agent's cgroup then hands its children the tool controllers. Returns notes
+    /// for the re-adoption report; an agent that cannot be moved is refused: it is killed.
+    async fn adopt_layout(&self, agent: &Agent, main: &Cgroup) -> Vec<String> {
+        let mut notes = Vec::new();
+        match agent.cgroup.move_procs_into(main) {
+            Ok(0) => {}
+            Ok(n) => notes.push(format!(
+                "moved {n} process(es) of the old cgroup layout into {}",
+                main.path().display()
+            )),
+            Err(e) => {
+                notes.push(format!(
+                    "cannot move its processes into {} ({e}); refused: killing it",
+                    main.path().display()
+                ));
+                let _ = agent.cgroup.kill();
+                return notes;
+            }
+        }
+        let tools = agent.cgroup.child(cgroup::AGENT_TOOLS);
+        if tools.exists() {
+            if tools.populated() {
+                notes.push(
+                    "killed the tool processes the previous daemon left in its tools/ cgroup"
+                        .into(),
+                );
+            }
+            let _ = tools.kill();
+            let _ = tools
+                .wait_events("left tool processes to die", Duration::from_secs(5), |e| {
+                    !e.populated
+                })
+                .await;
+            if let Err(e) = tools.remove() {
+                notes.push(e.to_string());
+            }
+        }
+        agent.cgroup.enable_subtree(cgroup::AGENT_CHILD_CONTROLLERS);
+        notes
+    }
+
     /// `cgroup.kill` and wait until the cgroup is empty (bounded).
     async fn kill_and_wait(&self, agent: &Agent) {
         if agent.cgroup.populated() {
@@ -1183,8 +1242,24 @@ impl Supervisor {
         }
     }
 
-    /// Stop: thaw if frozen, SIGTERM the main process, `cgroup.kill` after the stop timeout,
-    /// remove the cgroup. Idempotent.
+    /// Remove the agent's cgroup tree (`main`, `tools/*`, then the agent's), bottom-up. A tool
+    /// call that raced with the stop may have made a tool cgroup and a process in it after
+    /// `cgroup.kill`: kill the subtree again and retry, a few times.
+    async fn remove_cgroup(&self, agent: &Agent) -> Result<(), cgroup::CgroupError> {
+        let mut last = Ok(());
+        for _ in 0..3 {
+            last = agent.cgroup.remove();
+            if last.is_ok() {
+                return Ok(());
+            }
+            self.kill_and_wait(agent).await;
+        }
+        last
+    }
+
+    /// Stop: thaw if frozen, SIGTERM the main process, wait for the agent's own processes up to
+    /// the stop timeout, then `cgroup.kill` on the agent's whole subtree (its tools and MCP
+    /// servers too), remove the cgroup tree. Idempotent.
     pub async fn stop(self: &Arc<Self>, agent: &Arc<Agent>) -> Result<(), Error> {
         let _op = agent.op.lock().await;
         self.stop_locked(agent, State::Inactive, "stopped").await
@@ -1220,15 +1295,24 @@ impl Supervisor {
         if let Some(fd) = &pidfd {
             let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGTERM);
         }
-        let graceful = agent
-            .cgroup
+        // The agent's own processes (its `main` leaf; the whole cgroup for an agent that is
+        // not in the leaf layout) get the stop timeout; its tools and MCP servers, which got no
+        // SIGTERM, go with `cgroup.kill` on the whole subtree right after.
+        let own = if agent.main_cgroup().exists() {
+            agent.main_cgroup()
+        } else {
+            agent.cgroup.clone()
+        };
+        let graceful = own
             .wait_events(
                 "processes to exit after SIGTERM",
                 self.cfg.stop_timeout,
                 |e| !e.populated,
             )
             .await;
-        if graceful.is_err() {
+        if graceful.is_ok() {
+            self.kill_and_wait(agent).await;
+        } else {
             logs::append_note(
                 &agent.log_path,
                 &format!(
@@ -1255,7 +1339,7 @@ impl Supervisor {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let rm = agent.cgroup.remove();
+        let rm = self.remove_cgroup(agent).await;
         self.net_clear(agent);
         self.scx_forget(agent);
         self.mcp_forget(agent);
@@ -1332,7 +1416,8 @@ impl Supervisor {
                 if signal == libc::SIGKILL {
                     agent.cgroup.kill()?;
                 } else {
-                    for pid in agent.cgroup.procs()? {
+                    // The agent's processes and its tools' (its whole subtree).
+                    for pid in agent.cgroup.subtree_procs() {
                         // Processes come from our own cgroup; a PID that exited since the read
                         // is skipped (ESRCH).
                         if let Ok(fd) = sys::pidfd_open(pid) {
@@ -1480,11 +1565,9 @@ impl Supervisor {
                 let same = rec.boot_id == self.boot_id
                     && sys::process_start_time(pid) == rec.main_start_time
                     && rec.main_start_time.is_some()
-                    && agent
-                        .cgroup
-                        .procs()
-                        .map(|p| p.contains(&pid))
-                        .unwrap_or(false);
+                    // `main` (this layout) or the agent's cgroup itself (the layout before
+                    // tools moved under their agent).
+                    && agent.cgroup.subtree_procs().contains(&pid);
                 if !same {
                     return None;
                 }
@@ -1516,9 +1599,15 @@ impl Supervisor {
                     };
                     report.push(format!("{}: re-adopted main process PID {pid}", agent.id));
                     self.audit_readopted(&agent, pid).await;
-                    if let Err(e) = self.net_prepare(&agent, &agent.cgroup).await {
+                    let main = agent.main_cgroup();
+                    if let Err(e) = main.create_in_existing() {
+                        report.push(format!("{}: {e}", agent.id));
+                    }
+                    if let Err(e) = self.net_prepare(&agent, &main).await {
                         report.push(format!("{}: network policy: {e}", agent.id));
                     }
+                    let layout = self.adopt_layout(&agent, &main).await;
+                    report.extend(layout.iter().map(|n| format!("{}: {n}", agent.id)));
                     if let Some(note) =
                         self.scx_register(&agent, &agent.cgroup, &rec.spec.latency_class)
                     {
@@ -1549,7 +1638,7 @@ impl Supervisor {
                 _ => {
                     // Dead (or never got past its backoff) while the daemon was away.
                     self.kill_and_wait(&agent).await;
-                    let _ = agent.cgroup.remove();
+                    let _ = self.remove_cgroup(&agent).await;
                     self.net_clear(&agent);
                     self.scx_forget(&agent);
                     self.mcp_forget(&agent);

@@ -132,7 +132,20 @@ impl Supervisor {
         let plan = grants
             .plan(&home)
             .map_err(|e| Error::InvalidContract(format!("agent {}: {e}", agent.id)))?;
-        let policy = fs::Policy::from_plan(&plan, &|p| std::fs::canonicalize(p).ok());
+        // The same resolution as the Landlock rules (sandbox::landlock::Opener): no link the
+        // agent planted in its home or a scope is followed; a path that does not resolve
+        // safely stays literal, which `d_path` of a link's target never matches.
+        let home_fd = crate::safe_fs::Dir::open_root(&self.cfg.state_dir)
+            .and_then(|r| {
+                r.open_dir(
+                    &std::path::Path::new("home")
+                        .join(&agent.tenant)
+                        .join(&agent.name),
+                )
+            })
+            .ok();
+        let opener = crate::sandbox::landlock::Opener::new(home_fd.iter().collect());
+        let policy = fs::Policy::from_plan(&plan, &|p| opener.resolve(p));
         enforcer
             .set_policy(
                 &agent.id,
@@ -149,8 +162,8 @@ impl Supervisor {
         Ok(notes)
     }
 
-    /// Fill agent's entry in the BPF policy map from its contract's `net.connect` grants (host
-    /// names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
+    /// Fill agent's entry in the BPF policy map from its contract's `net.connect` and `net.bind`
+    /// grants (host names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
     /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
     async fn net_policy_prepare(&self, agent: &Agent, cg: &Cgroup) -> Result<Vec<String>, Error> {
         let contract = super::agent_contract(agent)?;
@@ -176,15 +189,18 @@ impl Supervisor {
         // The same home the sandbox expands `{state}` to.
         let home =
             crate::sandbox::identity::home_dir(&self.cfg.state_dir, &agent.tenant, &agent.name);
-        let scopes: Vec<String> = contract
-            .iter()
-            .flat_map(|c| c.capabilities())
-            .filter(|cap| cap.name == "net.connect")
-            .flat_map(|cap| cap.expand_scope(&home))
-            .collect();
+        let scopes = |name: &str| -> Vec<String> {
+            contract
+                .iter()
+                .flat_map(|c| c.capabilities())
+                .filter(|cap| cap.name == name)
+                .flat_map(|cap| cap.expand_scope(&home))
+                .collect()
+        };
+        let (connect, bind) = (scopes("net.connect"), scopes("net.bind"));
         // Name resolution is bounded: a start never hangs on DNS (and fails closed).
         let resolve = tokio::task::spawn_blocking(move || {
-            net::policy_from_scopes(&scopes, &net::system_resolve)
+            net::policy_from_grants(&connect, &bind, &net::system_resolve)
         });
         let policy = tokio::time::timeout(std::time::Duration::from_secs(15), resolve)
             .await
@@ -683,4 +699,69 @@ impl kaudit::Attribute for AgentsOfProcesses {
 pub(super) fn cgroup_id(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}
+
+/// The tool runners' hook into the cgroup BPF network policy (see [`crate::tools::CgroupHooks`]):
+/// a tool cgroup (under its agent, so under `agents/` where the programs are attached) gets an
+/// entry built from the tool's effective grants, attributed to its agent.
+#[derive(Debug)]
+struct ToolCgroupHooks {
+    sup: std::sync::Weak<Supervisor>,
+}
+
+/// The key of a tool cgroup's entry in the enforcers' agent table.
+fn tool_key(cg: &Cgroup) -> String {
+    format!("tool:{}", cg.path().display())
+}
+
+impl crate::tools::CgroupHooks for ToolCgroupHooks {
+    fn placed(
+        &self,
+        caller: &crate::tools::Caller,
+        cg: &Cgroup,
+        connect: &[String],
+        bind: &[String],
+    ) -> Result<Vec<String>, String> {
+        let sup = self
+            .sup
+            .upgrade()
+            .ok_or_else(|| "agentosd is shutting down".to_string())?;
+        let enforcer = match sup.net() {
+            Ok(n) => n.clone(),
+            Err(why) => {
+                return Ok(vec![format!(
+                    "network: not enforced by cgroup BPF ({why}); Landlock TCP port rules apply"
+                )]);
+            }
+        };
+        let policy = net::policy_from_grants(connect, bind, &net::system_resolve)
+            .map_err(|e| format!("network policy of the tool: {e}"))?;
+        enforcer
+            .set_policy(
+                &tool_key(cg),
+                &caller.tenant,
+                &caller.name,
+                cgroup_id(cg.path()),
+                &policy,
+            )
+            .map_err(|e| format!("network policy of the tool cgroup: {e}"))?;
+        Ok(vec![format!("network (cgroup BPF): {}", policy.describe())])
+    }
+
+    fn removed(&self, cg: &Cgroup) {
+        if let Some(sup) = self.sup.upgrade()
+            && let Ok(n) = sup.net()
+        {
+            n.clear(&tool_key(cg));
+        }
+    }
+}
+
+impl Supervisor {
+    /// What the tool runners call for each tool cgroup (`RunnerConfig::hooks`).
+    pub fn tool_cgroup_hooks(self: &Arc<Self>) -> Arc<dyn crate::tools::CgroupHooks> {
+        Arc::new(ToolCgroupHooks {
+            sup: Arc::downgrade(self),
+        })
+    }
 }

@@ -29,23 +29,18 @@ pub struct AgentSocket {
 /// `RUN_DIR/agents/<tenant>`, each 0711 whatever the umask (systemd's UMask=0027 would make
 /// them 0750): an agent's uid may walk to its own socket but list nobody's.
 fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let agents = run_dir.join("agents");
-    let tenant_dir = agents.join(tenant);
-    std::fs::create_dir_all(&tenant_dir)
-        .map_err(|e| format!("cannot create {}: {e}", tenant_dir.display()))?;
-    for d in [run_dir, &agents, &tenant_dir] {
-        let mode = std::fs::metadata(d)
-            .map_err(|e| format!("{}: {e}", d.display()))?
-            .permissions()
-            .mode();
-        // RUN_DIR itself only needs o+x; leave a stricter or wider mode the operator chose.
-        let want = if d == run_dir { mode | 0o011 } else { 0o711 };
-        if mode & 0o7777 != want & 0o7777 {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(want & 0o7777))
-                .map_err(|e| format!("cannot chmod {}: {e}", d.display()))?;
-        }
+    // On fds from RUN_DIR down (safe_fs): no link in `agents/<tenant>` is followed.
+    let e = |e: crate::safe_fs::SafeFsError| e.to_string();
+    let root = crate::safe_fs::Dir::open_root(run_dir).map_err(e)?;
+    // RUN_DIR itself only needs o+x; leave a stricter or wider mode the operator chose.
+    let mode = root.stat().map_err(e)?.st_mode & 0o7777;
+    if mode | 0o011 != mode {
+        root.chmod(mode | 0o011).map_err(e)?;
     }
+    let agents = root.mkdir("agents", 0o711).map_err(e)?;
+    agents.chmod(0o711).map_err(e)?;
+    let tenant_dir = agents.mkdir(tenant, 0o711).map_err(e)?;
+    tenant_dir.chmod(0o711).map_err(e)?;
     Ok(())
 }
 
@@ -72,22 +67,25 @@ impl Supervisor {
 
     fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
         let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
-        let rel = agent
-            .cgroup
+        // The agent is the processes in its `main` leaf (and below): its tools and MCP servers
+        // live beside it in `tools/`, under the same budgets, and must not pass as the agent
+        // on its socket.
+        let main = agent.main_cgroup();
+        let rel = main
             .path()
             .strip_prefix(&self.cgroup_mount)
             .map(|p| PathBuf::from("/").join(p))
             .map_err(|_| {
                 format!(
                     "cgroup {} is not under the cgroup2 mount {}",
-                    agent.cgroup.path().display(),
+                    main.path().display(),
                     self.cgroup_mount.display()
                 )
             })?;
         Ok(AgentRef {
             id: agent.id.clone(),
             cgroup: rel,
-            cgroup_dir: agent.cgroup.path().to_path_buf(),
+            cgroup_dir: main.path().to_path_buf(),
             uid,
             gid: uid,
         })

@@ -247,7 +247,7 @@ fn lifecycle_records_verify_and_tampering_is_caught() {
     );
     assert!(d.log_text().contains("cannot open the audit trail"));
     assert_eq!(
-        std::fs::read_to_string(cg.path.join("agents/default/ticker/cgroup.procs"))
+        std::fs::read_to_string(cg.path.join("agents/default/ticker/main/cgroup.procs"))
             .unwrap_or_default(),
         "",
         "nothing runs"

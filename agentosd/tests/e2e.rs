@@ -58,16 +58,18 @@ fn start_freeze_thaw_stop_via_agentctl() {
     assert!(pid > 0);
     // right PID in the right cgroup
     let cgpath = cg.path.join("agents/default/ticker");
-    let procs = std::fs::read_to_string(cgpath.join("cgroup.procs")).unwrap();
+    let procs = std::fs::read_to_string(cgpath.join("main/cgroup.procs")).unwrap();
     assert!(
         procs.lines().any(|l| l == pid.to_string()),
         "{pid} not in {procs}"
     );
-    assert!(common::proc_cgroup(pid).ends_with("/agents/default/ticker"));
+    assert!(common::proc_cgroup(pid).ends_with("/agents/default/ticker/main"));
+    // ControlGroup is the agent's cgroup (budgets, freeze, kill: like a unit's), whose `main`
+    // leaf holds the agent's own processes.
     assert_eq!(
-        st["control_group"].as_str().unwrap(),
+        format!("{}/main", st["control_group"].as_str().unwrap()),
         common::proc_cgroup(pid),
-        "ControlGroup matches /proc/PID/cgroup"
+        "ControlGroup/main matches /proc/PID/cgroup"
     );
 
     // busctl alone: introspection and live properties
@@ -162,7 +164,7 @@ fn start_freeze_thaw_stop_via_agentctl() {
     d.ctl_ok(&["thaw", "ticker"]);
 
     // stop → gone, no stray process, cgroup removed
-    let procs: Vec<u32> = std::fs::read_to_string(cgpath.join("cgroup.procs"))
+    let procs: Vec<u32> = std::fs::read_to_string(cgpath.join("main/cgroup.procs"))
         .unwrap()
         .lines()
         .map(|l| l.parse().unwrap())

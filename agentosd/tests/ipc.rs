@@ -363,6 +363,55 @@ fn peers_outside_the_agent_cgroup_are_refused_without_a_byte() {
     assert_eq!((s.accepted, s.refused), (0, 2), "{s:?}");
 }
 
+/// The agent is its process leaf `agents/t/<name>/main`; its tools run beside it in
+/// `agents/t/<name>/tools/…` (same budgets, same uid): a tool process is refused on the agent's
+/// socket, the agent's own process is accepted (issue 12, class 6).
+#[test]
+fn a_tool_process_cannot_pose_as_its_agent() {
+    skip_unless_capable!();
+    let Some(mut srv) = Server::start(Limits::default()) else {
+        return;
+    };
+    let cg = TestCgroup::new("ipc-tool");
+    let bed = agent_in(&cg, "a/main");
+    let tool = cg.path.join("agents/t/a/tools/call-1-x");
+    std::fs::create_dir_all(&tool).expect("tool cgroup");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = sock_path(&dir, "a");
+    srv.ipc().listen(&bed.agent, &path).expect("listen");
+
+    let mut child = bridge_in(&tool, &path);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let _ = stdin.write_all(b"{\"id\":1}\n");
+    let mut out = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_end(&mut out)
+        .expect("read");
+    assert!(out.is_empty(), "the tool process got bytes: {out:?}");
+    let r = srv.refusal();
+    assert_eq!(r.pid, Some(child.id()));
+    assert!(
+        r.reason.contains("not in the agent's cgroup"),
+        "{}",
+        r.reason
+    );
+    drop(stdin);
+    wait_exit(&mut child, 10);
+
+    // The control: the agent's own process (in `main`) is served.
+    let mut child = bridge_in(&bed.agent.cgroup_dir, &path);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"{\"id\":2}\n").expect("write");
+    drop(stdin);
+    let _peer = srv.peer();
+    wait_exit(&mut child, 10);
+    let s = srv.ipc().stats();
+    assert_eq!((s.accepted, s.refused), (1, 1), "{s:?}");
+}
+
 #[test]
 fn pair_gives_an_inherited_connection() {
     let Some(srv) = Server::start(Limits::default()) else {

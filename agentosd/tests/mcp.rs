@@ -296,7 +296,7 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     let heard = std::fs::read_to_string(&signals).unwrap_or_default();
     assert_eq!(
         heard.matches("member=ConsentRequested").count(),
-        3,
+        4,
         "one ConsentRequested per held call:\n{heard}"
     );
     assert!(
@@ -415,6 +415,11 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
         cancel["next_reply"]["id"], "after",
         "a cancelled call was answered: {cancel}"
     );
+    let held = step(&all, "raw-cancel-held");
+    assert_eq!(
+        held["next_reply"]["id"], "after-held",
+        "a call cancelled while it waited for consent was answered: {held}"
+    );
     let inflight = step(&all, "raw-in-flight");
     assert_eq!(inflight["too_many"], 8, "{inflight}");
     assert_eq!(inflight["ok"], 32, "{inflight}");
@@ -448,6 +453,20 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     assert!(has("consent", "approved", "payment.charge"));
     assert!(has("consent", "rejected", "payment.charge"));
     assert!(has("consent", "expired", "payment.charge"));
+    // The call cancelled while it waited: its request withdrawn, on the record.
+    assert!(
+        recs.iter().any(|r| r["kind"] == "consent"
+            && r["decision"] == "rejected"
+            && r["detail"]["tool"] == "payment.charge"
+            && r["detail"]["reason"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("withdrawn"))),
+        "no withdrawn consent record: {recs:#?}"
+    );
+    assert!(
+        consent_list(&s.d).is_empty(),
+        "a cancelled call's consent request is still pending"
+    );
     let approved_rec = recs
         .iter()
         .find(|r| r["kind"] == "consent" && r["decision"] == "approved")
@@ -611,4 +630,173 @@ fn the_example_notes_agent_counts_words_through_tools() {
         .unwrap();
     assert_eq!(total["total_words"], 7);
     assert_eq!(total["notes"], 2);
+}
+
+/// Unmounts a file system this test mounted, on drop.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fail closed: when the audit trail cannot record the decision (its file system is full), a
+/// tool call is refused with -32005 and the tool does not run. The file system is filled while
+/// the agent waits; records still fit in the log's last partly written page, so the agent makes
+/// many calls: the first ones may be recorded and run, and from the first refusal on, every
+/// call that ran is one that was answered with a result. (Recovery when space returns is the
+/// daemon-holds issue's.)
+#[test]
+fn a_tool_call_is_refused_when_the_audit_trail_cannot_write() {
+    skip_unless_capable!();
+    let bus = Bus::start();
+    let cg = TestCgroup::new("mcp-audit-full");
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o711);
+    // The daemon's audit directory on a small tmpfs of our own.
+    let audit = dir.path().join("audit");
+    std::fs::create_dir(&audit).unwrap();
+    let st = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m,mode=0700",
+            "agentos-test-audit",
+        ])
+        .arg(&audit)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs on {}", audit.display());
+    let _mounted = Mounted(audit.clone());
+    let files = dir.path().join("t");
+    let marker = dir.path().join("marker");
+    for d in [&files, &marker] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    chmod(&files, 0o755);
+    chmod(&marker, 0o777);
+    let tools = dir.path().join("tools.d");
+    write(
+        &tools.join("marker-touch.yaml"),
+        &format!(
+            r#"apiVersion: agentos/v0.2
+kind: Tool
+name: marker.touch
+description: Leaves a file behind when it runs.
+risk: low
+timeout_ms: 5000
+exec:
+  command: /bin/sh
+  args: ["-c", "echo ran >> {m}/ran; echo '{{}}'"]
+input_schema: {{type: object}}
+sandbox:
+  fs.write: ["{m}"]
+"#,
+            m = marker.display()
+        ),
+        0o644,
+    );
+    // Fewer than the per-agent limit of calls in flight (the bridge sends them all at once).
+    const CALLS: u64 = 12;
+    let mut reqs = vec![
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string(),
+    ];
+    for id in 2..2 + CALLS {
+        reqs.push(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"marker.touch","arguments":{{}}}}}}"#
+        ));
+    }
+    write(
+        &files.join("requests.jsonl"),
+        &(reqs.join("\n") + "\n"),
+        0o644,
+    );
+    let d = Daemon::start_with(
+        &bus,
+        &cg.path,
+        dir.path(),
+        &["--tools-dir", tools.to_str().unwrap()],
+    );
+    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bin_dir = bridge.parent().unwrap().display().to_string();
+    let t = files.display();
+    let contract = format!(
+        r#"apiVersion: agentos/v0.2
+kind: AgentContract
+name: auditless
+class: {{ latency: DT }}
+exec:
+  command: /bin/sh
+  args: ["-c", "while [ ! -e {t}/go ]; do sleep 0.05; done; {b} < {t}/requests.jsonl; echo bridge-done"]
+capabilities:
+  - marker.touch
+  - fs.read: ["{t}", "{bin_dir}"]
+  - fs.write: ["{m}"]
+  - fs.exec: [/usr, /bin, /lib, "{bin_dir}"]
+"#,
+        b = bridge.display(),
+        m = marker.display(),
+    );
+    let cf = dir.path().join("auditless.yaml");
+    std::fs::write(&cf, contract).unwrap();
+    d.ctl_ok(&["start", cf.to_str().unwrap()]);
+    d.wait_state("auditless", "running", 10);
+    // Fill the audit file system, then let the agent call.
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(audit.join("filler")).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+    std::fs::write(files.join("go"), "").unwrap();
+    let log = PathBuf::from(d.status_json("auditless")["log_path"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let replies = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let replies: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["id"].as_u64().is_some_and(|i| i >= 2))
+            .collect();
+        if replies.len() as u64 >= CALLS || text.contains("bridge-done") {
+            break replies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not finish its calls; agent log:\n{text}\ndaemon log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(replies.len() as u64, CALLS, "every call is answered");
+    let ok = replies.iter().filter(|r| r["result"].is_object()).count();
+    let refused: Vec<&Value> = replies
+        .iter()
+        .filter(|r| r["error"]["code"] == -32005)
+        .collect();
+    assert_eq!(ok + refused.len(), replies.len(), "{replies:#?}");
+    assert!(
+        !refused.is_empty(),
+        "no call was refused with the audit file system full: {replies:#?}"
+    );
+    assert!(
+        refused[0]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("audit trail")),
+        "{}",
+        refused[0]
+    );
+    let ran = std::fs::read_to_string(marker.join("ran"))
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(
+        ran, ok,
+        "tools ran {ran} times for {ok} recorded calls: a call ran without its record"
+    );
+    let _ = d.ctl(&["stop", "auditless"]);
 }

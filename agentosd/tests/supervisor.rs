@@ -82,13 +82,14 @@ async fn lifecycle_start_freeze_thaw_stop() {
     assert_eq!(a.state(), State::Running);
     let pid = a.main_pid().unwrap();
     let agent_cg = cg.path.join("agents/default/ticker");
-    let procs = std::fs::read_to_string(agent_cg.join("cgroup.procs")).unwrap();
+    // The agent's own processes live in its `main` leaf (budgets on `agent_cg` above it).
+    let procs = std::fs::read_to_string(agent_cg.join("main/cgroup.procs")).unwrap();
     assert!(
         procs.lines().any(|l| l == pid.to_string()),
         "pid {pid} not in {procs}"
     );
     // the main process is in the right cgroup according to the kernel
-    assert!(common::proc_cgroup(pid).ends_with("/agents/default/ticker"));
+    assert!(common::proc_cgroup(pid).ends_with("/agents/default/ticker/main"));
     // SCHED_IDLE for DT
     // SAFETY: sched_getscheduler only reads the policy of a PID.
     let policy = unsafe { libc::sched_getscheduler(pid as i32) };
@@ -155,14 +156,14 @@ async fn stop_kills_processes_that_ignore_sigterm() {
         .unwrap();
     let agent_cg = cg.path.join("agents/default/stubborn");
     wait_for("two processes", 5, || {
-        std::fs::read_to_string(agent_cg.join("cgroup.procs"))
+        std::fs::read_to_string(agent_cg.join("main/cgroup.procs"))
             .unwrap_or_default()
             .lines()
             .count()
             >= 2
     })
     .await;
-    let pids: Vec<u32> = std::fs::read_to_string(agent_cg.join("cgroup.procs"))
+    let pids: Vec<u32> = std::fs::read_to_string(agent_cg.join("main/cgroup.procs"))
         .unwrap()
         .lines()
         .map(|l| l.parse().unwrap())

@@ -71,6 +71,13 @@ impl Bed {
             cg.as_ref()
                 .map_or(root.join("no-cgroup"), |c| c.path.clone()),
         );
+        if with_cgroup {
+            // The caller's agent cgroup, as the supervisor makes it: tools run in its subtree
+            // and only while it exists.
+            agentosd::cgroup::agent_cgroup(&cgroup_root, "t", tag)
+                .create()
+                .unwrap();
+        }
         let caller = Caller {
             agent: format!("t/{tag}"),
             tenant: "t".into(),
@@ -104,6 +111,7 @@ impl Bed {
             cfg: RunnerConfig {
                 cgroup_root,
                 state_dir: root.join("state"),
+                hooks: None,
             },
             dir,
             _cg: cg,
@@ -139,8 +147,11 @@ impl Bed {
         tools
     }
 
+    /// The tool cgroups in the caller's subtree (`agents/t/<tag>/tools/*`).
     fn tool_cgroups(&self) -> Vec<String> {
-        let p = self.cfg.cgroup_root.path().join("tools");
+        let p = agentosd::cgroup::agent_cgroup(&self.cfg.cgroup_root, "t", &self.caller.name)
+            .path()
+            .join("tools");
         let mut v: Vec<String> = std::fs::read_dir(&p)
             .map(|rd| {
                 rd.flatten()
@@ -400,7 +411,11 @@ async fn exec_tool_runs_sandboxed_as_the_caller_in_its_own_cgroup() {
         .strip_prefix(agentosd::cgroup::cgroup2_mount().unwrap())
         .unwrap();
     assert!(
-        cg.starts_with(&format!("0::/{}/tools/call-", cg_rel.display())) && cg.ends_with("-probe"),
+        cg.starts_with(&format!(
+            "0::/{}/agents/t/{}/tools/call-",
+            cg_rel.display(),
+            bed.caller.name
+        )) && cg.ends_with("-probe"),
         "{cg}"
     );
     // The caller may read granted/, the tool may read "/": it reads granted/ only.

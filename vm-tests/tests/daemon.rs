@@ -233,7 +233,8 @@ fn restarting_agentosd_keeps_agents_running_and_readopts_them() {
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "agent process {pid} died with the daemon"
     );
-    let procs = vm_tests::read_cg(&cg, "cgroup.procs");
+    // The agent's processes live in its `main` leaf (budgets on the agent's cgroup above).
+    let procs = vm_tests::read_cg(&cg, "main/cgroup.procs");
     assert!(
         procs.lines().any(|l| l.trim() == pid.to_string()),
         "pid {pid} is no longer in {}: {procs}",

@@ -191,8 +191,10 @@ fn bpf_lsm_enforces_filesystem_scopes_independently_of_landlock() {
         );
     }
 
-    // 2. The BPF layer alone: root, no Landlock, in the agent's cgroup.
-    let cg = agent.cgroup();
+    // 2. The BPF layer alone: root, no Landlock, in the agent's cgroup (its process leaf
+    // `main`, whose cgroup id the policy is keyed by; the agent's cgroup itself holds no
+    // process).
+    let cg = agent.cgroup().join("main");
     let granted = in_cgroup(&cg, &format!("cat {BASE}/data/granted.txt")).ok();
     assert_eq!(granted.stdout, "granted\n");
     in_cgroup(&cg, &format!("/bin/true && {BASE}/bin/mytrue")).ok();

@@ -41,6 +41,20 @@ fn lsm_and_cgroup_bpf_refuse_ungranted_destinations() {
             .contains("BPF LSM: lsm/socket_connect attached"),
         "{journal}"
     );
+    // systemd mounts bpffs at /sys/fs/bpf: the daemon pins its links and maps there, so they
+    // outlive it (issue 12, class 4; the kill -9 loop is agentosd/tests/netbpf.rs).
+    assert!(
+        journal
+            .stdout
+            .contains("links and maps pinned in /sys/fs/bpf/agentos/net-"),
+        "{journal}"
+    );
+    assert!(
+        check
+            .stdout
+            .contains("bpffs pins: /sys/fs/bpf/agentos is a bpffs"),
+        "{check}"
+    );
 
     let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
     udp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

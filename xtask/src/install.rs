@@ -9,6 +9,7 @@
 //! | `agentosd.service` (ExecStart rewritten to PREFIX) | `/etc/systemd/system/`, or `/usr/lib/systemd/system/` when PREFIX is `/usr` |
 //! | D-Bus policy `org.agentos1.conf` | `/usr/share/dbus-1/system.d/` |
 //! | D-Bus activation `org.agentos1.service` | `/usr/share/dbus-1/system-services/` |
+//! | polkit actions `org.agentos1.policy` | `/usr/share/polkit-1/actions/` |
 //! | `agentos.conf` (sysusers, tmpfiles) | `/usr/lib/sysusers.d/`, `/usr/lib/tmpfiles.d/` |
 //! | configuration directories | `/etc/agentos/agents.d`, `/etc/agentos/tools.d` |
 //! | shell completions (`agentctl completions SHELL`) | `PREFIX/share/{bash-completion,zsh,fish}/…` |
@@ -200,6 +201,11 @@ pub fn run(args: InstallArgs) -> Result<()> {
             "org.agentos1.service",
             "/usr/share/dbus-1/system-services/org.agentos1.service",
             "D-Bus activation",
+        ),
+        (
+            "org.agentos1.policy",
+            "/usr/share/polkit-1/actions/org.agentos1.policy",
+            "polkit actions",
         ),
         (
             "agentos.sysusers",
@@ -411,6 +417,7 @@ mod tests {
                 "usr/share/dbus-1/system-services/org.agentos1.service",
                 0o644,
             ),
+            ("usr/share/polkit-1/actions/org.agentos1.policy", 0o644),
             ("usr/lib/sysusers.d/agentos.conf", 0o644),
             ("usr/lib/tmpfiles.d/agentos.conf", 0o644),
             ("etc/agentos/agents.d", 0o755),

@@ -71,6 +71,23 @@ struct RunArgs {
     /// Seconds a call held for consent waits for `agentctl consent approve` before it is denied
     #[arg(long, global = true, default_value_t = 120.0)]
     consent_timeout: f64,
+    /// Tool calls one agent may have in flight at once over all its MCP connections (each may
+    /// run a process in the agent's cgroup); more are refused with error -32003
+    #[arg(long, global = true, default_value_t = agentosd::mcp::DEFAULT_MAX_CALLS_PER_AGENT)]
+    max_tool_calls_per_agent: usize,
+    /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
+    /// stay attached while agentosd is down or restarting (the next daemon takes them over);
+    /// mounted as a bpffs instance when it is not one. "none": do not pin. Also
+    /// AGENTOSD_BPF_PIN_DIR [default: /sys/fs/bpf/agentos]
+    #[arg(long, global = true)]
+    bpf_pin_dir: Option<PathBuf>,
+    /// Who may do what over D-Bus, one rule per flag: PRINCIPAL=ACTIONS[@TENANTS] with PRINCIPAL
+    /// uid:N, gid:N, user:NAME or group:NAME, ACTIONS from manage-agents, answer-consent,
+    /// read-audit, read, all, and TENANTS limiting the rule to those tenants' agents. Root may
+    /// always do everything. Given rules replace the default (docs/dbus.md, "Authorization")
+    /// [default: group:agentos=read,read-audit]
+    #[arg(long = "authz", global = true, value_name = "RULE")]
+    authz: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -140,6 +157,14 @@ fn main() -> anyhow::Result<()> {
                 tools_dir: r.tools_dir,
                 run_dir: r.run_dir,
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
+                max_tool_calls_per_agent: r.max_tool_calls_per_agent,
+                bpf_pin_dir: Some(
+                    r.bpf_pin_dir
+                        .or_else(|| std::env::var_os("AGENTOSD_BPF_PIN_DIR").map(PathBuf::from))
+                        .unwrap_or_else(|| PathBuf::from(agentosd::enforce::net::DEFAULT_PIN_ROOT)),
+                )
+                .filter(|p| p.as_os_str() != "none"),
+                authz: r.authz,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -8,6 +8,9 @@
 //! `lsm/bprm_check_security` execs, both by the longest granted prefix of the file's path in an
 //! LPM trie keyed by (cgroup id, path). Refusals are EACCES and go to the ring buffer `fs_events`,
 //! which the daemon appends to the audit trail as kernel denials (`mechanism: bpf-lsm`).
+//! An optional third program, `lsm/socket_bind` ([`BIND_PROGRAM`]), refuses agents' binds of
+//! abstract Unix socket names (EPERM, no event yet): docs/security.md, "Channels between agents
+//! and the host".
 //!
 //! Differences from Landlock, all in the direction of allowing more (never refusing what
 //! Landlock allows): prefixes are paths resolved when the agent starts (Landlock rules hold
@@ -35,6 +38,10 @@ pub const PROGRAMS: [(&str, &str); 2] = [
     ("agentos_lsm_file_open", "file_open"),
     ("agentos_lsm_bprm_check", "bprm_check_security"),
 ];
+
+/// The optional program refusing agents' abstract Unix socket binds (`lsm/socket_bind`): the
+/// daemon runs without it, saying so, when it does not load.
+pub const BIND_PROGRAM: (&str, &str) = ("agentos_lsm_socket_bind", "socket_bind");
 
 /// `AGENTOS_FS_PATH_KEY`: bytes of path a prefix key holds.
 pub const PATH_KEY: usize = 248;
@@ -328,6 +335,8 @@ pub struct FsEnforcer {
     /// Agent id → the prefix keys installed for it.
     keys: Mutex<StdHashMap<String, Vec<Key<RawKeyData>>>>,
     attached: Mutex<bool>,
+    /// Why [`BIND_PROGRAM`] did not load (`None`: loaded).
+    bind_error: Option<String>,
 }
 
 impl std::fmt::Debug for FsEnforcer {
@@ -373,6 +382,19 @@ impl FsEnforcer {
                 }
             })?;
         }
+        let bind_error = {
+            let (name, hook) = BIND_PROGRAM;
+            match bpf
+                .program_mut(name)
+                .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
+            {
+                None => Some("not in the object".to_string()),
+                Some(prog) => prog
+                    .load(hook, &btf)
+                    .err()
+                    .map(|e| format!("{e}{}", super::source_chain(&e))),
+            }
+        };
         let map_err = |map: &'static str| {
             move |e: aya::maps::MapError| FsError::Map {
                 map,
@@ -403,6 +425,7 @@ impl FsEnforcer {
             agents: super::AgentCgroups::default(),
             keys: Mutex::default(),
             attached: Mutex::new(false),
+            bind_error,
         }))
     }
 
@@ -424,7 +447,27 @@ impl FsEnforcer {
             })?;
         }
         *lock(&self.attached) = true;
+        if self.bind_error.is_none() {
+            let (name, hook) = BIND_PROGRAM;
+            if let Some(prog) = bpf
+                .program_mut(name)
+                .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
+                && let Err(e) = prog.attach()
+            {
+                tracing::warn!(
+                    "BPF LSM: {name} (lsm/{hook}) did not attach: {e}; agents with network grants can bind abstract Unix socket names"
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the abstract-bind program loaded, or why not.
+    pub fn bind_status(&self) -> Result<(), String> {
+        match &self.bind_error {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
     }
 
     /// Install (or replace) agent `id`'s policy under its cgroup id: the prefixes first, the
@@ -520,6 +563,14 @@ pub fn setup() -> Result<Arc<FsEnforcer>, String> {
             tracing::info!(
                 "BPF LSM: {hooks} attached (agents' filesystem scopes, defence in depth behind Landlock)"
             );
+            match f.bind_status() {
+                Ok(()) => tracing::info!(
+                    "BPF LSM: lsm/socket_bind attached (agents bind no abstract Unix socket names)"
+                ),
+                Err(e) => tracing::warn!(
+                    "BPF LSM: lsm/socket_bind not active: {e}; agents with network grants can bind abstract Unix socket names"
+                ),
+            }
             Ok(f)
         }
         Err(e) => {

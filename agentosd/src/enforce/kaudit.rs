@@ -336,12 +336,17 @@ pub fn syscall_name(arch: u32, nr: i64) -> String {
 }
 
 /// The denial an `AUDIT_SECCOMP` record stands for. The agents' deny-list filter (the only one
-/// installed with `SECCOMP_FILTER_FLAG_LOG`) returns EPERM, and ENOSYS for x32 numbers.
+/// installed with `SECCOMP_FILTER_FLAG_LOG`) returns EPERM, ENOSYS for x32 numbers, and
+/// EAFNOSUPPORT/EPROTONOSUPPORT for socket().
 pub fn seccomp_denial(r: &SeccompRecord) -> Denial {
     let action = seccomp_action(r.code);
     let x32 = r.syscall & X32_SYSCALL_BIT != 0;
+    // The record has the action, not the errno: the socket rules (sandbox/seccomp.rs) answer
+    // socket()/socketpair() with EAFNOSUPPORT (family) or EPROTONOSUPPORT (type, protocol).
+    let socket = r.syscall == libc::SYS_socket || r.syscall == libc::SYS_socketpair;
     let (errno, errno_num) = match action {
         "errno" if x32 => (Some("ENOSYS"), Some(libc::ENOSYS)),
+        "errno" if socket => (Some("EAFNOSUPPORT or EPROTONOSUPPORT"), None),
         "errno" => (Some("EPERM"), Some(libc::EPERM)),
         _ => (None, None),
     };

@@ -1,30 +1,46 @@
 //! Network destinations per agent, enforced by cgroup BPF (`ebpf/net.bpf.c`).
 //!
 //! The programs are attached to `ROOT/agents` only, so they see nothing but agents. Each agent's
-//! cgroup id maps to its granted destinations (from the contract's `net.connect` scopes, host
-//! names resolved when the agent starts). A destination not granted, or a process under
-//! `agents/` without a policy entry, is refused with EPERM and reported through the ring buffer.
-//! Dropped reports are counted in the `stats` map and surfaced, never silent.
+//! cgroup id maps to its granted destinations and local addresses (from the contract's
+//! `net.connect` and `net.bind` scopes, host names resolved when the agent starts). A destination
+//! or bind address not granted, an IPv4/IPv6 socket of an agent without a network grant or of
+//! another kind than TCP/UDP, or a process under `agents/` without a policy entry, is refused
+//! with EPERM and reported through the ring buffer. Dropped reports are counted in the `stats`
+//! map and surfaced, never silent.
+//!
+//! Enforcement outlives the daemon ([`Pins`]): the links and maps are pinned in a bpffs
+//! directory, so a daemon killed with SIGKILL leaves the programs attached with their policies.
+//! The next daemon loads its programs onto the same pinned maps, attaches and pins them under a
+//! new generation, and only then removes the old generation's pins: at every moment at least one
+//! complete set is attached.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
-use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
 use serde::Serialize;
 
 /// The embedded object (empty when clang was missing at build time).
 static NET_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/net.bpf.o"));
 
-/// Program names in `ebpf/net.bpf.c`.
-pub const PROGRAMS: [&str; 4] = [
+/// The cgroup sock_addr program names in `ebpf/net.bpf.c`.
+pub const PROGRAMS: [&str; 6] = [
     "agentos_connect4",
     "agentos_connect6",
     "agentos_sendmsg4",
     "agentos_sendmsg6",
+    "agentos_bind4",
+    "agentos_bind6",
 ];
+
+/// The `cgroup/sock_create` program (family, type and protocol of every inet socket).
+pub const SOCK_PROGRAM: &str = "agentos_sock_create";
+
+/// Hooks for logs and `agentosd check`.
+pub const HOOKS: &str = "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, sock_create";
 
 /// The BPF LSM program (defence in depth; loads only where the kernel allows BPF LSM).
 pub const LSM_PROGRAM: &str = "agentos_lsm_connect";
@@ -34,6 +50,10 @@ pub const MAX_RULES: usize = 32;
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
 const ALLOW_ALL: u32 = 1;
+const ALLOW_ALL_BIND: u32 = 2;
+const INET: u32 = 4;
+const RULE_CONNECT: u32 = 0;
+const RULE_BIND: u32 = 1;
 const STAT_ALLOWED: u32 = 0;
 const STAT_DENIED: u32 = 1;
 const STAT_DROPPED: u32 = 2;
@@ -46,7 +66,8 @@ pub struct RawRule {
     pub mask: [u32; 4],
     pub family: u16,
     pub port: u16,
-    pub _pad: u32,
+    /// `AGENTOS_NET_RULE_*`.
+    pub kind: u32,
 }
 
 /// `struct agentos_net_policy`.
@@ -80,7 +101,18 @@ pub struct RawEvent {
 // pointers: any bit pattern is valid and the layout matches `ebpf/intf.h` (sizes tested below).
 unsafe impl aya::Pod for RawPolicy {}
 
-/// One granted destination: an address prefix (or any address) and a port (or any).
+/// What a rule grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RuleKind {
+    /// `net.connect`: connect(), sendto()/sendmsg() to the address.
+    #[default]
+    Connect,
+    /// `net.bind`: bind() to the local address.
+    Bind,
+}
+
+/// One granted destination (or local address): an address prefix (or any address) and a port
+/// (or any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     /// `None`: any address of `family`.
@@ -88,6 +120,7 @@ pub struct Rule {
     pub family: u16,
     /// 0 = any port.
     pub port: u16,
+    pub kind: RuleKind,
 }
 
 impl Rule {
@@ -95,6 +128,10 @@ impl Rule {
         let mut r = RawRule {
             family: self.family,
             port: self.port,
+            kind: match self.kind {
+                RuleKind::Connect => RULE_CONNECT,
+                RuleKind::Bind => RULE_BIND,
+            },
             ..RawRule::default()
         };
         let (bytes, prefix): (Vec<u8>, u8) = match self.net {
@@ -124,7 +161,12 @@ impl Rule {
 /// An agent's network policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
+    /// Every destination (`net.connect: ["*:*"]`).
     pub allow_all: bool,
+    /// Every local address (`net.bind: ["*:*"]`).
+    pub allow_all_bind: bool,
+    /// IPv4/IPv6 (TCP and UDP) sockets at all: the contract has a network grant.
+    pub inet: bool,
     pub rules: Vec<Rule>,
     /// What the operator should know (names that did not resolve…).
     pub notes: Vec<String>,
@@ -134,7 +176,13 @@ impl Policy {
     pub fn raw(&self) -> RawPolicy {
         let mut p = RawPolicy {
             n_rules: self.rules.len().min(MAX_RULES) as u32,
-            flags: if self.allow_all { ALLOW_ALL } else { 0 },
+            flags: if self.allow_all { ALLOW_ALL } else { 0 }
+                | if self.allow_all_bind {
+                    ALLOW_ALL_BIND
+                } else {
+                    0
+                }
+                | if self.inet { INET } else { 0 },
             rules: [RawRule::default(); MAX_RULES],
         };
         for (slot, r) in p.rules.iter_mut().zip(&self.rules) {
@@ -145,15 +193,34 @@ impl Policy {
 
     /// One line for `agentctl status`.
     pub fn describe(&self) -> String {
-        if self.allow_all {
-            return "any destination (net.connect *:*)".into();
+        let bind = self.describe_kind(RuleKind::Bind);
+        let connect = self.describe_kind(RuleKind::Connect);
+        if !self.inet {
+            return "no network grant: no IPv4/IPv6 socket, every connect/sendto/bind is refused"
+                .into();
         }
-        if self.rules.is_empty() {
-            return "no destination granted: every connect/sendto to IPv4/IPv6 is refused".into();
+        match bind {
+            Some(b) => format!(
+                "{}; bind {b}",
+                connect.unwrap_or_else(|| "no destination".into())
+            ),
+            None => connect.unwrap_or_else(|| {
+                "no destination granted: every connect/sendto to IPv4/IPv6 is refused".into()
+            }),
+        }
+    }
+
+    fn describe_kind(&self, kind: RuleKind) -> Option<String> {
+        if kind == RuleKind::Connect && self.allow_all {
+            return Some("any destination (net.connect *:*)".into());
+        }
+        if kind == RuleKind::Bind && self.allow_all_bind {
+            return Some("any address (net.bind *:*)".into());
         }
         let mut v: Vec<String> = self
             .rules
             .iter()
+            .filter(|r| r.kind == kind)
             .map(|r| {
                 let host = match r.net {
                     None if r.family == AF_INET => "0.0.0.0/0".to_string(),
@@ -171,7 +238,7 @@ impl Policy {
             })
             .collect();
         v.dedup();
-        v.join(", ")
+        (!v.is_empty()).then(|| v.join(", "))
     }
 }
 
@@ -206,29 +273,63 @@ fn split_scope(scope: &str) -> Result<(&str, u16), PolicyError> {
     Ok((host, port))
 }
 
-/// The policy of `net.connect` scopes. `resolve` turns a host name into addresses (DNS in the
-/// daemon; a fake in tests). A name that does not resolve grants nothing and is noted.
+/// The policy of `net.connect` scopes alone. `resolve` turns a host name into addresses (DNS
+/// in the daemon; a fake in tests). A name that does not resolve grants nothing and is noted.
 pub fn policy_from_scopes(
     scopes: &[String],
     resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
 ) -> Result<Policy, PolicyError> {
-    let mut p = Policy::default();
+    policy_from_grants(scopes, &[], resolve)
+}
+
+/// The policy of a contract's `net.connect` and `net.bind` scopes (see [`policy_from_scopes`]).
+/// Any grant at all lets the agent create TCP and UDP sockets.
+pub fn policy_from_grants(
+    connect: &[String],
+    bind: &[String],
+    resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
+) -> Result<Policy, PolicyError> {
+    let mut p = Policy {
+        inet: !connect.is_empty() || !bind.is_empty(),
+        ..Policy::default()
+    };
+    add_rules(&mut p, connect, RuleKind::Connect, resolve)?;
+    add_rules(&mut p, bind, RuleKind::Bind, resolve)?;
+    p.rules.dedup();
+    if p.rules.len() > MAX_RULES && !(p.allow_all && p.allow_all_bind) {
+        return Err(PolicyError::TooMany(p.rules.len()));
+    }
+    p.rules.truncate(MAX_RULES);
+    Ok(p)
+}
+
+fn add_rules(
+    p: &mut Policy,
+    scopes: &[String],
+    kind: RuleKind,
+    resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
+) -> Result<(), PolicyError> {
+    let cap = match kind {
+        RuleKind::Connect => "net.connect",
+        RuleKind::Bind => "net.bind",
+    };
     for s in scopes {
         let (host, port) = split_scope(s)?;
         if host == "*" {
             if port == 0 {
-                p.allow_all = true;
+                match kind {
+                    RuleKind::Connect => p.allow_all = true,
+                    RuleKind::Bind => p.allow_all_bind = true,
+                }
             }
-            p.rules.push(Rule {
-                net: None,
-                family: AF_INET,
-                port,
-            });
-            p.rules.push(Rule {
-                net: None,
-                family: AF_INET6,
-                port,
-            });
+            for family in [AF_INET, AF_INET6] {
+                p.rules.push(Rule {
+                    net: None,
+                    family,
+                    port,
+                    kind,
+                });
+            }
             continue;
         }
         if let Some((a, len)) = host.split_once('/') {
@@ -239,7 +340,7 @@ pub fn policy_from_scopes(
                 .ok()
                 .filter(|l| *l <= max)
                 .ok_or_else(|| PolicyError::Scope(s.clone()))?;
-            p.rules.push(rule_for(addr, len, port));
+            p.rules.push(rule_for(addr, len, port, kind));
             continue;
         }
         let addrs = match host.parse::<IpAddr>() {
@@ -247,14 +348,13 @@ pub fn policy_from_scopes(
             Err(_) => match resolve(host) {
                 Ok(v) if !v.is_empty() => v,
                 Ok(_) => {
-                    p.notes.push(format!(
-                        "net.connect {s}: {host} has no address; nothing granted"
-                    ));
+                    p.notes
+                        .push(format!("{cap} {s}: {host} has no address; nothing granted"));
                     continue;
                 }
                 Err(e) => {
                     p.notes.push(format!(
-                        "net.connect {s}: cannot resolve {host} ({e}); nothing granted"
+                        "{cap} {s}: cannot resolve {host} ({e}); nothing granted"
                     ));
                     continue;
                 }
@@ -262,23 +362,27 @@ pub fn policy_from_scopes(
         };
         for a in addrs {
             let len = if a.is_ipv4() { 32 } else { 128 };
-            p.rules.push(rule_for(a, len, port));
+            p.rules.push(rule_for(a, len, port, kind));
         }
     }
-    p.rules.dedup();
-    if p.rules.len() > MAX_RULES && !p.allow_all {
-        return Err(PolicyError::TooMany(p.rules.len()));
-    }
-    p.rules.truncate(MAX_RULES);
-    Ok(p)
+    Ok(())
 }
 
-fn rule_for(addr: IpAddr, len: u8, port: u16) -> Rule {
-    // An IPv4-mapped IPv6 address reaches IPv4 via connect6: grant it both ways.
+fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
+    // The programs check an IPv4-mapped IPv6 destination (`::ffff:a.b.c.d`) as the IPv4 address
+    // it reaches, so a grant written that way is an IPv4 grant.
+    let (addr, len) = match addr {
+        IpAddr::V6(a) if len >= 96 => match a.to_ipv4_mapped() {
+            Some(v4) => (IpAddr::V4(v4), len - 96),
+            None => (addr, len),
+        },
+        _ => (addr, len),
+    };
     Rule {
         family: if addr.is_ipv4() { AF_INET } else { AF_INET6 },
         net: Some((addr, len)),
         port,
+        kind,
     }
 }
 
@@ -303,7 +407,7 @@ pub struct Denial {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// `connect` or `sendmsg`.
+    /// `connect`, `sendmsg`, `bind` or `socket`.
     pub syscall: &'static str,
     /// `cgroup/connect4`, …
     pub hook: &'static str,
@@ -311,7 +415,7 @@ pub struct Denial {
     pub protocol: String,
     pub addr: IpAddr,
     pub port: u16,
-    /// `not-granted` or `no-policy`.
+    /// `not-granted`, `no-policy` or `socket-type`.
     pub reason: &'static str,
 }
 
@@ -339,7 +443,28 @@ impl Denial {
             1 => ("connect", "cgroup/connect6"),
             2 => ("sendmsg", "cgroup/sendmsg4"),
             3 => ("sendmsg", "cgroup/sendmsg6"),
+            7 => ("bind", "cgroup/bind4"),
+            8 => ("bind", "cgroup/bind6"),
+            9 => ("socket", "cgroup/sock_create"),
             _ => ("connect", "lsm/socket_connect"),
+        };
+        let protocol = if e.hook == 9 {
+            // (type << 16) | protocol
+            let ty = match e.protocol >> 16 {
+                1 => "stream".to_string(),
+                2 => "dgram".to_string(),
+                3 => "raw".to_string(),
+                5 => "seqpacket".to_string(),
+                t => format!("type {t}"),
+            };
+            format!("{ty}/{}", e.protocol & 0xffff)
+        } else {
+            match e.protocol {
+                6 => "tcp".into(),
+                17 => "udp".into(),
+                0 => "".into(),
+                n => n.to_string(),
+            }
         };
         let end = e.comm.iter().position(|c| *c == 0).unwrap_or(e.comm.len());
         Some(Denial {
@@ -350,18 +475,13 @@ impl Denial {
             syscall,
             hook,
             family: if v6 { "inet6" } else { "inet" },
-            protocol: match e.protocol {
-                6 => "tcp".into(),
-                17 => "udp".into(),
-                0 => "".into(),
-                n => n.to_string(),
-            },
+            protocol,
             addr,
             port: e.port,
-            reason: if e.reason == 1 {
-                "no-policy"
-            } else {
-                "not-granted"
+            reason: match e.reason {
+                1 => "no-policy",
+                2 => "socket-type",
+                _ => "not-granted",
             },
         })
     }
@@ -382,6 +502,8 @@ pub enum NetError {
     Map { map: &'static str, error: String },
     #[error("opening cgroup {path}: {error}")]
     Cgroup { path: String, error: std::io::Error },
+    #[error("bpffs pin directory {path}: {error} (pass --bpf-pin-dir DIR on a bpffs, or \"none\")")]
+    Pin { path: String, error: String },
 }
 
 /// Counters from the `stats` map.
@@ -402,6 +524,199 @@ struct Maps {
     stats: Array<MapData, u64>,
 }
 
+/// The default root of the bpffs pins (`agentosd --bpf-pin-dir`).
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/agentos";
+/// Version of the pinned maps' layout (`ebpf/intf.h`): a daemon with another layout uses its
+/// own maps and removes the old ones once its links are pinned.
+const MAPS_LAYOUT: &str = "maps-v2";
+/// Maps kept across daemons (the ring buffer too: denials while the daemon was down are read by
+/// the next one).
+const PINNED_MAPS: [&str; 3] = ["net_policy", "stats", "events"];
+
+/// The bpffs directory that holds one daemon's pins: `ROOT/net-CGID` where CGID is the id of the
+/// `agents` cgroup the programs are attached to (so daemons on other cgroup roots never share
+/// pins), with `maps-v2/` (the maps) and `links/PROGRAM-GENERATION` (the links).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pins {
+    pub dir: PathBuf,
+}
+
+impl Pins {
+    /// The pins of programs attached to `agents_cgroup` under bpffs `root`; mounts a bpffs
+    /// instance at `root` when `root` is not on one (a new, empty instance: harmless), creating
+    /// the directory when it is missing. Fails when `root` cannot be made a bpffs.
+    pub fn prepare(root: &Path, agents_cgroup: &Path) -> Result<Pins, NetError> {
+        let err = |error: String| NetError::Pin {
+            path: root.display().to_string(),
+            error,
+        };
+        if !root.exists() {
+            std::fs::create_dir_all(root).map_err(|e| err(format!("create: {e}")))?;
+        }
+        if !is_bpffs(root) {
+            nix::mount::mount(
+                Some("bpf"),
+                root,
+                Some("bpf"),
+                nix::mount::MsFlags::MS_NOSUID
+                    | nix::mount::MsFlags::MS_NODEV
+                    | nix::mount::MsFlags::MS_NOEXEC,
+                Some("mode=0700"),
+            )
+            .map_err(|e| err(format!("not a bpffs, and mounting one there failed: {e}")))?;
+            tracing::info!(
+                "mounted a bpffs instance at {} for the BPF pins",
+                root.display()
+            );
+        }
+        let cgid = std::fs::metadata(agents_cgroup)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .map_err(|e| err(format!("cgroup {}: {e}", agents_cgroup.display())))?;
+        sweep_stale(root);
+        let dir = root.join(format!("net-{cgid}"));
+        let mut dirs = vec![dir.join(MAPS_LAYOUT), dir.join("links")];
+        // Which cgroup these pins guard, for the sweep of a later daemon (bpffs holds no
+        // regular files: the path is the name of an empty directory).
+        if let Some(name) = escape_path(agents_cgroup) {
+            dirs.push(dir.join("cgroup").join(name));
+        }
+        for d in dirs {
+            std::fs::create_dir_all(&d).map_err(|e| err(format!("create {}: {e}", d.display())))?;
+        }
+        Ok(Pins { dir })
+    }
+
+    /// Remove these pins (their links detach): after programs of another layout were attached
+    /// unpinned, so that the old programs, whose maps this daemon does not fill, stop refusing
+    /// new agents for want of a policy entry.
+    pub fn remove(&self) -> std::io::Result<()> {
+        std::fs::remove_dir_all(&self.dir)
+    }
+
+    fn map(&self, name: &str) -> PathBuf {
+        self.dir.join(MAPS_LAYOUT).join(name)
+    }
+
+    /// Pinned links now: (file name, program, generation).
+    fn links(&self) -> Vec<(String, String, u64)> {
+        let mut v: Vec<(String, String, u64)> = std::fs::read_dir(self.dir.join("links"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                let (prog, generation) = parse_link_name(&n)?;
+                Some((n.clone(), prog.to_string(), generation))
+            })
+            .collect();
+        v.sort_by_key(|l| l.2);
+        v
+    }
+}
+
+/// A cgroup path as one bpffs name: `%`, `/` and `.` (bpffs refuses dots) escaped; `None` when
+/// too long for a name.
+fn escape_path(p: &Path) -> Option<String> {
+    let s = p.to_string_lossy();
+    let e = s
+        .replace('%', "%25")
+        .replace('/', "%2F")
+        .replace('.', "%2E");
+    (e.len() <= 255).then_some(e)
+}
+
+fn unescape_path(name: &str) -> PathBuf {
+    PathBuf::from(
+        name.replace("%2F", "/")
+            .replace("%2E", ".")
+            .replace("%25", "%"),
+    )
+}
+
+/// Remove the pins of `agents` cgroups that are gone (a test's or an old cgroup root's): their
+/// links would keep the dead cgroups' memory. A directory whose cgroup still exists with the
+/// same id is left alone, whoever owns it.
+fn sweep_stale(root: &Path) {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(cgid) = name
+            .strip_prefix("net-")
+            .and_then(|c| c.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let Some(cg) = std::fs::read_dir(e.path().join("cgroup"))
+            .ok()
+            .and_then(|mut r| r.next())
+            .and_then(|x| x.ok())
+            .map(|x| unescape_path(&x.file_name().to_string_lossy()))
+        else {
+            continue;
+        };
+        let alive =
+            std::fs::metadata(&cg).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == cgid);
+        if !alive {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => tracing::info!(
+                    "removed the BPF pins {} of cgroup {} (gone)",
+                    e.path().display(),
+                    cg.display()
+                ),
+                Err(err) => tracing::warn!("removing stale BPF pins {}: {err}", e.path().display()),
+            }
+        }
+    }
+}
+
+/// `PROGRAM-GENERATION` → (program, generation). (bpffs refuses names with a dot: EPERM.)
+fn parse_link_name(name: &str) -> Option<(&str, u64)> {
+    let (prog, g) = name.rsplit_once('-')?;
+    Some((prog, g.parse().ok()?))
+}
+
+/// The generation the next daemon pins its links under: one past every pinned one.
+fn next_generation(pinned: &[(String, String, u64)]) -> u64 {
+    pinned.iter().map(|l| l.2 + 1).max().unwrap_or(1)
+}
+
+/// Whether `path` is on a bpffs (statfs magic).
+pub fn is_bpffs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// For `agentosd check`: whether the pins can outlive the daemon at `root`.
+pub fn pin_check_line(root: &Path) -> String {
+    if is_bpffs(root) {
+        return format!(
+            "bpffs pins: {} is a bpffs: the network programs and their maps outlive the daemon (kill -9 opens no window)",
+            root.display()
+        );
+    }
+    let parent = root.ancestors().skip(1).find(|p| p.exists());
+    match parent {
+        Some(p)
+            if std::fs::metadata(p).is_ok_and(|m| !m.permissions().readonly()) && !is_sysfs(p) =>
+        {
+            format!(
+                "bpffs pins: {} is not a bpffs; agentosd mounts a bpffs instance there at start",
+                root.display()
+            )
+        }
+        _ => format!(
+            "bpffs pins: NOT available at {} (no bpffs mounted, and the directory cannot be made there); while agentosd restarts the network programs are detached (pass --bpf-pin-dir DIR)",
+            root.display()
+        ),
+    }
+}
+
+fn is_sysfs(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::SYSFS_MAGIC)
+}
+
 /// The loaded programs, their maps and the agents they know.
 pub struct NetEnforcer {
     bpf: Mutex<aya::Ebpf>,
@@ -412,23 +727,44 @@ pub struct NetEnforcer {
     attached: Mutex<Option<String>>,
     /// The BPF LSM program: `Ok(true)` attached, `Ok(false)` loaded, `Err` why not.
     lsm: Mutex<Result<bool, String>>,
+    /// Where the links and maps are pinned (`None`: they live as long as this value).
+    pins: Option<Pins>,
+    /// The links this daemon pinned (the pins keep them attached; the fds are only kept).
+    pinned: Mutex<Vec<aya::programs::links::PinnedLink>>,
 }
 
 impl std::fmt::Debug for NetEnforcer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetEnforcer")
             .field("attached", &*lock(&self.attached))
+            .field("pins", &self.pins)
             .finish()
     }
 }
 
 impl NetEnforcer {
-    /// Load the programs into the kernel (not attached yet).
+    /// Load the programs into the kernel (not attached yet), with maps of their own.
     pub fn load() -> Result<Arc<NetEnforcer>, NetError> {
+        Self::load_pinned(None)
+    }
+
+    /// Load the programs; with `pins`, onto the maps pinned there (those a previous daemon
+    /// left, with its agents' policies), pinning new ones where there are none.
+    pub fn load_pinned(pins: Option<Pins>) -> Result<Arc<NetEnforcer>, NetError> {
         if NET_OBJ.is_empty() {
             return Err(NetError::NotBuilt);
         }
-        let mut bpf = aya::Ebpf::load(NET_OBJ).map_err(|e| NetError::Load(e.to_string()))?;
+        let mut loader = aya::EbpfLoader::new();
+        let paths: Vec<(&str, PathBuf)> = pins
+            .iter()
+            .flat_map(|p| PINNED_MAPS.map(|m| (m, p.map(m))))
+            .collect();
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut bpf = loader
+            .load(NET_OBJ)
+            .map_err(|e| NetError::Load(format!("{e}{}", super::source_chain(&e))))?;
         for name in PROGRAMS {
             let prog: &mut CgroupSockAddr = bpf
                 .program_mut(name)
@@ -446,6 +782,21 @@ impl NetEnforcer {
                 error: format!("{e}{}", super::source_chain(&e)),
             })?;
         }
+        let sock: &mut CgroupSock = bpf
+            .program_mut(SOCK_PROGRAM)
+            .ok_or_else(|| NetError::Program {
+                program: SOCK_PROGRAM.into(),
+                error: "not in the object".into(),
+            })?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| NetError::Program {
+                program: SOCK_PROGRAM.into(),
+                error: e.to_string(),
+            })?;
+        sock.load().map_err(|e| NetError::Program {
+            program: SOCK_PROGRAM.into(),
+            error: format!("{e}{}", super::source_chain(&e)),
+        })?;
         let lsm = load_lsm(&mut bpf);
         let map_err = |map: &'static str| {
             move |e: aya::maps::MapError| NetError::Map {
@@ -470,17 +821,33 @@ impl NetEnforcer {
             agents: super::AgentCgroups::default(),
             attached: Mutex::new(None),
             lsm: Mutex::new(lsm),
+            pins,
+            pinned: Mutex::new(Vec::new()),
         }))
     }
 
-    /// Attach the four programs to `agents_cgroup` (the daemon's `ROOT/agents`; never a cgroup
-    /// that holds anything but agents). They stay attached while this value lives.
+    /// Where the links and maps are pinned, if they are.
+    pub fn pins(&self) -> Option<&Pins> {
+        self.pins.as_ref()
+    }
+
+    /// Attach the programs to `agents_cgroup` (the daemon's `ROOT/agents`; never a cgroup that
+    /// holds anything but agents). Unpinned, they stay attached while this value lives. Pinned,
+    /// the links are pinned under a new generation and only then are the previous daemons' pins
+    /// removed (which detaches their links): the agents are never without a complete set.
     pub fn attach(&self, agents_cgroup: &Path) -> Result<(), NetError> {
         let dir = std::fs::File::open(agents_cgroup).map_err(|error| NetError::Cgroup {
             path: agents_cgroup.display().to_string(),
             error,
         })?;
+        let old = self.pins.as_ref().map(Pins::links).unwrap_or_default();
+        let generation = next_generation(&old);
         let mut bpf = lock(&self.bpf);
+        let prog_err = |name: &str, what: &str, e: &dyn std::error::Error| NetError::Program {
+            program: name.into(),
+            error: format!("{what}: {e}{}", super::source_chain(e)),
+        };
+        let mut links: Vec<(String, aya::programs::links::FdLink)> = Vec::new();
         for name in PROGRAMS {
             let prog: &mut CgroupSockAddr = bpf
                 .program_mut(name)
@@ -491,15 +858,43 @@ impl NetEnforcer {
             })?;
             // A bpf_link (kernel >= 5.7) always attaches in multi mode and must be created with
             // no flags: `Single` is aya's "no flags" (AllowMultiple gives EINVAL here).
-            prog.attach(dir.as_fd(), CgroupAttachMode::Single)
-                .map_err(|e| NetError::Program {
-                    program: name.into(),
-                    error: format!(
-                        "attach to {}: {e}{}",
-                        agents_cgroup.display(),
-                        super::source_chain(&e)
-                    ),
+            let id = prog
+                .attach(dir.as_fd(), CgroupAttachMode::Single)
+                .map_err(|e| {
+                    prog_err(name, &format!("attach to {}", agents_cgroup.display()), &e)
                 })?;
+            if self.pins.is_some() {
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| prog_err(name, "take link", &e))?;
+                let fd = aya::programs::links::FdLink::try_from(link)
+                    .map_err(|e| prog_err(name, "link (kernel without bpf_link?)", &e))?;
+                links.push((name.to_string(), fd));
+            }
+        }
+        let sock: &mut CgroupSock = bpf
+            .program_mut(SOCK_PROGRAM)
+            .and_then(|p| p.try_into().ok())
+            .ok_or_else(|| NetError::Program {
+                program: SOCK_PROGRAM.into(),
+                error: "not loaded".into(),
+            })?;
+        let id = sock
+            .attach(dir.as_fd(), CgroupAttachMode::Single)
+            .map_err(|e| {
+                prog_err(
+                    SOCK_PROGRAM,
+                    &format!("attach to {}", agents_cgroup.display()),
+                    &e,
+                )
+            })?;
+        if self.pins.is_some() {
+            let link = sock
+                .take_link(id)
+                .map_err(|e| prog_err(SOCK_PROGRAM, "take link", &e))?;
+            let fd = aya::programs::links::FdLink::try_from(link)
+                .map_err(|e| prog_err(SOCK_PROGRAM, "link (kernel without bpf_link?)", &e))?;
+            links.push((SOCK_PROGRAM.to_string(), fd));
         }
         *lock(&self.attached) = Some(agents_cgroup.display().to_string());
         let mut lsm = lock(&self.lsm);
@@ -509,12 +904,81 @@ impl NetEnforcer {
                 .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
                 .ok_or_else(|| "not loaded".to_string())
                 .and_then(|p| {
-                    p.attach()
-                        .map_err(|e| format!("attach: {e}{}", super::source_chain(&e)))
+                    let id = p
+                        .attach()
+                        .map_err(|e| format!("attach: {e}{}", super::source_chain(&e)))?;
+                    if self.pins.is_some() {
+                        let link = p.take_link(id).map_err(|e| format!("take link: {e}"))?;
+                        links.push((LSM_PROGRAM.to_string(), link.into()));
+                    }
+                    Ok(())
                 });
             *lsm = r.map(|_| true);
         }
+        drop(lsm);
+        drop(bpf);
+        if let Some(pins) = &self.pins {
+            // New links first (all attached now), then the old pins go.
+            let mut pinned = lock(&self.pinned);
+            for (name, link) in links {
+                let path = pins.dir.join("links").join(format!("{name}-{generation}"));
+                let p = link.pin(&path).map_err(|e| NetError::Pin {
+                    path: path.display().to_string(),
+                    error: format!("{e}{}", super::source_chain(&e)),
+                })?;
+                pinned.push(p);
+            }
+            for (file, _, _) in &old {
+                let path = pins.dir.join("links").join(file);
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(
+                        "removing the previous daemon's link {}: {e}",
+                        path.display()
+                    );
+                }
+            }
+            // Maps of another layout (an older agentosd): no link uses them any more.
+            if let Ok(rd) = std::fs::read_dir(&pins.dir) {
+                for e in rd.flatten() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if n.starts_with("maps-") && n != MAPS_LAYOUT {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+            if !old.is_empty() {
+                tracing::info!(
+                    "took over the network programs pinned in {}: generation {generation} attached and pinned before {} pinned link(s) of the previous daemon were removed",
+                    pins.dir.display(),
+                    old.len()
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Remove every pin (the links detach, the maps go with the last program): for a daemon
+    /// that stops its agents on exit. Agents still running would be refused nothing by BPF.
+    pub fn unpin(&self) {
+        let Some(pins) = &self.pins else { return };
+        lock(&self.pinned).clear();
+        if let Err(e) = std::fs::remove_dir_all(&pins.dir) {
+            tracing::warn!("removing the BPF pins {}: {e}", pins.dir.display());
+        }
+    }
+
+    /// Forget the entries of cgroups that belong to no known agent (agents that ended while
+    /// the daemon was down left them in the pinned map). Call after re-adoption.
+    pub fn forget_unknown(&self) -> usize {
+        let mut maps = lock(&self.maps);
+        let keys: Vec<u64> = maps.policy.keys().flatten().collect();
+        let mut n = 0;
+        for k in keys {
+            if self.agents.agent_of(k).is_none() && maps.policy.remove(&k).is_ok() {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// The BPF LSM program's state: `Ok(())` attached, or why it is not.
@@ -723,6 +1187,62 @@ mod tests {
             policy_from_scopes(&many, &no_dns),
             Err(PolicyError::TooMany(40))
         );
+    }
+
+    #[test]
+    fn cgroup_paths_as_bpffs_names() {
+        let p = Path::new("/sys/fs/cgroup/system.slice/agentosd.service/agents%x");
+        let e = escape_path(p).unwrap();
+        assert!(!e.contains('/') && !e.contains('.'), "{e}");
+        assert_eq!(unescape_path(&e), p);
+        assert!(escape_path(Path::new(&"/a".repeat(200))).is_none());
+    }
+
+    #[test]
+    fn link_generations() {
+        assert_eq!(
+            parse_link_name("agentos_connect4-7"),
+            Some(("agentos_connect4", 7))
+        );
+        assert_eq!(parse_link_name("agentos_connect4.7"), None);
+        assert_eq!(parse_link_name("stray"), None);
+        let pinned = |v: &[u64]| -> Vec<(String, String, u64)> {
+            v.iter()
+                .map(|g| (format!("p-{g}"), "p".into(), *g))
+                .collect()
+        };
+        assert_eq!(next_generation(&pinned(&[])), 1);
+        assert_eq!(next_generation(&pinned(&[3, 1, 2])), 4);
+    }
+
+    #[test]
+    fn bind_grants_and_v4_mapped_scopes() {
+        let p = policy_from_grants(
+            &[
+                "[::ffff:10.0.0.1]:80".into(),
+                "::ffff:10.0.0.0/104:443".into(),
+            ],
+            &["127.0.0.1:8080".into(), "*:*".into()],
+            &no_dns,
+        )
+        .unwrap();
+        assert!(p.inet && p.allow_all_bind && !p.allow_all);
+        // A v4-mapped grant is an IPv4 grant (the programs check mapped destinations as IPv4).
+        assert_eq!(p.rules[0].family, AF_INET);
+        assert_eq!(p.rules[0].net, Some(("10.0.0.1".parse().unwrap(), 32)));
+        assert_eq!(p.rules[1].net, Some(("10.0.0.0".parse().unwrap(), 8)));
+        assert_eq!(p.rules[2].kind, RuleKind::Bind);
+        let raw = p.raw();
+        assert_eq!(raw.flags, ALLOW_ALL_BIND | INET);
+        assert_eq!(raw.rules[2].kind, RULE_BIND);
+        assert_eq!(raw.rules[0].kind, RULE_CONNECT);
+        assert_eq!(
+            p.describe(),
+            "10.0.0.1:80, 10.0.0.0/8:443; bind any address (net.bind *:*)"
+        );
+        let none = policy_from_grants(&[], &[], &no_dns).unwrap();
+        assert_eq!(none.raw().flags, 0);
+        assert!(none.describe().starts_with("no network grant"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod ring;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -63,7 +63,7 @@ impl Default for Limits {
 pub struct AgentRef {
     /// `tenant/name`.
     pub id: String,
-    /// The agent's cgroup as `/proc/PID/cgroup` shows it: `/…/agents/tenant/name`.
+    /// The agent's process leaf as `/proc/PID/cgroup` shows it: `/…/agents/tenant/name/main`.
     pub cgroup: PathBuf,
     /// The same cgroup as an absolute directory under the cgroup2 mount.
     pub cgroup_dir: PathBuf,
@@ -387,25 +387,49 @@ impl IpcServer {
                     source,
                 })?;
         }
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => {
-                std::fs::remove_file(path).map_err(|source| IpcError::Fs {
-                    what: "unlink stale socket",
-                    path: path.to_path_buf(),
-                    source,
-                })?
+        // Everything below acts on the directory as opened (root's, writable by root alone)
+        // and on the socket inode opened beneath it without following a link: never on a
+        // path someone could have swapped in between.
+        let fs_err = |what: &'static str, p: &Path| {
+            let p = p.to_path_buf();
+            move |e: crate::safe_fs::SafeFsError| IpcError::Fs {
+                what,
+                path: p,
+                source: io::Error::other(e),
             }
+        };
+        let dir_path = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| IpcError::NotASocket {
+                path: path.to_path_buf(),
+            })?
+            .to_string();
+        let dir = crate::safe_fs::Dir::open_root(dir_path)
+            .map_err(fs_err("open socket directory", dir_path))?;
+        match rustix::fs::statat(
+            dir.fd(),
+            name.as_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFSOCK => dir
+                .unlink(&name)
+                .map_err(fs_err("unlink stale socket", path))?,
             Ok(_) => {
                 return Err(IpcError::NotASocket {
                     path: path.to_path_buf(),
                 });
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => {
                 return Err(IpcError::Fs {
                     what: "stat",
                     path: path.to_path_buf(),
-                    source,
+                    source: e.into(),
                 });
             }
         }
@@ -420,13 +444,32 @@ impl IpcServer {
             None,
         )
         .map_err(|e| sys("socket", e))?;
-        let addr = UnixAddr::new(path).map_err(|e| sys("sockaddr_un", e))?;
+        // Bound in exactly the directory opened above (its fd's /proc entry).
+        let via = format!("/proc/self/fd/{}/{name}", dir.fd().as_raw_fd());
+        let addr = UnixAddr::new(via.as_str()).map_err(|e| sys("sockaddr_un", e))?;
         sock::bind(fd.as_raw_fd(), &addr).map_err(|e| sys("bind", e))?;
         let finish = || -> Result<(), IpcError> {
-            std::os::unix::fs::chown(path, Some(agent.uid), Some(agent.gid))
-                .map_err(|e| IpcError::Syscall(SyscallError::new("chown", target.clone(), e)))?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| IpcError::Syscall(SyscallError::new("chmod", target.clone(), e)))?;
+            let inode = dir
+                .open(
+                    Path::new(&name),
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_err(fs_err("open socket", path))?;
+            rustix::fs::chownat(
+                &inode,
+                "",
+                Some(rustix::fs::Uid::from_raw(agent.uid)),
+                Some(rustix::fs::Gid::from_raw(agent.gid)),
+                rustix::fs::AtFlags::EMPTY_PATH,
+            )
+            .map_err(|e| IpcError::Syscall(SyscallError::new("chown", target.clone(), e.into())))?;
+            // fchmod does not take an O_PATH fd; its /proc entry names exactly that inode.
+            std::fs::set_permissions(
+                format!("/proc/self/fd/{}", inode.as_raw_fd()),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .map_err(|e| IpcError::Syscall(SyscallError::new("chmod", target.clone(), e)))?;
             sock::listen(
                 &fd,
                 sock::Backlog::new(128).unwrap_or(sock::Backlog::MAXCONN),
@@ -434,7 +477,7 @@ impl IpcServer {
             .map_err(|e| sys("listen", e))
         };
         if let Err(e) = finish() {
-            let _ = std::fs::remove_file(path);
+            let _ = dir.unlink(&name);
             return Err(e);
         }
         {

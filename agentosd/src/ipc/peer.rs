@@ -1,7 +1,10 @@
 //! Who is on the other end of an accepted socket, from the kernel only (invariant 3).
 //!
-//! The rule: the peer's process must sit in the agent's cgroup or below it. The steps, in an order
-//! that a recycled PID cannot fool:
+//! The rule: the peer's process must sit in the agent's cgroup or below it. "The agent's cgroup"
+//! here is its process leaf `agents/<tenant>/<name>/main` (`AgentRef::cgroup`): the agent's tool
+//! processes and MCP servers run beside it in `agents/<tenant>/<name>/tools/…`, under the same
+//! budgets and uid, and are refused on the agent's socket like any other process. The steps, in
+//! an order that a recycled PID cannot fool:
 //!
 //! 1. `SO_PEERCRED` gives the pid/uid/gid the kernel recorded at `connect()`.
 //! 2. `SO_PEERPIDFD` (Linux 6.5) gives a pidfd for that same process, taken by the kernel at

@@ -33,13 +33,21 @@ pub struct SessionLimits {
     pub max_in_flight: usize,
     /// The line-size limit, quoted in the error for an over-long line.
     pub max_line: usize,
+    /// `tools/call` requests of one agent answered concurrently, across all its connections
+    /// (each may start a tool process in the agent's cgroup); more get
+    /// [`jsonrpc::TOO_MANY_CALLS`] with `error.data.scope = "agent"`.
+    pub max_calls_per_agent: usize,
 }
+
+/// The default of [`SessionLimits::max_calls_per_agent`].
+pub const DEFAULT_MAX_CALLS_PER_AGENT: usize = 32;
 
 impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             max_in_flight: 32,
             max_line: crate::ipc::Limits::default().max_line,
+            max_calls_per_agent: DEFAULT_MAX_CALLS_PER_AGENT,
         }
     }
 }
@@ -109,6 +117,9 @@ pub struct McpService {
     consents: Arc<Consents>,
     limits: SessionLimits,
     version: String,
+    /// Agent id → its `tools/call` permits ([`SessionLimits::max_calls_per_agent`]), shared
+    /// by all its connections.
+    agent_calls: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl McpService {
@@ -124,7 +135,18 @@ impl McpService {
             consents,
             limits,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            agent_calls: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// A permit for one more `tools/call` of agent `id`, or `None` when it has
+    /// `max_calls_per_agent` in flight already (over all its connections).
+    fn agent_call_permit(&self, id: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let sem = lock(&self.agent_calls)
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.limits.max_calls_per_agent)))
+            .clone();
+        sem.try_acquire_owned().ok()
     }
 
     pub fn consents(&self) -> &Arc<Consents> {
@@ -344,6 +366,29 @@ impl Session {
             .await;
             return;
         };
+        // The bound per agent, over all its connections: each call may run a process in the
+        // agent's cgroup, and a second connection must not double what one may have.
+        let agent_permit = if method == "tools/call" {
+            let Some(p) = self.svc.agent_call_permit(&self.ctx.id) else {
+                let limit = self.svc.limits.max_calls_per_agent;
+                let msg = format!(
+                    "agent {} has {limit} tool calls in flight across its connections (the limit \
+                     per agent); wait for answers",
+                    self.ctx.id
+                );
+                self.reply(jsonrpc::error(
+                    &id,
+                    jsonrpc::TOO_MANY_CALLS,
+                    &msg,
+                    json!({"scope": "agent", "limit": limit}),
+                ))
+                .await;
+                return;
+            };
+            Some(p)
+        } else {
+            None
+        };
         let key = jsonrpc::id_key(&id);
         let (cancel_tx, cancel_rx) = oneshot::channel();
         let duplicate = {
@@ -380,6 +425,7 @@ impl Session {
             {
                 let _ = tx.send(r).await;
             }
+            drop(agent_permit);
             drop(permit);
         });
     }

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use crate::safe_fs;
 
 /// First and last uid handed to agents (systemd: 61184-65519).
 pub const UID_MIN: u32 = 61184;
@@ -25,6 +26,12 @@ pub enum IdentityError {
     },
     #[error("no free uid left in {UID_MIN}-{UID_MAX}")]
     Exhausted,
+    #[error(transparent)]
+    Fs(#[from] safe_fs::SafeFsError),
+    #[error(
+        "{path} belongs to uid {owner}, not to the agent's uid {uid} or root; move it away before starting the agent"
+    )]
+    Foreign { path: PathBuf, owner: u32, uid: u32 },
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> IdentityError + use<> {
@@ -88,23 +95,54 @@ pub fn home_dir(state_dir: &Path, tenant: &str, name: &str) -> PathBuf {
 }
 
 /// Create the state directory (and `tmp/` in it) owned by `uid`, mode 0700; the directories
-/// above it are root's, mode 0711 (traversable, not listable).
-pub fn make_home(state_dir: &Path, home: &Path, uid: u32) -> Result<(), IdentityError> {
-    std::fs::create_dir_all(home.join("tmp")).map_err(io_err("create", home))?;
-    let mut p = home.parent();
-    while let Some(dir) = p {
-        if !dir.starts_with(state_dir) || dir == state_dir.parent().unwrap_or(Path::new("/")) {
-            break;
+/// above it are root's, mode 0711 (traversable, not listable). Returns the home's fd.
+///
+/// The home is the agent's: it may have replaced anything in it with a link (to `/etc`, to a
+/// file it may not write) before this restart. So every step is on fds from the daemon's own
+/// state directory ([`safe_fs::Dir`]): `home/<tenant>/<name>/tmp` is opened with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV` and
+/// chowned/chmodded with `fchown`/`fchmod` on what was opened. A `tmp` that is not a directory
+/// (a link, a file) is removed with `unlinkat` (the link, never its target) and made afresh; a
+/// directory owned by someone else than root or the agent is an error.
+pub fn make_home(
+    state_dir: &Path,
+    tenant: &str,
+    name: &str,
+    uid: u32,
+) -> Result<safe_fs::Dir, IdentityError> {
+    let root = safe_fs::Dir::open_root(state_dir)?;
+    root.chmod(0o711)?;
+    let mut d = root.mkdir("home", 0o711)?;
+    d.chmod(0o711)?;
+    d = d.mkdir(tenant, 0o711)?;
+    d.chmod(0o711)?;
+    let home = d.mkdir(name, 0o700)?;
+    own(&home, uid)?;
+    let tmp = match home.mkdir("tmp", 0o700) {
+        Ok(t) => t,
+        Err(safe_fs::SafeFsError::Link { .. } | safe_fs::SafeFsError::Refused { .. }) => {
+            // Not a directory: the agent's own link or file. Remove the entry itself.
+            home.unlink("tmp")?;
+            home.mkdir("tmp", 0o700)?
         }
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
-            .map_err(io_err("chmod", dir))?;
-        p = dir.parent();
+        Err(e) => return Err(e.into()),
+    };
+    own(&tmp, uid)?;
+    Ok(home)
+}
+
+/// Give the directory opened as `d` to `uid` (mode 0700), unless it belongs to someone else.
+fn own(d: &safe_fs::Dir, uid: u32) -> Result<(), IdentityError> {
+    let st = d.stat()?;
+    if st.st_uid != 0 && st.st_uid != uid {
+        return Err(IdentityError::Foreign {
+            path: d.path().to_path_buf(),
+            owner: st.st_uid,
+            uid,
+        });
     }
-    for d in [home.to_path_buf(), home.join("tmp")] {
-        chown(&d, Some(uid), Some(uid)).map_err(io_err("chown", &d))?;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err("chmod", &d))?;
-    }
+    d.chown(uid, uid)?;
+    d.chmod(0o700)?;
     Ok(())
 }
 
@@ -124,6 +162,31 @@ mod tests {
         assert!(b != a && b % 2 == 1);
         used.insert("t/b".into(), b);
         assert_eq!(choose("t/b", &used, |_| true), Some(b));
+    }
+
+    #[test]
+    fn a_planted_tmp_link_is_replaced_and_its_target_untouched() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let state = tempfile::tempdir().unwrap();
+        let decoy = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(decoy.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let before = std::fs::metadata(decoy.path()).unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let home = make_home(state.path(), "t", "a", me).unwrap();
+        let tmp = home.path().join("tmp");
+        std::fs::remove_dir(&tmp).unwrap();
+        std::os::unix::fs::symlink(decoy.path(), &tmp).unwrap();
+        make_home(state.path(), "t", "a", me).unwrap();
+        let after = std::fs::metadata(decoy.path()).unwrap();
+        assert_eq!((after.uid(), after.mode()), (before.uid(), before.mode()));
+        let m = std::fs::symlink_metadata(&tmp).unwrap();
+        assert!(m.is_dir() && m.mode() & 0o7777 == 0o700, "{m:?}");
+        // A link as an intermediate component above the home is refused, not followed.
+        std::fs::remove_dir_all(state.path().join("home/t")).unwrap();
+        std::os::unix::fs::symlink(decoy.path(), state.path().join("home/t")).unwrap();
+        let e = make_home(state.path(), "t", "a", me).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(!decoy.path().join("a").exists());
     }
 
     #[test]

@@ -5,9 +5,11 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
 };
+
+use crate::safe_fs::{self, SafeFsError};
 
 /// The newest ABI whose rights this module asks for; older kernels get what they support
 /// (best effort) unless the contract requires Landlock (`must.mechanisms: [landlock]`).
@@ -90,6 +92,13 @@ pub enum LandlockError {
     Ruleset(#[from] ::landlock::RulesetError),
     #[error("landlock: invalid network scope {0:?} (want HOST:PORT)")]
     Scope(String),
+    /// A filesystem scope that does not resolve safely: the agent is not started.
+    #[error("filesystem scope {scope}: {source}")]
+    Path {
+        scope: PathBuf,
+        #[source]
+        source: SafeFsError,
+    },
 }
 
 /// Parse the port of a `HOST:PORT` scope; `Ok(None)` for `*`.
@@ -121,13 +130,116 @@ pub fn ports(scopes: &[String]) -> Result<Option<Vec<u16>>, LandlockError> {
     Ok(Some(out))
 }
 
-fn existing(paths: &[PathBuf]) -> impl Iterator<Item = &Path> {
-    paths.iter().map(PathBuf::as_path)
+/// How the paths of a [`Plan`] are opened for their Landlock rules (and resolved for the BPF LSM
+/// prefixes): never by following a link an agent could have planted.
+///
+/// - under a directory in `beneath` (the agent's home as the daemon opened it, a tool's
+///   scratch): `openat2` beneath that directory's fd with no link, magic link, `..` or mount
+///   crossing ([`safe_fs::BENEATH`]);
+/// - a host path in `system` (the baseline below, a tool's runtime and command):
+///   [`safe_fs::resolve_trusted`], which follows a link only where root alone could have made
+///   it (`/bin` → `usr/bin`);
+/// - anything else (a contract's absolute scope): resolved from `/` following no link at all
+///   ([`safe_fs::open_no_links`]); a scope with a link in it is an error naming it.
+///
+/// A path that does not exist grants nothing and is skipped.
+#[derive(Default)]
+pub struct Opener<'a> {
+    pub beneath: Vec<&'a safe_fs::Dir>,
+    pub system: Vec<PathBuf>,
+}
+
+impl<'a> Opener<'a> {
+    /// The agents' opener: the baseline paths may follow root's links; `beneath` are the
+    /// directories the daemon opened itself (the agent's home).
+    pub fn new(beneath: Vec<&'a safe_fs::Dir>) -> Opener<'a> {
+        let system = BASE_READ_EXEC
+            .iter()
+            .chain(BASE_READ)
+            .chain(BASE_READ_WRITE_FILES)
+            .map(PathBuf::from)
+            .collect();
+        Opener { beneath, system }
+    }
+
+    /// An `O_PATH` fd of `path` and its real path; `Ok(None)` when it does not exist.
+    pub fn open(&self, path: &Path) -> Result<Option<(OwnedFd, PathBuf)>, LandlockError> {
+        let r = if let Some((dir, rel)) = self
+            .beneath
+            .iter()
+            .filter_map(|d| path.strip_prefix(d.path()).ok().map(|r| (d, r)))
+            .max_by_key(|(d, _)| d.path().as_os_str().len())
+        {
+            // The real path of what the fd names (the operator's state directory may sit
+            // behind a link of the host's own, e.g. /var/lib): what `d_path` reports.
+            dir.open_path(rel).map(|fd| {
+                use std::os::fd::AsRawFd;
+                let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .unwrap_or_else(|_| path.to_path_buf());
+                (fd, real)
+            })
+        } else if self.system.iter().any(|s| s == path) {
+            safe_fs::resolve_trusted(path)
+        } else {
+            safe_fs::open_no_links(path).map(|fd| (fd, path.to_path_buf()))
+        };
+        match r {
+            Ok(x) => Ok(Some(x)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(source) => Err(LandlockError::Path {
+                scope: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    /// The real path `path` stands for, as the BPF LSM sees it (`d_path`), or `None` when it
+    /// does not exist or does not resolve safely (it then grants nothing there either).
+    pub fn resolve(&self, path: &Path) -> Option<PathBuf> {
+        self.open(path).ok().flatten().map(|(_, p)| p)
+    }
+}
+
+fn is_dir(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+}
+
+/// Rules for `paths` with `access`, each from an fd [`Opener`] opened (file rights only for a
+/// file, as Landlock requires).
+fn rules(
+    opener: &Opener<'_>,
+    paths: &[PathBuf],
+    access: BitFlags<AccessFs>,
+    abi: ABI,
+) -> Result<Vec<PathBeneath<OwnedFd>>, LandlockError> {
+    let mut out = Vec::new();
+    for p in paths {
+        if let Some((fd, _)) = opener.open(p)? {
+            let a = if is_dir(&fd) {
+                access
+            } else {
+                access & AccessFs::from_file(abi)
+            };
+            out.push(PathBeneath::new(fd, a));
+        }
+    }
+    Ok(out)
 }
 
 /// Build the ruleset in the calling (daemon) process and return its fd. `required`: fail
 /// instead of silently dropping rights the kernel does not know.
+/// The paths are opened with [`Opener::new`] without a `beneath` directory: every
+/// non-baseline path is resolved from `/` without following links.
 pub fn build(plan: &Plan, required: bool) -> Result<Option<OwnedFd>, LandlockError> {
+    build_with(plan, required, &Opener::new(Vec::new()))
+}
+
+/// [`build`] with the paths opened by `opener`.
+pub fn build_with(
+    plan: &Plan,
+    required: bool,
+    opener: &Opener<'_>,
+) -> Result<Option<OwnedFd>, LandlockError> {
     RESTRICT_FLAGS.store(
         restrict_flags_for(kernel_abi()),
         std::sync::atomic::Ordering::Relaxed,
@@ -158,14 +270,15 @@ pub fn build(plan: &Plan, required: bool) -> Result<Option<OwnedFd>, LandlockErr
     if !plan.unscoped {
         rs = rs.scope(Scope::from_all(abi))?;
     }
+    // Open every path before the ruleset exists: a scope that does not resolve safely fails
+    // the start with its name.
+    let mut fs_rules = rules(opener, &plan.read_exec, read | AccessFs::Execute, abi)?;
+    fs_rules.extend(rules(opener, &plan.read, read, abi)?);
+    fs_rules.extend(rules(opener, &plan.read_write, read | write, abi)?);
     let mut created = rs.create()?;
-    created = created
-        .add_rules(path_beneath_rules(
-            existing(&plan.read_exec),
-            read | AccessFs::Execute,
-        ))?
-        .add_rules(path_beneath_rules(existing(&plan.read), read))?
-        .add_rules(path_beneath_rules(existing(&plan.read_write), read | write))?;
+    for r in fs_rules {
+        created = created.add_rule(r)?;
+    }
     for p in plan.connect.iter().flatten() {
         created = created.add_rule(NetPort::new(*p, AccessNet::ConnectTcp))?;
     }
@@ -204,6 +317,33 @@ mod tests {
         assert_eq!(ports(&["*:*".into()]).unwrap(), None);
         assert!(ports(&["nohost".into()]).is_err());
         assert!(ports(&["h:0".into()]).is_err());
+    }
+
+    #[test]
+    fn scopes_under_the_home_and_absolute_scopes_follow_no_link() {
+        let state = tempfile::tempdir().unwrap();
+        let root = crate::safe_fs::Dir::open_root(state.path()).unwrap();
+        let home = root.mkdir("home", 0o700).unwrap();
+        std::fs::create_dir(home.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", home.path().join("link")).unwrap();
+        let o = Opener::new(vec![&home]);
+        let real = |p: &Path| o.open(p).map(|r| r.map(|(_, p)| p));
+        assert_eq!(
+            real(&home.path().join("sub")).unwrap(),
+            Some(home.path().join("sub"))
+        );
+        assert_eq!(real(&home.path().join("missing")).unwrap(), None);
+        let e = real(&home.path().join("link/passwd")).unwrap_err();
+        assert!(
+            e.to_string().contains("is a symbolic link (to /etc)"),
+            "{e}"
+        );
+        // The same path resolved from `/` (no `beneath`): refused as well.
+        let e = Opener::new(Vec::new())
+            .open(&home.path().join("link"))
+            .unwrap_err();
+        assert!(e.to_string().contains("link"), "{e}");
+        assert_eq!(o.resolve(&home.path().join("link")), None);
     }
 
     #[test]

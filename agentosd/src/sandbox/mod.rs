@@ -119,6 +119,35 @@ pub struct PreparedSandbox {
     /// The highest capability number the kernel knows (`/proc/sys/kernel/cap_last_cap`): the
     /// child drops 0..=last_cap from its bounding set.
     pub last_cap: u32,
+    /// Kernel namespaces the child gets of its own (clone3 flags, spawn.rs).
+    pub namespaces: Namespaces,
+}
+
+/// Kernel namespaces an agent gets of its own, created by `clone3` (the daemon is root; the
+/// agent itself can make none: `unshare`/`setns` need capabilities it does not have).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Namespaces {
+    /// A private IPC namespace (`CLONE_NEWIPC`): SysV shared memory, semaphores and message
+    /// queues and POSIX message queues reach no other agent and no host process.
+    pub ipc: bool,
+    /// A private network namespace (`CLONE_NEWNET`) whose only interface, the loopback, stays
+    /// down: for agents without any network capability. Abstract Unix socket names are per
+    /// network namespace, so the agent neither reaches the host's (D-Bus, X11, systemd's) nor
+    /// offers one to host processes (squatting a name a host service uses), with or without
+    /// the daemon running.
+    pub net: bool,
+}
+
+impl Namespaces {
+    /// What an agent with these grants gets: always its own IPC namespace; its own network
+    /// namespace unless the contract grants `net.connect` or `net.bind` (the host's network
+    /// is what those grants are for).
+    pub fn for_grants(g: &Grants) -> Namespaces {
+        Namespaces {
+            ipc: true,
+            net: g.net_connect.is_empty() && g.net_bind.is_empty(),
+        }
+    }
 }
 
 /// `/proc/sys/kernel/cap_last_cap`, read once; 63 (every possible bit) when unreadable.
@@ -147,7 +176,9 @@ pub fn prepare(
         .map(|c| Grants::from_contract(c, &home))
         .unwrap_or_default();
     let uid = identity::uid_for(state_dir, &id)?;
-    identity::make_home(state_dir, &home, uid)?;
+    // The home as the daemon opened it (no link followed): its rules and its `{state}` scopes
+    // are opened beneath this fd.
+    let home_dir = identity::make_home(state_dir, tenant, name, uid)?;
     let mut notes = Vec::new();
     let abi = landlock::kernel_abi();
     let plan = grants.plan(&home)?;
@@ -175,8 +206,9 @@ pub fn prepare(
                     "landlock ABI {v}: signal and abstract-socket scoping not enforced"
                 ));
             }
-            let fd = landlock::build(&plan, grants.must_landlock).map_err(|e| {
-                if grants.must_landlock {
+            let opener = landlock::Opener::new(vec![&home_dir]);
+            let fd = landlock::build_with(&plan, grants.must_landlock, &opener).map_err(|e| {
+                if grants.must_landlock && !matches!(e, landlock::LandlockError::Path { .. }) {
                     SandboxError::Unenforceable(format!("agent {id} requires landlock (must): {e}"))
                 } else {
                     e.into()
@@ -188,8 +220,18 @@ pub fn prepare(
     };
     if !grants.net_connect.is_empty() || !grants.net_bind.is_empty() {
         notes.push("net: Landlock filters TCP ports only, not hosts or UDP".into());
+        notes.push(
+            "net: in the host network namespace (network grants): binding abstract Unix socket names a host service may use is refused only where BPF LSM lsm/socket_bind is attached (connecting to the host's is refused by Landlock scoping, ABI 6)"
+                .into(),
+        );
     }
-    let seccomp = seccomp::compiled()?;
+    let namespaces = Namespaces::for_grants(&grants);
+    // Socket rules per contract: inet sockets only with a network grant, listen() only with
+    // net.bind (seccomp.rs).
+    let seccomp = seccomp::compiled_for(seccomp::NetShape::for_grants(
+        !grants.net_connect.is_empty(),
+        !grants.net_bind.is_empty(),
+    ))?;
     Ok(PreparedSandbox {
         uid,
         gid: uid,
@@ -198,6 +240,7 @@ pub fn prepare(
         seccomp,
         notes,
         last_cap: cap_last_cap(),
+        namespaces,
     })
 }
 

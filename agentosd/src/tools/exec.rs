@@ -84,6 +84,8 @@ pub async fn run(
         stderr,
         cgroup,
         scratch,
+        // Dropped at the end of the call, after the cgroup is gone.
+        policy: _policy,
         ..
     } = p;
     let mut line = args.to_string();

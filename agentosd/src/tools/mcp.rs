@@ -62,6 +62,8 @@ pub struct Server {
     scratch: PathBuf,
     pidfd: Arc<OwnedFd>,
     pub started: Instant,
+    /// The tool cgroup's kernel policy, forgotten when the server is dropped.
+    _policy: proc::PolicyGuard,
 }
 
 impl std::fmt::Debug for Server {
@@ -287,6 +289,7 @@ pub async fn start(
         scratch: p.scratch.clone(),
         pidfd: p.pidfd.clone(),
         started: Instant::now(),
+        _policy: p.policy,
     });
     spawn_io(&srv, p.stdout, p.stderr, m.limits.output_bytes as usize);
     match handshake(&srv, allow.as_deref(), *startup_timeout).await {

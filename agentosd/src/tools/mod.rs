@@ -4,8 +4,9 @@
 //!   reports each broken file as `FILE:LINE:COL: message` without refusing the others.
 //! - [`Tools::list`] / [`Tools::call`] serve one calling agent ([`Caller`]): only tools whose
 //!   capability its contract grants; arguments are checked against the schema before anything
-//!   runs; every tool process runs as the caller's uid, in its own cgroup under
-//!   `<root>/tools/`, with the manifest's needs intersected with the caller's grants.
+//!   runs; every tool process runs as the caller's uid, in its own cgroup in the caller's
+//!   subtree (`<root>/agents/<tenant>/<name>/tools/<id>`, so it counts against the agent's
+//!   budgets), with the manifest's needs intersected with the caller's grants.
 //! - [`Tools::redact`] hides secrets in arguments and results for the audit record.
 //!
 //! See docs/tools.md.
@@ -144,10 +145,33 @@ pub enum ToolError {
 /// Where tools run.
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
-    /// A cgroup the daemon owns; tool processes go in `<root>/tools/<id>`.
+    /// The daemon's cgroup root; a tool process of agent `t/n` goes in
+    /// `<root>/agents/t/n/tools/<id>` (see [`crate::cgroup::agent_cgroup`]), which must exist:
+    /// a tool runs only while its agent does.
     pub cgroup_root: Cgroup,
     /// The daemon's state directory; scratch directories go in `<state>/tools/scratch/<id>`.
     pub state_dir: PathBuf,
+    /// Kernel policies keyed by cgroup id that a tool cgroup needs (the daemon's cgroup BPF
+    /// network policy); `None` in library tests without BPF.
+    pub hooks: Option<Arc<dyn CgroupHooks>>,
+}
+
+/// What the daemon does for a tool cgroup: the cgroup BPF programs attached to `agents/` see
+/// tool processes too (they live under their agent) and refuse sockets to a cgroup id without
+/// a policy; a tool gets the network its effective grants name, like the agent would.
+pub trait CgroupHooks: Send + Sync + std::fmt::Debug {
+    /// `cg` (empty, made for a tool of `caller`) gets its kernel policy from the tool's
+    /// effective `net.connect` / `net.bind` scopes, before anything runs in it. Blocking (may
+    /// resolve host names). `Err`: the tool must not run.
+    fn placed(
+        &self,
+        caller: &Caller,
+        cg: &Cgroup,
+        connect: &[String],
+        bind: &[String],
+    ) -> Result<Vec<String>, String>;
+    /// `cg` is gone or going: forget its policy.
+    fn removed(&self, cg: &Cgroup);
 }
 
 /// A manifest with its compiled schemas.
@@ -430,7 +454,7 @@ impl Tools {
                     self.seq.fetch_add(1, Ordering::SeqCst),
                     ident(&m.name)
                 );
-                let place = proc::Place::new(&self.cfg, id);
+                let place = proc::Place::new(&self.cfg, caller, id);
                 exec::run(l, caller, &self.cfg, place, &args, &scope, &mut cancel).await
             }
             Some(st) => {
@@ -534,7 +558,7 @@ impl Tools {
             self.seq.fetch_add(1, Ordering::SeqCst)
         );
         let scope = caller.tool_scopes.get(&m.name).cloned().unwrap_or_default();
-        let place = proc::Place::new(&self.cfg, id);
+        let place = proc::Place::new(&self.cfg, caller, id);
         let s = mcp::start(m, caller, &self.cfg, place, &scope)
             .await
             .map_err(|e| {

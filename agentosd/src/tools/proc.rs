@@ -1,9 +1,9 @@
-//! Start one sandboxed tool process: a private scratch directory, its own cgroup under
-//! `<root>/tools/`, the caller's uid/gid, no capabilities, `no_new_privs`, the Landlock plan of
+//! Start one sandboxed tool process: a private scratch directory, its own cgroup in the
+//! caller's subtree (`<root>/agents/<tenant>/<name>/tools/<id>`, under the agent's budgets), the
+//! caller's uid/gid, no capabilities, `no_new_privs`, the Landlock plan of
 //! [`super::scope`], the agents' seccomp filter, stdio on pipes, every other fd closed.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,47 +33,97 @@ pub struct Proc {
     pub cgroup: Cgroup,
     pub scratch: PathBuf,
     pub notes: Vec<String>,
+    /// Forgets the cgroup's kernel policy when dropped: keep it until the cgroup is gone.
+    pub policy: PolicyGuard,
 }
 
-/// Where one process lives: `<state>/tools/scratch/<id>` and `<root>/tools/<id>`.
+/// Where one process lives: `<state>/tools/scratch/<id>` and
+/// `<root>/agents/<tenant>/<name>/tools/<id>` (its caller's subtree).
 pub struct Place {
     pub id: String,
     pub scratch: PathBuf,
+    /// The caller's cgroup (`agents/<tenant>/<name>`), whose budgets cover the tool.
+    pub agent_cgroup: Cgroup,
     pub cgroup: Cgroup,
 }
 
 impl Place {
-    pub fn new(cfg: &RunnerConfig, id: String) -> Place {
+    pub fn new(cfg: &RunnerConfig, caller: &Caller, id: String) -> Place {
+        let agent_cgroup =
+            crate::cgroup::agent_cgroup(&cfg.cgroup_root, &caller.tenant, &caller.name);
         Place {
             scratch: cfg.state_dir.join("tools").join("scratch").join(&id),
-            cgroup: cfg.cgroup_root.child("tools").child(&id),
+            cgroup: agent_cgroup.child(crate::cgroup::AGENT_TOOLS).child(&id),
+            agent_cgroup,
             id,
         }
     }
 }
 
-fn chmod(p: &Path, mode: u32) -> std::io::Result<()> {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+/// The kernel policy of one tool cgroup ([`super::CgroupHooks::placed`]); dropping it forgets
+/// the policy ([`super::CgroupHooks::removed`]).
+#[derive(Debug, Default)]
+pub struct PolicyGuard(Option<(Arc<dyn super::CgroupHooks>, Cgroup)>);
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        if let Some((hooks, cg)) = self.0.take() {
+            hooks.removed(&cg);
+        }
+    }
 }
 
 /// `<state>/tools/scratch/<id>`, mode 0700, owned by the caller; the directories above it
-/// root's, 0711 (traversable, not listable), like the agents' state directories.
-fn make_scratch(cfg: &RunnerConfig, scratch: &Path, uid: u32, gid: u32) -> Result<(), String> {
-    let e = |what: &str, p: &Path, err: std::io::Error| format!("{what} {}: {err}", p.display());
-    std::fs::create_dir_all(scratch).map_err(|err| e("create", scratch, err))?;
-    let tools = cfg.state_dir.join("tools");
-    for d in [cfg.state_dir.as_path(), &tools, &tools.join("scratch")] {
-        let mode = std::fs::metadata(d)
-            .map_err(|err| e("stat", d, err))?
-            .permissions()
-            .mode();
+/// root's, 0711 (traversable, not listable), like the agents' state directories. Made and
+/// chowned on fds beneath the daemon's state directory (`safe_fs`): the scratch directory is
+/// the caller's uid's, so nothing in it is followed. Returns its fd.
+fn make_scratch(
+    cfg: &RunnerConfig,
+    id: &str,
+    uid: u32,
+    gid: u32,
+) -> Result<crate::safe_fs::Dir, String> {
+    let e = |err: crate::safe_fs::SafeFsError| err.to_string();
+    let root = crate::safe_fs::Dir::open_root(&cfg.state_dir).map_err(e)?;
+    let walkable = |d: &crate::safe_fs::Dir| -> Result<(), String> {
+        let mode = d.stat().map_err(e)?.st_mode & 0o7777;
         if mode & 0o001 == 0 {
-            chmod(d, (mode & 0o7777) | 0o711).map_err(|err| e("chmod", d, err))?;
+            d.chmod(mode | 0o711).map_err(e)?;
         }
+        Ok(())
+    };
+    walkable(&root)?;
+    let tools = root.mkdir("tools", 0o711).map_err(e)?;
+    walkable(&tools)?;
+    let parent = tools.mkdir("scratch", 0o711).map_err(e)?;
+    walkable(&parent)?;
+    let scratch = parent.mkdir(id, 0o700).map_err(e)?;
+    let owner = scratch.stat().map_err(e)?.st_uid;
+    if owner != 0 && owner != uid {
+        return Err(format!(
+            "{}: exists and belongs to uid {owner}; remove it",
+            scratch.path().display()
+        ));
     }
-    std::os::unix::fs::chown(scratch, Some(uid), Some(gid))
-        .map_err(|err| e("chown", scratch, err))?;
-    chmod(scratch, 0o700).map_err(|err| e("chmod", scratch, err))
+    scratch.chown(uid, gid).map_err(e)?;
+    scratch.chmod(0o700).map_err(e)?;
+    Ok(scratch)
+}
+
+/// Remove a scratch directory and everything the tool left in it, without following its
+/// links or crossing a mount (`safe_fs::Dir::remove_tree` beneath `<state>/tools/scratch`).
+fn remove_scratch(scratch: &Path) -> Result<(), String> {
+    let (Some(parent), Some(name)) = (
+        scratch.parent(),
+        scratch.file_name().and_then(|n| n.to_str()),
+    ) else {
+        return Err(format!("{}: not a scratch directory", scratch.display()));
+    };
+    if !parent.exists() {
+        return Ok(());
+    }
+    let dir = crate::safe_fs::Dir::open_root(parent).map_err(|e| e.to_string())?;
+    dir.remove_tree(name).map_err(|e| e.to_string())
 }
 
 fn pipe_pair() -> Result<(OwnedFd, OwnedFd), String> {
@@ -106,7 +156,7 @@ async fn launch_inner(
     scope_list: &[String],
 ) -> Result<Proc, String> {
     let program = m.program();
-    make_scratch(cfg, &place.scratch, caller.uid, caller.gid)?;
+    let scratch_dir = make_scratch(cfg, &place.id, caller.uid, caller.gid)?;
     let eff = scope::effective(&m.needs, caller);
     let cx = scope::arg_context(&eff, caller, &place.scratch, scope_list);
     let args = expand_args(&program.args, &cx);
@@ -126,8 +176,12 @@ async fn launch_inner(
             );
             None
         }
-        Some(_) => sandbox::landlock::build(&plan, caller.grants.must_landlock)
-            .map_err(|e| e.to_string())?,
+        Some(_) => sandbox::landlock::build_with(
+            &plan,
+            caller.grants.must_landlock,
+            &scope::opener(&scratch_dir, &m.needs.runtime, &program.command),
+        )
+        .map_err(|e| e.to_string())?,
     };
     let seccomp = sandbox::seccomp::compiled().map_err(|e| e.to_string())?;
     let prepared = PreparedSandbox {
@@ -138,6 +192,7 @@ async fn launch_inner(
         seccomp,
         notes: notes.clone(),
         last_cap: sandbox::cap_last_cap(),
+        namespaces: Default::default(),
     };
 
     let scratch = place.scratch.display().to_string();
@@ -163,12 +218,47 @@ async fn launch_inner(
         env.push((k.clone(), v));
     }
 
-    // The cgroup: created fresh, limits set before anything runs in it.
-    let tools_cg = cfg.cgroup_root.child("tools");
-    tools_cg.create().map_err(|e| e.to_string())?;
-    cfg.cgroup_root.enable_subtree(&["memory", "pids"]);
-    let enabled = tools_cg.enable_subtree(&["memory", "pids"]);
-    place.cgroup.create().map_err(|e| e.to_string())?;
+    // The cgroup: in the caller's subtree, so the agent's budgets (pids.max, memory.max,
+    // cpu.max on `agents/<tenant>/<name>`) count the tool too; created fresh, its own limits
+    // set before anything runs in it. Never made when the agent's cgroup is gone (the agent
+    // stopped): a call racing with the stop must not bring it back.
+    if !place.agent_cgroup.exists() {
+        return Err(format!(
+            "the cgroup of agent {} ({}) does not exist: tools run only while their agent runs",
+            caller.agent,
+            place.agent_cgroup.path().display()
+        ));
+    }
+    let tools_cg = place.agent_cgroup.child(crate::cgroup::AGENT_TOOLS);
+    tools_cg.create_in_existing().map_err(|e| e.to_string())?;
+    place
+        .agent_cgroup
+        .enable_subtree(crate::cgroup::AGENT_CHILD_CONTROLLERS);
+    let enabled = tools_cg.enable_subtree(crate::cgroup::AGENT_CHILD_CONTROLLERS);
+    if !place
+        .cgroup
+        .create_in_existing()
+        .map_err(|e| e.to_string())?
+    {
+        return Err(format!(
+            "tool cgroup {} exists already; not reusing it",
+            place.cgroup.path().display()
+        ));
+    }
+    let policy = match &cfg.hooks {
+        None => PolicyGuard::default(),
+        Some(h) => {
+            let (h, caller, cg) = (h.clone(), caller.clone(), place.cgroup.clone());
+            let (connect, bind) = (eff.connect.clone(), eff.bind.clone());
+            let guard = PolicyGuard(Some((h.clone(), cg.clone())));
+            let placed =
+                tokio::task::spawn_blocking(move || h.placed(&caller, &cg, &connect, &bind))
+                    .await
+                    .map_err(|e| format!("tool cgroup policy task: {e}"))??;
+            notes.extend(placed);
+            guard
+        }
+    };
     let pids = m.limits.pids.unwrap_or(DEFAULT_PIDS);
     if enabled.iter().any(|c| c == "pids") {
         place
@@ -229,6 +319,7 @@ async fn launch_inner(
         cgroup: place.cgroup.clone(),
         scratch: place.scratch.clone(),
         notes,
+        policy,
     })
 }
 
@@ -279,9 +370,7 @@ pub async fn cleanup(cg: &Cgroup, scratch: &Path) {
             tracing::warn!("tools: {e}");
         }
     }
-    if scratch.exists()
-        && let Err(e) = std::fs::remove_dir_all(scratch)
-    {
+    if let Err(e) = remove_scratch(scratch) {
         tracing::warn!("tools: remove {}: {e}", scratch.display());
     }
 }

@@ -1,14 +1,17 @@
 //! What one tool process may touch: the manifest's `sandbox` needs intersected with the
 //! caller's grants (contracts::tool::intersect_paths / intersect_net), compiled into a Landlock
-//! plan. Paths are resolved (symlinks followed) on both sides before they are met, so a
-//! symlink an agent planted inside its own scope cannot point a tool outside it.
+//! plan. Paths are resolved on both sides before they are met, the same way the caller's own
+//! sandbox resolves them (`sandbox::landlock::Opener`): the caller's scopes and anything under
+//! its home follow no link at all, the host's paths (the baseline, the manifest's own bounds)
+//! only links root alone could have made. So a link an agent planted inside its own scope
+//! grants a tool nothing, and the tool's rules are opened the same way when it starts.
 
 use std::path::{Path, PathBuf};
 
 use contracts::tool::{ArgContext, Needs, expand_state, intersect_net, intersect_paths, minimal};
 
 use super::Caller;
-use crate::sandbox::landlock::{self, Plan};
+use crate::sandbox::landlock::{self, Opener, Plan};
 
 /// The scopes one call runs with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,14 +23,10 @@ pub struct Effective {
     pub bind: Vec<String>,
 }
 
-/// Resolve a path (following symlinks); a path that does not exist is dropped: it grants
-/// nothing now, and Landlock could not add a rule for it anyway.
-fn resolve(p: &Path) -> Option<PathBuf> {
-    std::fs::canonicalize(p).ok()
-}
-
-fn resolve_all(v: impl IntoIterator<Item = PathBuf>) -> Vec<PathBuf> {
-    minimal(v.into_iter().filter_map(|p| resolve(&p)).collect())
+/// Resolve each path with `opener`; a path that does not exist or does not resolve safely is
+/// dropped: it grants nothing now (the caller's own sandbox refuses such a scope at start).
+fn resolve_all(v: impl IntoIterator<Item = PathBuf>, opener: &Opener<'_>) -> Vec<PathBuf> {
+    minimal(v.into_iter().filter_map(|p| opener.resolve(&p)).collect())
 }
 
 /// What the caller itself may touch, resolved: reads include its writes and its state
@@ -42,19 +41,27 @@ impl CallerScopes {
     pub fn of(c: &Caller) -> CallerScopes {
         let g = &c.grants;
         let home = c.home.clone();
+        // As the caller's own Landlock rules: its scopes without links, the baseline with
+        // root's links.
+        let opener = Opener::new(Vec::new());
         let read = resolve_all(
             g.fs_read
                 .iter()
                 .chain(&g.fs_write)
                 .cloned()
                 .chain(std::iter::once(home.clone())),
+            &opener,
         );
-        let write = resolve_all(g.fs_write.iter().cloned().chain(std::iter::once(home)));
+        let write = resolve_all(
+            g.fs_write.iter().cloned().chain(std::iter::once(home)),
+            &opener,
+        );
         let exec = resolve_all(
             g.fs_exec
                 .iter()
                 .cloned()
                 .chain(landlock::BASE_READ_EXEC.iter().map(PathBuf::from)),
+            &opener,
         );
         CallerScopes { read, write, exec }
     }
@@ -63,7 +70,20 @@ impl CallerScopes {
 /// The manifest's needs ∩ the caller's scopes.
 pub fn effective(needs: &Needs, caller: &Caller) -> Effective {
     let cs = CallerScopes::of(caller);
-    let tool = |v: &[String]| resolve_all(v.iter().map(|s| expand_state(s, &caller.home)));
+    // The manifest's bounds are the operator's host paths (root's links followed), except
+    // those under the caller's home (`{state}`), which are the agent's: no link followed.
+    let tool = |v: &[String]| {
+        let paths: Vec<PathBuf> = v.iter().map(|s| expand_state(s, &caller.home)).collect();
+        let opener = Opener {
+            beneath: Vec::new(),
+            system: paths
+                .iter()
+                .filter(|p| !p.starts_with(&caller.home))
+                .cloned()
+                .collect(),
+        };
+        resolve_all(paths, &opener)
+    };
     Effective {
         read: intersect_paths(&tool(&needs.fs_read), &cs.read),
         write: intersect_paths(&tool(&needs.fs_write), &cs.write),
@@ -97,11 +117,22 @@ pub fn plan(
     plan.read_exec.extend(eff.exec.iter().cloned());
     plan.read_write.push(scratch.to_path_buf());
     plan.read_write.extend(eff.write.iter().cloned());
-    // Landlock opens each path when the ruleset is built; leave out what does not exist.
-    for v in [&mut plan.read, &mut plan.read_exec, &mut plan.read_write] {
-        v.retain(|p| p.exists());
-    }
+    // Landlock opens each path when the ruleset is built (`opener`); what does not exist is
+    // left out there.
     Ok(plan)
+}
+
+/// How a tool's plan is opened: its scratch directory beneath the fd the daemon made it with,
+/// the baseline, its runtime and command as host paths, the effective scopes without links.
+pub fn opener<'a>(
+    scratch: &'a crate::safe_fs::Dir,
+    runtime: &[PathBuf],
+    command: &Path,
+) -> Opener<'a> {
+    let mut o = Opener::new(vec![scratch]);
+    o.system.extend(runtime.iter().cloned());
+    o.system.push(command.to_path_buf());
+    o
 }
 
 /// Placeholder values for one call.
@@ -182,5 +213,35 @@ mod tests {
         assert_eq!(p.connect, Some(vec![443]));
         assert_eq!(p.bind, Some(vec![]));
         assert!(!p.read.contains(&root.join("secret")));
+    }
+
+    #[test]
+    fn a_granted_scope_turned_into_a_link_grants_the_tool_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().canonicalize().unwrap();
+        for s in ["home", "secret"] {
+            std::fs::create_dir_all(root.join(s)).unwrap();
+        }
+        // The caller's own `{state}/sub` write scope is a link to `secret` now.
+        let sub = root.join("home/sub");
+        std::os::unix::fs::symlink(root.join("secret"), &sub).unwrap();
+        let c = caller(&root.join("home"), &[], &[&sub]);
+        let needs = Needs {
+            fs_read: vec![
+                "{state}/sub".into(),
+                root.join("secret").display().to_string(),
+            ],
+            fs_write: vec!["{state}/sub".into(), root.display().to_string()],
+            ..Default::default()
+        };
+        let e = effective(&needs, &c);
+        assert!(
+            e.read
+                .iter()
+                .chain(&e.write)
+                .all(|p| !p.starts_with(root.join("secret"))),
+            "{e:?}"
+        );
+        assert_eq!(e.write, vec![root.join("home")]);
     }
 }

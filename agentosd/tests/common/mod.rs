@@ -186,6 +186,101 @@ impl Bus {
     }
 }
 
+impl Bus {
+    /// A private bus enforcing the SHIPPED `units/org.agentos1.conf` policy on top of the
+    /// system bus's default policy (deny method calls and ownership unless allowed), with
+    /// `group="agentos"` replaced by `operator_group` (an existing group name: dbus-daemon
+    /// ignores rules naming groups it cannot resolve). The socket is reachable by every uid.
+    pub fn start_with_policy(operator_group: &str) -> Self {
+        Self::start_for_all_uids(Some(operator_group))
+    }
+
+    /// A private bus that lets every uid connect and send anything (no policy at all), to
+    /// show what the daemon decides on its own.
+    pub fn start_open() -> Self {
+        Self::start_for_all_uids(None)
+    }
+
+    fn start_for_all_uids(operator_group: Option<&str>) -> Self {
+        let Some(operator_group) = operator_group else {
+            return Self::start_with_policies(
+                r#"  <policy context="default">
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+    <allow own="*"/>
+  </policy>"#,
+            );
+        };
+        let shipped = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../units/org.agentos1.conf"),
+        )
+        .expect("read units/org.agentos1.conf");
+        let start = shipped.find("<busconfig>").expect("<busconfig>") + "<busconfig>".len();
+        let end = shipped.rfind("</busconfig>").expect("</busconfig>");
+        let policies = shipped[start..end]
+            .replace("group=\"agentos\"", &format!("group=\"{operator_group}\""));
+        Self::start_with_policies(&policies)
+    }
+
+    fn start_with_policies(policies: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod bus dir");
+        let sock = dir.path().join("bus");
+        let conf = dir.path().join("bus.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+  </policy>
+{policies}
+  <limit name="max_replies_per_connection">50000</limit>
+  <limit name="max_connections_per_user">100000</limit>
+</busconfig>
+"#,
+                sock.display()
+            ),
+        )
+        .expect("write bus config");
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .arg("--print-address=1")
+            .arg("--nofork")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start dbus-daemon");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read bus address");
+        Bus {
+            address: line.trim().to_string(),
+            child,
+            _dir: dir,
+        }
+    }
+}
+
 impl Drop for Bus {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -205,12 +300,22 @@ pub struct Daemon {
     pub extra: Vec<String>,
 }
 
+/// The agentosd binary: the one cargo built, or `AGENTOS_TEST_AGENTOSD` (the VM suite runs this
+/// crate's escape suite in the guest, where the build's paths do not exist).
 pub fn agentosd_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_agentosd")
+    bin_from_env("AGENTOS_TEST_AGENTOSD", env!("CARGO_BIN_EXE_agentosd"))
 }
 
+/// The agentctl binary: the one cargo built, or `AGENTOS_TEST_AGENTCTL`.
 pub fn agentctl_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_agentctl")
+    bin_from_env("AGENTOS_TEST_AGENTCTL", env!("CARGO_BIN_EXE_agentctl"))
+}
+
+fn bin_from_env(var: &str, built: &'static str) -> &'static str {
+    match std::env::var(var) {
+        Ok(p) if !p.is_empty() => Box::leak(p.into_boxed_str()),
+        _ => built,
+    }
 }
 
 impl Daemon {

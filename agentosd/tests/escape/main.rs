@@ -147,6 +147,10 @@ enum Weaken {
     Seccomp(&'static str),
     /// Change the Landlock plan before the ruleset is built.
     Landlock(fn(&mut agentosd::sandbox::landlock::Plan)),
+    /// Change the socket rules' shape the contract gives (seccomp.rs `NetShape`).
+    SeccompNet(fn(&mut agentosd::sandbox::seccomp::NetShape)),
+    /// Change the agent's own namespaces (sandbox `Namespaces`, clone3 flags in spawn.rs).
+    Namespaces(fn(&mut agentosd::sandbox::Namespaces)),
 }
 
 const MUTATIONS: &[Mutation] = &[
@@ -190,6 +194,51 @@ const MUTATIONS: &[Mutation] = &[
         attempt: "connect-ungranted",
         weaken: Weaken::Landlock(|p| p.connect = None),
     },
+    Mutation {
+        rule: "seccomp: inet sockets only with a net grant",
+        attempt: "nonet-udp4-sendto",
+        weaken: Weaken::SeccompNet(|s| s.inet = true),
+    },
+    Mutation {
+        rule: "seccomp: listen() only with net.bind",
+        attempt: "nonet-listen-unix",
+        weaken: Weaken::SeccompNet(|s| s.listen = true),
+    },
+    Mutation {
+        rule: "seccomp: inet sockets TCP and UDP only",
+        attempt: "mptcp-socket",
+        weaken: Weaken::SeccompNet(|s| s.any_inet_protocol = true),
+    },
+    Mutation {
+        rule: "seccomp: socket families unix/inet/netlink only",
+        attempt: "other-families",
+        weaken: Weaken::SeccompNet(|s| s.any_family = true),
+    },
+    Mutation {
+        rule: "seccomp: memfd_create only with MFD_NOEXEC_SEAL",
+        attempt: "memfd-exec-proc-fd",
+        weaken: Weaken::Seccomp("memfd_create"),
+    },
+    Mutation {
+        rule: "seccomp: memfd_create without MFD_EXEC",
+        attempt: "memfd-mfd-exec",
+        weaken: Weaken::Seccomp("memfd_create"),
+    },
+    Mutation {
+        rule: "seccomp: inotify_init1 (ENOSYS)",
+        attempt: "inotify-etc",
+        weaken: Weaken::Seccomp("inotify_init1"),
+    },
+    Mutation {
+        rule: "own IPC namespace (CLONE_NEWIPC)",
+        attempt: "sysv-shm-host",
+        weaken: Weaken::Namespaces(|n| n.ipc = false),
+    },
+    Mutation {
+        rule: "own network namespace without net grants",
+        attempt: "abstract-squat-nonet",
+        weaken: Weaken::Namespaces(|n| n.net = false),
+    },
 ];
 
 /// Run one attempt in the agent sandbox its contract `file` describes, built with the daemon's
@@ -211,6 +260,15 @@ fn run_direct(
         Some(Weaken::Seccomp(sys)) => {
             sb.seccomp = sandbox::seccomp::compile_without(&[sys]).unwrap();
         }
+        Some(Weaken::SeccompNet(f)) => {
+            let g = sandbox::Grants::from_contract(&c, &sb.home);
+            let mut shape = sandbox::seccomp::NetShape::for_grants(
+                !g.net_connect.is_empty(),
+                !g.net_bind.is_empty(),
+            );
+            f(&mut shape);
+            sb.seccomp = sandbox::seccomp::compile(shape).unwrap();
+        }
         Some(Weaken::Landlock(f)) => {
             let mut plan = sandbox::Grants::from_contract(&c, &sb.home)
                 .plan(&sb.home)
@@ -218,6 +276,7 @@ fn run_direct(
             f(&mut plan);
             sb.landlock = sandbox::landlock::build(&plan, false).unwrap();
         }
+        Some(Weaken::Namespaces(f)) => f(&mut sb.namespaces),
         None => {}
     }
     let exec = c.exec().unwrap();
@@ -450,16 +509,17 @@ fn suite(filter: Option<&str>) -> i32 {
             expect: Denied("EPERM"),
             caps: Caps::Standard,
         },
+        // seccomp's socket rules (net.rs has the rest of the class)
         Attempt {
             name: "raw-socket",
             args: vec![],
-            expect: Denied("EPERM"),
+            expect: Denied("EPROTONOSUPPORT"),
             caps: Caps::Standard,
         },
         Attempt {
             name: "packet-socket",
             args: vec![],
-            expect: Denied("EPERM"),
+            expect: Denied("EAFNOSUPPORT"),
             caps: Caps::Standard,
         },
         // processes

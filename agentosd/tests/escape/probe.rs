@@ -23,6 +23,8 @@ pub fn errno_name(e: i32) -> String {
         libc::EXDEV => "EXDEV",
         libc::ECONNREFUSED => "ECONNREFUSED",
         libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::ENETUNREACH => "ENETUNREACH",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::EBUSY => "EBUSY",
         libc::EEXIST => "EEXIST",

@@ -114,6 +114,13 @@ def raw():
     time.sleep(3)
     send(b'{"jsonrpc":"2.0","id":"after","method":"ping"}')
     say("raw-cancel", next_reply=recv())
+    # Cancelling a call that waits for consent: the request is withdrawn (audited), the call
+    # gets no answer, and the connection goes on.
+    send(b'{"jsonrpc":"2.0","id":"held","method":"tools/call","params":{"name":"payment.charge","arguments":{"amount":1,"api_key":"sk-live-123"}}}')
+    time.sleep(1)
+    send(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"held","reason":"test"}}')
+    send(b'{"jsonrpc":"2.0","id":"after-held","method":"ping"}')
+    say("raw-cancel-held", next_reply=recv())
     s.close()
 
 

@@ -96,6 +96,31 @@ pub fn build(release: bool, tests: bool) -> Result<Build> {
     if b.tests.is_empty() {
         bail!("cargo test -p vm-tests --no-run produced no test binary");
     }
+    // The host's escape suite runs in the guest too, where BPF LSM, the cgroup controllers and
+    // systemd are real (it starts its own agentosd on a private bus; AGENTOS_TEST_AGENTOSD in
+    // run-tests.sh points it at the installed binaries).
+    eprintln!("vm: building the escape suite ({profile})");
+    let mut c = cargo();
+    c.args([
+        "test",
+        "-p",
+        "agentosd",
+        "--test",
+        "escape",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    if release {
+        c.arg("--release");
+    }
+    let out = host::output(&mut c)?;
+    let escape = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "escape")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .context("cargo test -p agentosd --test escape --no-run produced no binary")?;
+    b.tests.push(("escape".to_string(), escape));
     b.tests.sort();
     b.helpers.sort();
     Ok(b)
@@ -264,11 +289,18 @@ D=/usr/local/lib/agentos-vmtest
 echo "VMTEST BEGIN uptime=$(cut -d' ' -f1 /proc/uptime)"
 $D/install.sh
 export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR=$D RUST_BACKTRACE=0
+export AGENTOS_TEST_AGENTOSD=/usr/local/bin/agentosd AGENTOS_TEST_AGENTCTL=/usr/local/bin/agentctl
+# In the guest every test can run: a skip is a failure.
+export AGENTOS_TEST_NO_SKIP=1
+# The escape suite's probe agents execute the suite's own binary: walkable for their uids.
+chmod 0755 $D $D/tests
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 filter=$(cat $D/filter 2>/dev/null)
 rc=0
 for t in $D/tests/*; do
   name=$(basename "$t")
+  # The escape suite takes attempt names as its filter: run it whole, or when named.
+  if [ "$name" = escape ] && [ -n "$filter" ] && [ "$filter" != escape ]; then continue; fi
   echo "== test binary $name"
   if [ -z "$filter" ] || [ "$filter" = "$name" ]; then
     # No filter, or the filter names this binary (tests/<name>.rs): all its tests.
