@@ -144,7 +144,12 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
 	__u8 reason = AGENTOS_REASON_NO_POLICY;
 	if (pol) {
-		if (granted(pol, family, dst, port, kind)) {
+		/* An ephemeral bind (port 0) is what the kernel's autobind does on sendto/connect,
+		 * which no hook sees: no port of the agent's choosing, and UDP clients (Rust's
+		 * UdpSocket::bind("0.0.0.0:0"), Python's bind(("", 0))) need it. listen() still
+		 * needs net.bind (seccomp). */
+		if ((kind == AGENTOS_NET_RULE_BIND && port == 0) ||
+		    granted(pol, family, dst, port, kind)) {
 			count(AGENTOS_STAT_ALLOWED);
 			return 1;
 		}
@@ -179,8 +184,8 @@ int agentos_sendmsg6(struct bpf_sock_addr *ctx)
 	return check(ctx, AGENTOS_HOOK_SENDMSG6, AF_INET6, AGENTOS_NET_RULE_CONNECT);
 }
 
-/* bind() of TCP and UDP sockets (Landlock sees TCP only). Port 0 (an ephemeral port) needs a
- * grant like any other; the implicit bind of connect()/sendto() does not come here. */
+/* bind() of TCP and UDP sockets (Landlock sees TCP only). Port 0 (an ephemeral port) is
+ * allowed like the implicit bind of connect()/sendto(), which does not come here. */
 SEC("cgroup/bind4")
 int agentos_bind4(struct bpf_sock_addr *ctx)
 {

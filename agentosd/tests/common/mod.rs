@@ -362,7 +362,10 @@ impl Daemon {
             .spawn()
             .expect("start agentosd");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Loading and verifying the BPF programs takes a few seconds here and half a minute or
+        // more in the VM suite's emulated guest.
+        let up_secs = 120;
+        let deadline = Instant::now() + Duration::from_secs(up_secs);
         loop {
             let out = self.ctl(&["list"]);
             if out.status.code() == Some(0) {
@@ -375,7 +378,7 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "agentosd did not come up in 20 s; log:\n{}",
+                "agentosd did not come up in {up_secs} s; log:\n{}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));

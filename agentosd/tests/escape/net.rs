@@ -94,7 +94,8 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         denied("udp6-sendto-ungranted", p(gport), "EPERM", Standard),
         denied("v4mapped-sendto-ungranted", p(uport), "EPERM", Standard),
         denied("udp4-bind-ungranted", p(bind_no), "EPERM", Standard),
-        denied("udp4-bind-port0", vec![], "EPERM", Standard),
+        // An ephemeral bind is the kernel's autobind made explicit (UDP clients do it).
+        allowed("udp4-bind-port0", vec![], Standard),
         denied("udp6-bind-ungranted", p(bind_ok), "EPERM", Standard),
         denied("v4mapped-bind-ungranted", p(bind_no), "EPERM", Standard),
         denied("tfo-sendto-other-host", p(gport), "EPERM", Standard),
