@@ -242,7 +242,14 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
             "ECONNREFUSED",
             NoNet,
         ),
-        denied("abstract-squat-nonet", s(&squat), "EAGAIN", NoNet),
+        // In its own network namespace the agent's bind succeeds but nothing of the host's
+        // reaches it (EAGAIN); where lsm/socket_bind loads, the bind itself is refused first.
+        denied(
+            "abstract-squat-nonet",
+            s(&squat),
+            if bind_lsm { "EPERM" } else { "EAGAIN" },
+            NoNet,
+        ),
         // An agent with network grants shares the host's network namespace: it can bind a
         // name a host service uses, unless BPF LSM's lsm/socket_bind refuses it (where BPF LSM
         // loads: the VM). Asserted open where it does not, as above.

@@ -397,6 +397,17 @@ fn suite(filter: Option<&str>) -> i32 {
         .filter(|p| Path::new(p).exists());
 
     let s = |v: &str| vec![v.to_string()];
+    // An executable outside every exec grant (agentctl itself is under /usr in the VM, which
+    // every agent may execute): a copy of /bin/true in the suite's own directory.
+    let ungranted_exe = dir.path().join("ungranted-bin/true");
+    std::fs::create_dir_all(ungranted_exe.parent().unwrap()).unwrap();
+    std::fs::copy("/bin/true", &ungranted_exe).unwrap();
+    std::fs::set_permissions(
+        ungranted_exe.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&ungranted_exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Where `write-tmp` tries to create a file: it must not exist after the attempts.
     let tmp_target = PathBuf::from(format!(
         "/tmp/agentos-escape-{}-write-tmp",
@@ -480,7 +491,7 @@ fn suite(filter: Option<&str>) -> i32 {
         // exec
         Attempt {
             name: "exec-ungranted",
-            args: s(common::agentctl_bin()),
+            args: s(&ungranted_exe.display().to_string()),
             expect: Denied("EACCES"),
             caps: Caps::Standard,
         },

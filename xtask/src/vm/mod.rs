@@ -51,7 +51,7 @@ pub struct TestArgs {
     /// Run only the tests whose name contains FILTER (passed to the test binaries).
     filter: Option<String>,
     /// Overall limit for boot + tests + power-off, in seconds; QEMU is killed after it.
-    #[arg(long, default_value_t = 900)]
+    #[arg(long, default_value_t = 2400)]
     timeout: u64,
     /// Show the whole serial console while the guest runs, not only the tests' output.
     #[arg(long, short)]
@@ -92,7 +92,7 @@ pub fn test_default() -> Result<()> {
     test(&TestArgs {
         cache: CacheArgs { cache_dir: None },
         filter: None,
-        timeout: 900,
+        timeout: 2400,
         verbose: false,
         mem: qemu::DEFAULT_MEM_MIB,
         release: false,
