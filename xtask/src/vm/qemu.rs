@@ -125,6 +125,14 @@ pub fn boot_test(
                 if verbose || in_tests {
                     eprintln!("{line}");
                 }
+                // The escape suite (its own harness) ends with `escape suite: N attempts, …`.
+                if let Some(rest) = line.split("escape suite: ").nth(1) {
+                    passed += rest
+                        .split(' ')
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                }
                 if let Some(rest) = line.split("test result: ").nth(1) {
                     passed += rest
                         .split(". ")
