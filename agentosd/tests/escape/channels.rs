@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::probe::{c, check, errno};
-use crate::{Attempt, Caps, Ctx, Expect};
+use crate::{Attempt, Caps, Ctx};
 
 const MFD_CLOEXEC: u32 = 0x1;
 const MFD_NOEXEC_SEAL: u32 = 0x8;
@@ -183,18 +183,7 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
     let host = sleeper.id().to_string();
 
     let s = |v: &str| vec![v.to_string()];
-    let denied = |name: &'static str, args: Vec<String>, e: &'static str, caps: Caps| Attempt {
-        name,
-        args,
-        expect: Expect::Denied(e),
-        caps,
-    };
-    let allowed = |name: &'static str, args: Vec<String>, caps: Caps| Attempt {
-        name,
-        args,
-        expect: Expect::Allowed,
-        caps,
-    };
+    let (denied, allowed) = (Attempt::denied, Attempt::allowed);
     use Caps::{NoNet, Standard};
     let mut v = vec![
         // --- class 2: exec by any route

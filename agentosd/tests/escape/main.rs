@@ -37,6 +37,28 @@ pub struct Attempt {
     pub caps: Caps,
 }
 
+impl Attempt {
+    /// An attempt that must fail with errno `e`.
+    pub fn denied(name: &'static str, args: Vec<String>, e: &'static str, caps: Caps) -> Self {
+        Attempt {
+            name,
+            args,
+            expect: Expect::Denied(e),
+            caps,
+        }
+    }
+
+    /// A control: the call must succeed.
+    pub fn allowed(name: &'static str, args: Vec<String>, caps: Caps) -> Self {
+        Attempt {
+            name,
+            args,
+            expect: Expect::Allowed,
+            caps,
+        }
+    }
+}
+
 /// Which capabilities an attempt's agent gets.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Caps {

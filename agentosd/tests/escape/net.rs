@@ -14,7 +14,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
 
 use crate::probe::{check, errno, errno_name};
-use crate::{Attempt, Caps, Ctx, Expect};
+use crate::{Attempt, Caps, Ctx};
 
 /// The ports in the standard grants (`Ctx::net_caps`): connect, then bind.
 fn standard_ports(ctx: &Ctx) -> (u16, u16) {
@@ -44,18 +44,7 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         .unwrap()
         .port();
     let p = |v: u16| vec![v.to_string()];
-    let denied = |name: &'static str, args: Vec<String>, e: &'static str, caps: Caps| Attempt {
-        name,
-        args,
-        expect: Expect::Denied(e),
-        caps,
-    };
-    let allowed = |name: &'static str, args: Vec<String>, caps: Caps| Attempt {
-        name,
-        args,
-        expect: Expect::Allowed,
-        caps,
-    };
+    let (denied, allowed) = (Attempt::denied, Attempt::allowed);
     use Caps::{NoNet, Standard};
     let connect_only = Caps::Custom(format!(
         "{}  - net.connect: [\"127.0.0.1:{gport}\"]\n",
