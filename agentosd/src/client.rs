@@ -78,6 +78,12 @@ fn classify(e: zbus::Error) -> CliError {
             ),
             other => CliError::new(exit::FAILED, other.to_string()),
         },
+        zbus::Error::InputOutput(io) if io.kind() == std::io::ErrorKind::TimedOut => CliError::new(
+            exit::UNREACHABLE,
+            "agentosd did not answer in time (--timeout, 25 s unless set; 0 waits forever): \
+             it may be overloaded or stuck; see `journalctl -u agentosd`"
+                .to_string(),
+        ),
         zbus::Error::InputOutput(_)
         | zbus::Error::Address(_)
         | zbus::Error::Handshake(_)
@@ -95,8 +101,13 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect to `address`, else `$AGENTOS_BUS_ADDRESS`, else the system bus.
-    pub async fn connect(address: Option<&str>) -> Result<Self> {
+    /// Connect to `address`, else `$AGENTOS_BUS_ADDRESS`, else the system bus. Every method call
+    /// fails after `timeout` without an answer (`None`: waits forever), like busctl's
+    /// `--timeout`, so a stuck daemon is reported rather than waited for.
+    pub async fn connect(
+        address: Option<&str>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Self> {
         let addr = address.map(str::to_string).or_else(|| {
             std::env::var("AGENTOS_BUS_ADDRESS")
                 .ok()
@@ -105,6 +116,10 @@ impl Client {
         let builder = match &addr {
             Some(a) => zbus::connection::Builder::address(a.as_str()),
             None => zbus::connection::Builder::system(),
+        };
+        let builder = match timeout {
+            Some(t) => builder.method_timeout(t),
+            None => builder,
         };
         let conn = builder.build().await.map_err(|e| {
             CliError::new(
@@ -687,8 +702,8 @@ pub async fn is_active(c: &Client, agent: &str, quiet: bool) -> i32 {
 }
 
 /// `agentctl check`: the daemon's start-up probe; without a daemon, a local probe.
-pub async fn check(address: Option<&str>, json: bool) -> i32 {
-    let remote = match Client::connect(address).await {
+pub async fn check(address: Option<&str>, timeout: Option<std::time::Duration>, json: bool) -> i32 {
+    let remote = match Client::connect(address, timeout).await {
         Ok(c) => c.call::<_, String>("Check", &()).await,
         Err(e) => Err(e),
     };

@@ -464,3 +464,27 @@ fn two_hundred_agents() {
     assert!(fds < N * 2 + 64, "{fds} fds for {N} agents");
     assert!(threads < 32, "{threads} threads");
 }
+
+/// A daemon that owns its bus name but does not answer (here: stopped with SIGSTOP) is reported
+/// by agentctl after `--timeout` with exit 4, not waited for; `--timeout 0` is accepted, and a
+/// nonsensical value is a usage error. After SIGCONT the same command works.
+#[test]
+fn a_daemon_that_does_not_answer_is_reported_after_the_timeout() {
+    let (_bus, _cg, _dir, d) = setup!("ctltimeout");
+    // SAFETY: kill(2) on the PID of the daemon this test spawned and has not reaped.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGSTOP) };
+    let t0 = Instant::now();
+    let out = d.ctl(&["--timeout", "1", "list"]);
+    let took = t0.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGCONT) };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("did not answer in time"), "{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let bad = d.ctl(&["--timeout=-1", "list"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--timeout"));
+    d.ctl_ok(&["--timeout", "0", "list"]);
+    d.ctl_ok(&["list"]);
+}

@@ -309,6 +309,89 @@ print("denied", denied, "in", round(time.time() - t, 3), "s", flush=True)
 time.sleep(600)
 "#;
 
+/// Start agent `net/flood`, which sends `n` datagrams to an ungranted address as fast as it can
+/// (each refused by the cgroup BPF program) and then prints `denied N in S s`; returns its log.
+fn start_flooder(d: &Daemon, dir: &std::path::Path, n: u64) -> std::path::PathBuf {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let scripts = dir.join("scripts");
+    std::fs::create_dir(&scripts).unwrap();
+    std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = scripts.join("flood.py");
+    std::fs::write(&script, FLOOD).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let text = format!(
+        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: flood\ntenant: net\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{n}\", \"9\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"127.0.0.1:9\"]\nrestart: \"no\"\n",
+        script.display().to_string(),
+        scripts.display().to_string(),
+    );
+    let f = dir.join("flood.yaml");
+    std::fs::write(&f, text).unwrap();
+    d.ctl_ok(&["start", f.to_str().unwrap()]);
+    let st = d.wait_state("net/flood", "running", 10);
+    std::path::PathBuf::from(st["log_path"].as_str().unwrap())
+}
+
+/// CPU time (user + system) of process `pid` so far, from /proc/PID/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the command name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// An agent that never stops producing refused syscalls costs the daemon a bounded share of a
+/// CPU (the ring buffer is drained in batches with pauses, the rest counted as dropped) and
+/// never stops it answering: every `agentctl list` during ten seconds of flood answers within
+/// its timeout. Before the bound, the reader task held a tokio worker for good and a status
+/// call waited forever (seen in CI).
+#[test]
+fn an_endless_denial_flood_costs_the_daemon_a_bounded_share_and_never_its_answers() {
+    skip_unless_capable!();
+    if skip_without_bpf() {
+        return;
+    }
+    let bus = Bus::start();
+    let cg = TestCgroup::new("netendless");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let d = Daemon::start(&bus, &cg.path, &state);
+    let log = start_flooder(&d, dir.path(), 1_000_000_000);
+    std::thread::sleep(Duration::from_secs(1));
+    let (c0, t0) = (cpu_time(d.pid()), Instant::now());
+    let mut calls = 0;
+    while t0.elapsed() < Duration::from_secs(10) {
+        let out = d.ctl(&["--timeout", "10", "status", "net/flood", "--json"]);
+        assert!(
+            out.status.success(),
+            "status during the flood: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        calls += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let share = (cpu_time(d.pid()) - c0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    eprintln!(
+        "endless flood: {calls} status calls answered; daemon CPU {:.0} % of one core",
+        share * 100.0
+    );
+    assert!(
+        !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("denied "),
+        "the flooder is still flooding"
+    );
+    assert!(
+        share < 0.6,
+        "the daemon used {:.0} % of a CPU on one agent's refusals",
+        share * 100.0
+    );
+    d.ctl_ok(&["stop", "net/flood"]);
+}
+
 /// A flood of denied sendto: every denial is either an audit record or counted in a
 /// `denials-dropped` record (ring buffer or audit queue full), and the daemon stays responsive.
 #[test]
@@ -320,26 +403,10 @@ fn a_denial_flood_is_recorded_or_counted_never_silently_lost() {
     let bus = Bus::start();
     let cg = TestCgroup::new("netflood");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let state = dir.path().join("state");
     let d = Daemon::start(&bus, &cg.path, &state);
-    let scripts = dir.path().join("scripts");
-    std::fs::create_dir(&scripts).unwrap();
-    std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = scripts.join("flood.py");
-    std::fs::write(&script, FLOOD).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let n = 50_000;
-    let text = format!(
-        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: flood\ntenant: net\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{n}\", \"9\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"127.0.0.1:9\"]\nrestart: \"no\"\n",
-        script.display().to_string(),
-        scripts.display().to_string(),
-    );
-    let f = dir.path().join("flood.yaml");
-    std::fs::write(&f, text).unwrap();
-    d.ctl_ok(&["start", f.to_str().unwrap()]);
-    let st = d.wait_state("net/flood", "running", 10);
-    let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
+    let log = start_flooder(&d, dir.path(), n);
     let deadline = Instant::now() + Duration::from_secs(60);
     let line = loop {
         let t = std::fs::read_to_string(&log).unwrap_or_default();

@@ -16,6 +16,10 @@ struct Cli {
     /// D-Bus address of the daemon's bus [env: AGENTOS_BUS_ADDRESS; default: the system bus]
     #[arg(long, global = true)]
     bus_address: Option<String>,
+    /// Seconds to wait for the daemon's answer to each call (0: wait forever), like busctl's
+    /// --timeout
+    #[arg(long, global = true, default_value_t = 25.0, value_name = "SECS")]
+    timeout: f64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -226,6 +230,17 @@ fn main() {
 
 fn run(cli: Cli) -> i32 {
     let addr = cli.bus_address.as_deref();
+    // A negative, NaN or absurd value is a usage error, not a panic in Duration.
+    let timeout = match cli.timeout {
+        0.0 => None,
+        t if t.is_finite() && t > 0.0 && t <= 86_400.0 => {
+            Some(std::time::Duration::from_secs_f64(t))
+        }
+        t => {
+            eprintln!("agentctl: --timeout {t}: give seconds between 0 (wait forever) and 86400");
+            return exit::USAGE;
+        }
+    };
     match cli.cmd {
         Cmd::Validate { files, json } => {
             return agentosd::validate::run(
@@ -259,9 +274,9 @@ fn run(cli: Cli) -> i32 {
     };
     rt.block_on(async move {
         if let Cmd::Check { json } = cli.cmd {
-            return client::check(addr, json).await;
+            return client::check(addr, timeout, json).await;
         }
-        let c = match Client::connect(addr).await {
+        let c = match Client::connect(addr, timeout).await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("agentctl: {}", e.message);

@@ -597,42 +597,10 @@ pub fn check_line() -> String {
     }
 }
 
-/// Read denials from `ring` as they come and hand each to `on_denial`. Returns only when the
-/// fd cannot be polled.
-pub async fn read_events(ring: RingBuf<MapData>, mut on_denial: impl FnMut(Denial)) {
-    // SAFETY: the RingBuf owns its map fd and is moved into the AsyncFd, so the fd stays open
-    // and refers to the same ring buffer for the AsyncFd's whole lifetime.
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
-    };
-    let mut afd = match registered {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::error!(
-                "cannot poll the BPF LSM ring buffer: {e}; filesystem denials are NOT reported"
-            );
-            return;
-        }
-    };
-    loop {
-        let mut guard = match afd.readable_mut().await {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::error!(
-                    "BPF LSM ring buffer poll: {e}; filesystem denials are NOT reported"
-                );
-                return;
-            }
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            match Denial::decode(&item) {
-                Some(d) => on_denial(d),
-                None => tracing::warn!("short BPF LSM event of {} bytes ignored", item.len()),
-            }
-        }
-        guard.clear_ready();
-    }
+/// Read denials from `ring` as they come and hand each to `on_denial`, within the daemon's
+/// budget for a ring ([`super::read_ring`]). Returns only when the fd cannot be polled.
+pub async fn read_events(ring: RingBuf<MapData>, on_denial: impl FnMut(Denial)) {
+    super::read_ring(ring, "BPF LSM", Denial::decode, on_denial).await
 }
 
 #[cfg(test)]

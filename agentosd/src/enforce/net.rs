@@ -1073,40 +1073,10 @@ fn load_lsm(bpf: &mut aya::Ebpf) -> Result<bool, String> {
     Ok(false)
 }
 
-/// Read denials from `ring` as they come (tokio `AsyncFd` on the ring buffer's fd) and hand each
-/// to `on_denial`. Returns only when the fd cannot be polled.
-pub async fn read_events(ring: RingBuf<MapData>, mut on_denial: impl FnMut(Denial)) {
-    // SAFETY: the RingBuf owns its map fd and is moved into the AsyncFd, so the fd stays open
-    // and refers to the same ring buffer for the AsyncFd's whole lifetime.
-    let registered = unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
-    };
-    let mut afd = match registered {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::error!(
-                "cannot poll the BPF ring buffer: {e}; kernel denials are NOT reported"
-            );
-            return;
-        }
-    };
-    loop {
-        let mut guard = match afd.readable_mut().await {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::error!("BPF ring buffer poll: {e}; kernel denials are NOT reported");
-                return;
-            }
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            match Denial::decode(&item) {
-                Some(d) => on_denial(d),
-                None => tracing::warn!("short BPF event of {} bytes ignored", item.len()),
-            }
-        }
-        guard.clear_ready();
-    }
+/// Read denials from `ring` as they come and hand each to `on_denial`, within the daemon's
+/// budget for a ring ([`super::read_ring`]). Returns only when the fd cannot be polled.
+pub async fn read_events(ring: RingBuf<MapData>, on_denial: impl FnMut(Denial)) {
+    super::read_ring(ring, "network BPF", Denial::decode, on_denial).await
 }
 
 /// Try to load (not attach) the programs: for `agentosd check`.

@@ -987,7 +987,10 @@ fn bench(
         .build()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
-        let c = rt.block_on(agentosd::client::Client::connect(Some(&bus)));
+        let c = rt.block_on(agentosd::client::Client::connect(
+            Some(&bus),
+            Some(Duration::from_secs(25)),
+        ));
         if let Ok(c) = c
             && rt.block_on(agentosd::client::list_rows(&c)).is_ok()
         {
