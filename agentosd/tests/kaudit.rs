@@ -134,23 +134,39 @@ fn denials_of(state_dir: &Path, agent: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
-    skip_unless_capable!();
+/// The tests of this binary change `audit_enabled` for their duration: one at a time.
+static AUDIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether Landlock can log and the daemon can read the log here (else the test is skipped with
+/// the reason); kernel audit is then enabled until the returned guard drops.
+fn landlock_audit(test: &str) -> Option<AuditEnabled> {
     match agentosd::sandbox::landlock::kernel_abi() {
         Some(v) if v >= 7 => {}
         other => {
             common::skip(
-                module_path!(),
+                test,
                 &format!("Landlock ABI {other:?} has no audit logging (needs 7)"),
             );
-            return;
+            return None;
         }
     }
     if let Err(e) = kaudit::open_readlog() {
-        common::skip(module_path!(), &e.to_string());
-        return;
+        common::skip(test, &e.to_string());
+        return None;
     }
+    match AuditEnabled::ensure() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            common::skip(test, &e.to_string());
+            None
+        }
+    }
+}
+
+#[test]
+fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
+    skip_unless_capable!();
+    let _one = AUDIT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if !Path::new("/usr/bin/perl").exists() {
         common::skip(
             module_path!(),
@@ -165,12 +181,8 @@ fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
             "errno is not in /proc/sys/kernel/seccomp/actions_logged (not changed by tests)",
         );
     }
-    let _audit = match AuditEnabled::ensure() {
-        Ok(g) => g,
-        Err(e) => {
-            common::skip(module_path!(), &e.to_string());
-            return;
-        }
+    let Some(_audit) = landlock_audit(module_path!()) else {
+        return;
     };
 
     let bus = Bus::start();
@@ -331,4 +343,74 @@ fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// CPU time (user + system) of process `pid` so far, from /proc/PID/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15, the 12th and 13th after the command name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// An agent that opens a file outside its Landlock scope in a loop, without end, costs the
+/// daemon's audit reader a bounded share of a CPU (the reader's budget; the rest overruns the
+/// socket and is counted) and the daemon keeps answering.
+#[test]
+fn an_endless_landlock_denial_loop_costs_the_daemon_a_bounded_share() {
+    skip_unless_capable!();
+    let _one = AUDIT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if !Path::new("/usr/bin/perl").exists() {
+        common::skip(
+            module_path!(),
+            "/usr/bin/perl (the looping agent) is missing",
+        );
+        return;
+    }
+    let Some(_audit) = landlock_audit(module_path!()) else {
+        return;
+    };
+    let bus = Bus::start();
+    let cg = TestCgroup::new("kauditflood");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&bus, &cg.path, dir.path());
+    let looper = contract(
+        dir.path(),
+        "looper",
+        r#"{ command: /usr/bin/perl, args: ["-e", "$n = 0; while (1) { open(my $f, '<', '/etc/hostname') and die 'opened'; $n++ }"] }"#,
+        "",
+    );
+    d.ctl_ok(&["start", looper.to_str().unwrap()]);
+    d.wait_state("looper", "running", 10);
+    std::thread::sleep(Duration::from_secs(1));
+    let (c0, t0) = (cpu_time(d.pid()), Instant::now());
+    let mut calls = 0;
+    while t0.elapsed() < Duration::from_secs(8) {
+        let out = d.ctl(&["--timeout", "10", "status", "looper", "--json"]);
+        assert!(
+            out.status.success(),
+            "status during the loop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        calls += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let share = (cpu_time(d.pid()) - c0).as_secs_f64() / t0.elapsed().as_secs_f64();
+    let recorded = denials_of(dir.path(), "looper").len();
+    eprintln!(
+        "landlock loop: {calls} status calls answered, {recorded} denial records; daemon CPU {:.0} % of one core",
+        share * 100.0
+    );
+    assert!(recorded > 0, "the loop's denials are recorded");
+    assert!(
+        share < 0.6,
+        "the daemon used {:.0} % of a CPU on one agent's Landlock denials",
+        share * 100.0
+    );
+    d.ctl_ok(&["stop", "looper"]);
 }

@@ -797,6 +797,7 @@ pub fn run(
     let (mut overruns, mut overruns_total) = (0u64, 0u64);
     let mut last_lost = status().ok().map(|s| s.lost);
     let mut last_check = Instant::now();
+    let mut budget = super::RateBudget::new(last_check);
     while !stop() {
         // SAFETY: recv(2) into a live buffer of the given length.
         let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -815,7 +816,14 @@ pub fn run(
                 }
             }
         } else {
+            let mut pause = None;
             for (ty, payload) in messages(&buf[..n as usize]) {
+                // The daemon's budget for kernel denials (an agent looping over refused
+                // syscalls): over it, the reader sleeps after this buffer and the socket
+                // overruns, counted as `SocketOverrun` below.
+                if let Err(p) = budget.spend(now) {
+                    pause = Some(p);
+                }
                 let Ok(text) = std::str::from_utf8(payload) else {
                     continue;
                 };
@@ -824,6 +832,9 @@ pub fn run(
                         sink(Ok(o));
                     }
                 }
+            }
+            if let Some(p) = pause {
+                std::thread::sleep(p);
             }
         }
         for o in corr.expire(now) {

@@ -14,18 +14,51 @@ pub mod sysc;
 
 /// The causes of an error (aya's load errors keep the kernel's verifier text there), each after
 /// ": ".
-/// How fast the daemon drains a BPF ring buffer of denials: at most `RING_BATCH` events per
-/// wakeup, and after a full batch a pause of `RING_PAUSE` before the next, so an agent that
-/// loops over refused syscalls costs the daemon at most about 2 500 records per second per
-/// ring (one tokio task, never a worker held). What the agent produces beyond that stays in the
-/// ring until the kernel drops it, counted in the ring's loss counter, which the daemon reports
-/// as an audit record every 2 s (never silently lost).
-pub const RING_BATCH: usize = 256;
-pub const RING_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How fast the daemon takes in kernel denials (BPF ring buffers, the audit netlink socket): at
+/// most [`RateBudget::PER_WINDOW`] events per [`RateBudget::WINDOW`], about 2 500 a second per
+/// source. An agent that loops over refused syscalls thus costs the daemon a bounded share of a
+/// CPU and never holds a tokio worker; what it produces beyond the budget waits in the ring or
+/// socket until the kernel drops it, counted (ring loss counter, socket overrun), and the daemon
+/// reports the count as an audit record every 2 s (never silently lost).
+#[derive(Debug)]
+pub struct RateBudget {
+    start: std::time::Instant,
+    spent: usize,
+}
+
+impl RateBudget {
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+    pub const PER_WINDOW: usize = 256;
+
+    pub fn new(now: std::time::Instant) -> Self {
+        RateBudget {
+            start: now,
+            spent: 0,
+        }
+    }
+
+    /// Whether one more event fits the current window; if not, how long to pause (the rest of
+    /// the window), after which the next window starts.
+    pub fn spend(&mut self, now: std::time::Instant) -> Result<(), std::time::Duration> {
+        let elapsed = now.saturating_duration_since(self.start);
+        if elapsed >= Self::WINDOW {
+            self.start = now;
+            self.spent = 0;
+        }
+        if self.spent < Self::PER_WINDOW {
+            self.spent += 1;
+            return Ok(());
+        }
+        let pause = Self::WINDOW.saturating_sub(elapsed);
+        self.start = now + pause;
+        self.spent = 0;
+        Err(pause)
+    }
+}
 
 /// Read events from a BPF ring buffer as they come (tokio `AsyncFd` on its fd), decode each with
-/// `decode` and hand it to `on_event`, within the budget above. `what` names the ring in
-/// errors. Returns only when the fd cannot be polled.
+/// `decode` and hand it to `on_event`, within a [`RateBudget`] (the task sleeps when it is
+/// spent). `what` names the ring in errors. Returns only when the fd cannot be polled.
 pub async fn read_ring<T>(
     ring: aya::maps::RingBuf<aya::maps::MapData>,
     what: &str,
@@ -46,6 +79,7 @@ pub async fn read_ring<T>(
             return;
         }
     };
+    let mut budget = RateBudget::new(std::time::Instant::now());
     loop {
         let mut guard = match afd.readable_mut().await {
             Ok(g) => g,
@@ -54,23 +88,28 @@ pub async fn read_ring<T>(
                 return;
             }
         };
+        let mut pause = None;
         let ring = guard.get_inner_mut();
-        let mut n = 0;
-        while n < RING_BATCH {
+        loop {
+            if let Err(p) = budget.spend(std::time::Instant::now()) {
+                pause = Some(p);
+                break;
+            }
             let Some(item) = ring.next() else { break };
-            n += 1;
             match decode(&item) {
                 Some(ev) => on_event(ev),
                 None => tracing::warn!("short {what} event of {} bytes ignored", item.len()),
             }
         }
-        if n < RING_BATCH {
-            guard.clear_ready();
-        } else {
-            // A full batch: more may be waiting. Keep the readiness and pause (the task
-            // sleeps; no worker thread is held), which bounds the rate.
-            drop(guard);
-            tokio::time::sleep(RING_PAUSE).await;
+        match pause {
+            // Drained: wait for the next wakeup.
+            None => guard.clear_ready(),
+            // The budget is spent and more may be waiting: keep the readiness and sleep (the
+            // task sleeps; no worker thread is held).
+            Some(p) => {
+                drop(guard);
+                tokio::time::sleep(p).await;
+            }
         }
     }
 }
@@ -134,5 +173,41 @@ impl AgentCgroups {
                 .find(|(c, _, _)| *c == cgroup_id)
                 .map(|(_, t, n)| (t.clone(), n.clone()))
         })
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::RateBudget;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_window_admits_its_budget_then_asks_for_the_rest_of_the_window() {
+        let t0 = Instant::now();
+        let mut b = RateBudget::new(t0);
+        for _ in 0..RateBudget::PER_WINDOW {
+            assert_eq!(b.spend(t0 + Duration::from_millis(30)), Ok(()));
+        }
+        assert_eq!(
+            b.spend(t0 + Duration::from_millis(30)),
+            Err(Duration::from_millis(70)),
+            "the 257th event in a window waits for the window's end"
+        );
+        // After the pause a new window starts with a full budget.
+        assert_eq!(b.spend(t0 + Duration::from_millis(100)), Ok(()));
+    }
+
+    #[test]
+    fn a_slow_source_is_never_paused() {
+        let t0 = Instant::now();
+        let mut b = RateBudget::new(t0);
+        for i in 0..10_000u64 {
+            // 2 000 a second: under 256 per 100 ms.
+            assert_eq!(
+                b.spend(t0 + Duration::from_micros(500 * i)),
+                Ok(()),
+                "event {i}"
+            );
+        }
     }
 }
