@@ -113,14 +113,61 @@ fn cargo(args: &[&str]) -> Result<()> {
 }
 
 fn cargo_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
+    cargo_within(args, env, None)
+}
+
+/// `cargo ARGS` with `env`; with a `limit`, cargo runs in its own process group, which is
+/// killed (with every test binary and daemon it started) when the limit passes, so a test that
+/// hangs fails the run with a message instead of holding CI until its own time limit.
+fn cargo_within(
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+    limit: Option<std::time::Duration>,
+) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .status()
+    run_within(&cargo, args, env, limit)
+}
+
+fn run_within(
+    program: &str,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+    limit: Option<std::time::Duration>,
+) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let cargo = program;
+    let mut cmd = Command::new(cargo);
+    cmd.args(args).envs(env.iter().copied());
+    if limit.is_some() {
+        cmd.process_group(0);
+    }
+    let mut child = cmd
+        .spawn()
         .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if let Some(l) = limit
+            && started.elapsed() > l
+        {
+            // SAFETY: kill(2) on the process group of the child we spawned with
+            // process_group(0) (its pgid is its pid) and have not reaped.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            bail!(
+                "{cargo} {} ran over its limit of {} s and was killed with every process it \
+                 started; the test named last above with \"has been running for over 60 \
+                 seconds\" is the one that hangs",
+                args.join(" "),
+                l.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     if !status.success() {
-        bail!("cargo {} failed ({status})", args.join(" "));
+        bail!("{cargo} {} failed ({status})", args.join(" "));
     }
     Ok(())
 }
@@ -139,16 +186,50 @@ fn test(host_only: bool, allow_skips: bool) -> Result<()> {
     // The MCP tests drive the daemon with real clients and servers from the registries.
     let peers = peers::ensure()?;
     let no_skip = if allow_skips { "0" } else { "1" };
-    cargo_with(
+    // The host suite takes about 3 min here after the build; 45 min leaves room for a cold
+    // build on a slow machine and still stops a hang well inside CI's 90.
+    cargo_within(
         &["test", "--workspace"],
         &[
             ("AGENTOS_MCP_PEERS", peers.as_os_str()),
             ("AGENTOS_TEST_NO_SKIP", no_skip.as_ref()),
         ],
+        Some(std::time::Duration::from_secs(45 * 60)),
     )?;
     if host_only {
         eprintln!("xtask test: the VM suite was left out (--host-only); run `cargo xtask vm test`");
         return Ok(());
     }
     vm::test_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_within;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_command_over_its_limit_is_killed_with_its_group_and_named() {
+        let t0 = Instant::now();
+        // A shell whose child would outlive it if only the shell were killed.
+        let e = run_within(
+            "/bin/sh",
+            &["-c", "sleep 30 & sleep 30"],
+            &[],
+            Some(Duration::from_millis(500)),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        assert!(e.contains("ran over its limit"), "{e}");
+        let r = run_within(
+            "/bin/sh",
+            &["-c", "exit 0"],
+            &[],
+            Some(Duration::from_secs(30)),
+        );
+        assert!(r.is_ok(), "{r:?}");
+        let r = run_within("/bin/sh", &["-c", "exit 3"], &[], None);
+        assert!(r.unwrap_err().to_string().contains("failed"));
+    }
 }
