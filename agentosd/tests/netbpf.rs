@@ -286,6 +286,25 @@ fn ungranted_destinations_get_eperm_and_are_audited() {
         .unwrap()
         .send_to(b"host", ("127.0.0.2", up))
         .expect("the host outside agents/ is not filtered");
+
+    // An address prefix grant (`ADDR/LEN:PORT`): 127.0.0.0/31 holds 127.0.0.1, not 127.0.0.2.
+    let prefix = contract(
+        "prefix",
+        &format!("  - net.connect: [\"127.0.0.0/31:{up}\", \"127.0.0.0/31:{tp}\"]\n"),
+    );
+    d.ctl_ok(&["start", prefix.to_str().unwrap()]);
+    let st = d.wait_state("net/prefix", "running", 10);
+    let r = results(Path::new(st["log_path"].as_str().unwrap()), 1);
+    eprintln!("prefix agent: {r:?}");
+    assert_eq!(result_of(&r, "udp-granted"), "ok");
+    let (n, _) = udp.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"agent datagram");
+    assert_eq!(result_of(&r, "tcp-granted"), "ok");
+    assert_eq!(result_of(&r, "udp-other-host"), "err EPERM");
+    assert_eq!(result_of(&r, "tcp-other-host"), "err EPERM");
+    assert_eq!(result_of(&r, "udp-other-port"), "err EPERM");
+    d.ctl_ok(&["stop", "net/prefix"]);
+
     let o = Command::new(common::agentctl_bin())
         .args(["audit", "verify", "--state-dir"])
         .arg(&state)

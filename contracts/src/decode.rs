@@ -894,16 +894,38 @@ pub(crate) fn normalize_path(s: &str) -> Option<String> {
     })
 }
 
+/// A network scope: `HOST:PORT` with HOST a name, an address, `[v6]` or `*`, or an address
+/// prefix `ADDR/LEN` (`10.0.0.0/8:443`, `[fd00::/8]:443`: LEN up to 32 or 128), and PORT
+/// 1-65535 or `*`. The daemon's policy builder (`enforce::net`) reads the same forms.
 pub(crate) fn net_scope_ok(s: &str) -> bool {
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
     };
     let port_ok = port == "*" || port.parse::<u16>().is_ok_and(|p| p > 0);
     let host_ok = !host.is_empty()
-        && !host
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '/');
+        && !host.chars().any(|c| c.is_whitespace() || c.is_control())
+        && prefix_ok(host);
     port_ok && host_ok
+}
+
+/// A HOST with a `/` must be an address prefix: an IP address literal (in brackets or not) and a
+/// length within the address's bits. A HOST without one is not checked here.
+fn prefix_ok(host: &str) -> bool {
+    let inner = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let Some((addr, len)) = inner.split_once('/') else {
+        return !host.contains('/');
+    };
+    let max = match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => 32,
+        Ok(std::net::IpAddr::V6(_)) => 128,
+        Err(_) => return false,
+    };
+    len.bytes().all(|b| b.is_ascii_digit())
+        && !len.is_empty()
+        && len.parse::<u8>().is_ok_and(|l| l <= max)
 }
 
 fn decode_scope(
@@ -936,7 +958,7 @@ fn decode_scope(
                 if net_scope_ok(&s) {
                     out.push(s);
                 } else {
-                    dec.err(pos, field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")"));
+                    dec.err(pos, field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")"));
                 }
             }
             CapabilityKind::Tool => {

@@ -737,7 +737,7 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
                             needs.net_bind.push(s);
                         }
                     } else {
-                        dec.err(pos, &field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address or \"*\"; PORT 1-65535 or \"*\")"));
+                        dec.err(pos, &field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")"));
                     }
                 }
                 _ => match normalize_path(&s) {
