@@ -373,8 +373,16 @@ fn shipped_bus_policy_and_daemon_rules_per_verb_and_caller() {
         out_text(&o)
     );
 
-    // Escape sequences of the agent reach no operator screen raw.
-    std::thread::sleep(Duration::from_millis(300));
+    // Escape sequences of the agent reach no operator screen raw. First wait for the agent's
+    // line to be in its log (a positive marker, not a fixed sleep).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !out_text(&ctl(&b, ROOT, &["logs", "acme/worker", "-n", "5"])).contains("hello") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent's line never reached its log"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for args in [
         &["logs", "acme/worker", "-n", "5"][..],
         &["status", "acme/worker"][..],

@@ -142,6 +142,20 @@ fn start_freeze_thaw_stop_via_agentctl() {
     assert_eq!(len1, len2, "log grew while frozen");
     d.ctl_ok(&["thaw", "ticker"]);
     assert_eq!(d.status_json("ticker")["state"], "running");
+    // The 600 ms above proves something only because the same log grows once thawed (the
+    // ticker writes every 200 ms).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::metadata(st["log_path"].as_str().unwrap())
+        .unwrap()
+        .len()
+        == len2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the thawed ticker never wrote again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let ev = std::fs::read_to_string(cgpath.join("cgroup.events")).unwrap();
     assert!(ev.contains("frozen 0"), "{ev}");
 
@@ -318,7 +332,15 @@ fn kill9_of_daemon_then_readopt_same_pids() {
     // one agent dies while the daemon is away
     // SAFETY: kill(2) on the PID of an agent this test started.
     unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) };
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while common::alive(pids[1]) {
+        assert!(
+            Instant::now() < deadline,
+            "agent {} survived SIGKILL",
+            pids[1]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     d.spawn();
     let after = d.list_json();
