@@ -8,7 +8,12 @@
  *
  * lsm/file_open: an open for reading needs a read grant, for writing a write grant.
  * lsm/bprm_check_security: the file an execve runs (and each script interpreter) needs an exec
- * grant. Refusals return -EACCES (what Landlock returns) and go to the ring buffer `fs_events`.
+ * grant. lsm/mmap_file and lsm/file_mprotect (optional: the daemon runs without them, saying so,
+ * where they do not load): mapping a file executable, or making a file mapping executable, needs
+ * an exec grant too, so the dynamic loader run by hand (`ld.so $HOME/prog`), dlopen() of a
+ * library the agent wrote, or a loader of its own cannot run code from a file outside the exec
+ * grants (Landlock does not check mmap). Anonymous executable memory (JITs) stays allowed.
+ * Refusals return -EACCES (what Landlock returns) and go to the ring buffer `fs_events`.
  *
  * Both programs are global: a process whose cgroup is not an agent's costs one hash lookup miss
  * (`fs_agents`) and is left alone. Files on kernel-internal mounts and pseudo filesystems
@@ -36,6 +41,9 @@ char LICENSE[] SEC("license") = "GPL";
 #define FMODE_READ 0x1
 #define FMODE_WRITE 0x2
 #define __FMODE_EXEC 0x20
+#define PROT_EXEC 0x4
+#define AF_INET 2
+#define AF_INET6 10
 
 struct super_block {
 	unsigned long s_flags;
@@ -70,6 +78,23 @@ struct file {
 
 struct linux_binprm {
 	struct file *file;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	unsigned short skc_family;
+	__u16 skc_num;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct sock *sk;
+} __attribute__((preserve_access_index));
+
+struct vm_area_struct {
+	struct file *vm_file;
 } __attribute__((preserve_access_index));
 
 /* Cgroup id of an agent -> 1: "this cgroup is an agent's, check it". */
@@ -193,6 +218,46 @@ static __always_inline int check(struct file *file, __u64 cgid, __u8 hook, __u8 
 	return -EACCES;
 }
 
+/* A refusal (`err`) without a path lookup to `fs_events`: for lsm/socket_bind `path` is '@' and
+ * the abstract name's bytes (they may hold NULs: `f_flags` is their count), for
+ * lsm/socket_listen `path` is empty and `f_flags` the socket's family, for lsm/file_mprotect
+ * `path` is empty (the hook has none) and `f_flags` the file's open flags. */
+static __always_inline int refuse(__u64 cgid, __u8 hook, int err, const char *address, int arg)
+{
+	count(AGENTOS_FS_STAT_DENIED);
+	struct agentos_fs_event *e = bpf_ringbuf_reserve(&fs_events, sizeof(*e), 0);
+	if (!e) {
+		count(AGENTOS_FS_STAT_EVENTS_DROPPED);
+		return err;
+	}
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	e->cgroup_id = cgid;
+	e->time_ns = bpf_ktime_get_ns();
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->hook = hook;
+	e->want = 0;
+	e->granted = 0;
+	e->flags = AGENTOS_FS_EV_NO_PREFIX;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	__builtin_memset(e->path, 0, sizeof(e->path));
+	e->f_flags = (__u32)arg;
+	if (address) {
+		/* sun_path[1..]: the name after the leading NUL, addrlen - 3 bytes. */
+		__u32 n = arg > 3 ? (__u32)arg - 3 : 0;
+		if (n > AGENTOS_FS_EVENT_PATH - 2) {
+			n = AGENTOS_FS_EVENT_PATH - 2;
+			e->flags |= AGENTOS_FS_EV_PATH_CUT;
+		}
+		e->path[0] = '@';
+		e->f_flags = n;
+		if (n && bpf_probe_read_kernel(&e->path[1], n & 0xff, address + 3))
+			e->f_flags = 0;
+	}
+	bpf_ringbuf_submit(e, 0);
+	return err;
+}
+
 SEC("lsm/file_open")
 int BPF_PROG(agentos_lsm_file_open, struct file *file, int ret)
 {
@@ -227,6 +292,48 @@ int BPF_PROG(agentos_lsm_bprm_check, struct linux_binprm *bprm, int ret)
 	return check(file, cgid, AGENTOS_HOOK_LSM_BPRM_CHECK, AGENTOS_FS_EXEC);
 }
 
+/* `prot` is what the kernel will apply (PROT_EXEC added for READ_IMPLIES_EXEC too); the file
+ * may be NULL (anonymous memory: JITs, never checked). */
+SEC("lsm/mmap_file")
+int BPF_PROG(agentos_lsm_mmap_file, struct file *file, unsigned long reqprot, unsigned long prot,
+	     unsigned long flags, int ret)
+{
+	if (ret)
+		return ret;
+	if (!file || !(prot & PROT_EXEC))
+		return 0;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	return check(file, cgid, AGENTOS_HOOK_LSM_MMAP_FILE, AGENTOS_FS_EXEC);
+}
+
+/* mprotect() adding PROT_EXEC to a mapping of a file. The kernel gives no path here (bpf_d_path
+ * is not allowed in this hook), so the grant cannot be looked up: refused for every file outside
+ * the pseudo filesystems (memfd and other internal files stay allowed, as in check()). A file is
+ * mapped executable at mmap(), where lsm/mmap_file checks its path: the dynamic loader does so;
+ * only text relocations (DT_TEXTREL, rare, refused by SELinux's execmod too) are refused. */
+SEC("lsm/file_mprotect")
+int BPF_PROG(agentos_lsm_file_mprotect, struct vm_area_struct *vma, unsigned long reqprot,
+	     unsigned long prot, int ret)
+{
+	if (ret)
+		return ret;
+	if (!(prot & PROT_EXEC))
+		return 0;
+	struct file *file = vma->vm_file;
+	if (!file)
+		return 0; /* anonymous memory */
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	if (exempt(file)) {
+		count(AGENTOS_FS_STAT_UNCHECKED);
+		return 0;
+	}
+	return refuse(cgid, AGENTOS_HOOK_LSM_FILE_MPROTECT, -EACCES, NULL, (int)file->f_flags);
+}
+
 /* Abstract Unix socket names (sun_path[0] == 0) have no file and no permission bits, and are
  * per network namespace: an agent sharing the host's (one with network grants) could bind the
  * name of a host service before the service does and receive its clients (impersonation).
@@ -254,5 +361,29 @@ int BPF_PROG(agentos_lsm_socket_bind, struct socket *sock, struct sockaddr *addr
 		return 0;
 	if (first != 0)
 		return 0; /* a pathname socket: file permissions and Landlock decide */
-	return -EPERM;
+	return refuse(cgid, AGENTOS_HOOK_LSM_SOCKET_BIND, -EPERM, (const char *)address, addrlen);
 }
+
+/* listen() on an IPv4/IPv6 socket that is not bound makes the kernel pick a port (autobind)
+ * after every bind hook: the agent would listen on a port nobody granted. Refused for every
+ * agent (EPERM): bind first, to a port net.bind grants (the cgroup bind hooks check it, and an
+ * ephemeral TCP bind needs a grant of any port). Optional, like socket_bind. */
+SEC("lsm/socket_listen")
+int BPF_PROG(agentos_lsm_socket_listen, struct socket *sock, int backlog, int ret)
+{
+	if (ret)
+		return ret;
+	__u64 cgid = bpf_get_current_cgroup_id();
+	if (!bpf_map_lookup_elem(&fs_agents, &cgid))
+		return 0; /* not an agent */
+	struct sock *sk = sock->sk;
+	if (!sk)
+		return 0;
+	unsigned short family = sk->__sk_common.skc_family;
+	if (family != AF_INET && family != AF_INET6)
+		return 0; /* Unix sockets: a path or an abstract name, checked at bind */
+	if (sk->__sk_common.skc_num != 0)
+		return 0; /* bound: the cgroup bind hooks checked the port */
+	return refuse(cgid, AGENTOS_HOOK_LSM_SOCKET_LISTEN, -EPERM, NULL, family);
+}
+

@@ -60,6 +60,9 @@ enum agentos_hook {
 	AGENTOS_HOOK_BIND4 = 7,
 	AGENTOS_HOOK_BIND6 = 8,
 	AGENTOS_HOOK_SOCK_CREATE = 9,
+	/* 10 and 11: the filesystem hooks below */
+	AGENTOS_HOOK_INGRESS = 12, /* cgroup_skb/ingress: a datagram dropped, not a syscall refused */
+	/* 13 and 14: the socket hooks of the filesystem program set below */
 };
 
 /* Why it refused. */
@@ -125,6 +128,11 @@ struct agentos_fs_key {
 /* Which program refused (after the network hooks' numbers). */
 #define AGENTOS_HOOK_LSM_FILE_OPEN 5
 #define AGENTOS_HOOK_LSM_BPRM_CHECK 6
+#define AGENTOS_HOOK_LSM_MMAP_FILE 10
+#define AGENTOS_HOOK_LSM_FILE_MPROTECT 11
+/* Socket refusals (EPERM) the filesystem program set reports in the same ring buffer. */
+#define AGENTOS_HOOK_LSM_SOCKET_BIND 13
+#define AGENTOS_HOOK_LSM_SOCKET_LISTEN 14
 
 /* Event flags. */
 #define AGENTOS_FS_EV_PATH_CUT 1   /* the path was longer than AGENTOS_FS_EVENT_PATH - 1 */
@@ -136,8 +144,8 @@ struct agentos_fs_event {
 	__u64 time_ns;
 	__u32 pid;
 	__u32 tid;
-	__u32 f_flags;  /* the open flags (O_*) */
-	__u8 hook;      /* AGENTOS_HOOK_LSM_FILE_OPEN / _BPRM_CHECK */
+	__u32 f_flags;  /* the open flags (O_*); socket hooks: see refuse_sock in fs.bpf.c */
+	__u8 hook;      /* AGENTOS_HOOK_LSM_FILE_OPEN / _BPRM_CHECK / _MMAP_FILE / _FILE_MPROTECT */
 	__u8 want;      /* AGENTOS_FS_* asked for */
 	__u8 granted;   /* AGENTOS_FS_* the longest matching prefix grants */
 	__u8 flags;     /* AGENTOS_FS_EV_* */

@@ -6,7 +6,13 @@
  * agent's policy, looked up by cgroup id (bpf_get_current_cgroup_id):
  *
  *   cgroup/connect4, connect6, sendmsg4, sendmsg6: the destination must be granted (net.connect)
- *   cgroup/bind4, bind6: the local address must be granted (net.bind), TCP and UDP alike
+ *   cgroup/bind4, bind6: the local address must be granted (net.bind), TCP and UDP alike; an
+ *     ephemeral bind (port 0) needs no grant for UDP (a client's autobind made explicit) and a
+ *     grant of any port (`ADDR:*`) for TCP (else bind(0) + listen() would listen on a port
+ *     nobody granted; listen() on an unbound socket is fs.bpf.c's lsm/socket_listen)
+ *   cgroup_skb/ingress: a datagram reaches an agent's UDP socket only from a granted net.connect
+ *     destination, or on a socket bound to a granted net.bind address, and a SYN an agent's TCP
+ *     listener only on a granted net.bind address (else dropped)
  *   cgroup/sock_create: an agent without any network grant creates no IPv4/IPv6 socket; one with
  *     a grant only TCP (SOCK_STREAM/IPPROTO_TCP) and UDP (SOCK_DGRAM/IPPROTO_UDP) ones, so no
  *     raw, MPTCP, SCTP, UDP-Lite or ICMP echo socket. The second layer after seccomp's socket
@@ -108,7 +114,9 @@ static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 fam
 		count(AGENTOS_STAT_EVENTS_DROPPED);
 		return;
 	}
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	/* A packet arrives in whatever task (or softirq) the kernel is in: no pid of the agent's. */
+	int in_task = hook != AGENTOS_HOOK_INGRESS;
+	__u64 pid_tgid = in_task ? bpf_get_current_pid_tgid() : 0;
 	e->cgroup_id = cgid;
 	e->time_ns = bpf_ktime_get_ns();
 	e->pid = pid_tgid >> 32;
@@ -123,7 +131,10 @@ static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 fam
 	e->hook = hook;
 	e->reason = reason;
 	__builtin_memset(e->_pad, 0, sizeof(e->_pad));
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	if (in_task)
+		bpf_get_current_comm(e->comm, sizeof(e->comm));
+	else
+		__builtin_memset(e->comm, 0, sizeof(e->comm));
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -144,11 +155,12 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
 	__u8 reason = AGENTOS_REASON_NO_POLICY;
 	if (pol) {
-		/* An ephemeral bind (port 0) is what the kernel's autobind does on sendto/connect,
+		/* An ephemeral UDP bind (port 0) is what the kernel's autobind does on sendto,
 		 * which no hook sees: no port of the agent's choosing, and UDP clients (Rust's
-		 * UdpSocket::bind("0.0.0.0:0"), Python's bind(("", 0))) need it. listen() still
-		 * needs net.bind (seccomp). */
-		if ((kind == AGENTOS_NET_RULE_BIND && port == 0) ||
+		 * UdpSocket::bind("0.0.0.0:0"), Python's bind(("", 0))) need it. A TCP one is
+		 * the first half of listening on a port nobody granted (bind(0) + listen()): it
+		 * needs a bind grant for any port of that address (`ADDR:*`), like any bind. */
+		if ((kind == AGENTOS_NET_RULE_BIND && port == 0 && ctx->type != SOCK_STREAM) ||
 		    granted(pol, family, dst, port, kind)) {
 			count(AGENTOS_STAT_ALLOWED);
 			return 1;
@@ -219,6 +231,87 @@ int agentos_sock_create(struct bpf_sock *ctx)
 	count(AGENTOS_STAT_DENIED);
 	report(cgid, AGENTOS_HOOK_SOCK_CREATE, reason, ctx->family, none, 0,
 	       (type << 16) | (protocol & 0xffff));
+	return 0;
+}
+
+/* Packets to an agent's sockets. A UDP socket receives from anyone who knows its port
+ * (connect() and sendto() bind one implicitly), so an agent granted one destination could be sent
+ * to by every host that reaches it. A datagram is delivered only when its sender (source address
+ * and port) is a granted net.connect destination, or the socket's local address is a granted
+ * net.bind one (a server receives from whoever may reach its port); otherwise it is dropped and
+ * reported. A TCP listener hears SYNs only on a granted net.bind address: listen() on an unbound
+ * socket makes the kernel pick a port after every bind hook (closed by lsm/socket_listen where
+ * BPF LSM loads, and here on every host: nobody can connect to that port). Other TCP sockets
+ * are left alone: a connection's peer was checked at connect(), or its listener here. The
+ * cgroup is the socket's (the agent that made it), not the current task's. */
+SEC("cgroup_skb/ingress")
+int agentos_ingress(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 1; /* request and time-wait sockets: their listener saw the SYN */
+	__u32 proto = sk->protocol;
+	/* TCP: a connection's peer was checked at connect(); only a listener is filtered. */
+	if (proto == IPPROTO_TCP && sk->state != BPF_TCP_LISTEN)
+		return 1;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 1;
+	/* The socket's local address, read here, each field on its own: the verifier allows no
+	 * pointer arithmetic on a socket, which clang emits when it sinks these loads into the
+	 * branches below (the empty asm makes the values live here). */
+	__u32 lfam = sk->family, l4 = sk->src_ip4, lport = sk->src_port;
+	__u32 l60 = sk->src_ip6[0], l61 = sk->src_ip6[1], l62 = sk->src_ip6[2], l63 = sk->src_ip6[3];
+	asm volatile("" : "+r"(lfam), "+r"(l4), "+r"(lport), "+r"(l60), "+r"(l61), "+r"(l62),
+		     "+r"(l63));
+	__u64 cgid = bpf_skb_cgroup_id(skb);
+	__u32 src[4] = {0, 0, 0, 0};
+	__u16 family = 0, sport = 0;
+	__u8 b[2] = {0, 0};
+	__u8 reason = AGENTOS_REASON_NOT_GRANTED;
+	/* The data starts at the network header. Anything but plain IPv4/IPv6 carrying UDP right
+	 * after the header (IPv6 extension headers) is dropped: fail closed. */
+	if (bpf_skb_load_bytes(skb, 0, b, 1))
+		goto drop;
+	if ((b[0] >> 4) == 4) {
+		__u32 ihl = (b[0] & 0xf) * 4;
+		if (ihl < 20 || bpf_skb_load_bytes(skb, 9, b, 1) || b[0] != proto ||
+		    bpf_skb_load_bytes(skb, 12, &src[0], 4) ||
+		    bpf_skb_load_bytes(skb, ihl & 0x3f, &sport, 2))
+			goto drop;
+		family = AF_INET;
+	} else if ((b[0] >> 4) == 6) {
+		if (bpf_skb_load_bytes(skb, 6, b, 1) || b[0] != proto ||
+		    bpf_skb_load_bytes(skb, 8, src, 16) || bpf_skb_load_bytes(skb, 40, &sport, 2))
+			goto drop;
+		family = unmap(AF_INET6, src);
+	} else {
+		goto drop;
+	}
+	sport = bpf_ntohs(sport);
+	const struct agentos_net_policy *pol = bpf_map_lookup_elem(&net_policy, &cgid);
+	if (!pol) {
+		reason = AGENTOS_REASON_NO_POLICY;
+		goto drop;
+	}
+	if (proto == IPPROTO_UDP && granted(pol, family, src, sport, AGENTOS_NET_RULE_CONNECT))
+		return 1;
+	__u16 lfamily = lfam;
+	__u32 local[4] = {l60, l61, l62, l63};
+	if (lfamily == AF_INET) {
+		local[0] = l4;
+		local[1] = 0;
+		local[2] = 0;
+		local[3] = 0;
+	}
+	lfamily = unmap(lfamily, local);
+	if (granted(pol, lfamily, local, (__u16)lport, AGENTOS_NET_RULE_BIND))
+		return 1;
+drop:
+	count(AGENTOS_STAT_DENIED);
+	report(cgid, AGENTOS_HOOK_INGRESS, reason, family, src, sport, proto);
 	return 0;
 }
 

@@ -11,9 +11,9 @@ use super::{Agent, Error, State, Supervisor, lock};
 use crate::audit_trail::AuditTrail;
 use crate::cgroup::Cgroup;
 use crate::enforce::fs::{self, FsEnforcer};
-use crate::enforce::kaudit;
 use crate::enforce::net::{self, NetEnforcer};
 use crate::enforce::sysc::SyscCounter;
+use crate::enforce::{errno_name, kaudit};
 use crate::sys::ExitStatus;
 
 impl Supervisor {
@@ -243,7 +243,8 @@ impl Supervisor {
         self.note_denial(&tenant, &name);
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
-            "kernel denied {} {} of {} ({}, EACCES)", d.syscall, d.access, d.path, d.hook
+            "kernel denied {} {} of {} ({}, {})", d.syscall, d.access, d.path, d.hook,
+            errno_name(d.errno)
         );
         let Some(t) = self.audit.get() else {
             return;
@@ -253,8 +254,8 @@ impl Supervisor {
             .decision(Decision::Deny)
             .detail(json!({
                 "syscall": d.syscall,
-                "errno": "EACCES",
-                "errno_num": libc::EACCES,
+                "errno": errno_name(d.errno),
+                "errno_num": d.errno,
                 "mechanism": "bpf-lsm",
                 "hook": d.hook,
                 "path": d.path,
@@ -321,10 +322,17 @@ impl Supervisor {
             .and_then(|n| n.agent_of(d.cgroup_id))
             .unwrap_or_default();
         self.note_denial(&tenant, &name);
-        tracing::info!(
-            agent = %format!("{tenant}/{name}"),
-            "kernel denied {} to {}:{} ({}, EPERM)", d.syscall, d.addr, d.port, d.hook
-        );
+        match d.errno() {
+            Some(errno) => tracing::info!(
+                agent = %format!("{tenant}/{name}"),
+                "kernel denied {} to {}:{} ({}, {})", d.syscall, d.addr, d.port, d.hook,
+                errno_name(errno)
+            ),
+            None => tracing::info!(
+                agent = %format!("{tenant}/{name}"),
+                "kernel dropped a datagram from {}:{} ({})", d.addr, d.port, d.hook
+            ),
+        }
         let Some(t) = self.audit.get() else {
             return;
         };
@@ -333,8 +341,9 @@ impl Supervisor {
             .decision(Decision::Deny)
             .detail(json!({
                 "syscall": d.syscall,
-                "errno": "EPERM",
-                "errno_num": libc::EPERM,
+                "errno": d.errno().map(errno_name),
+                "errno_num": d.errno(),
+                "effect": if d.errno().is_some() { "refused" } else { "dropped" },
                 "mechanism": if d.hook.starts_with("lsm/") { "bpf-lsm" } else { "cgroup-bpf" },
                 "hook": d.hook,
                 "family": d.family,

@@ -523,8 +523,59 @@ attempt("tcp-bind-granted", lambda: op(I4, ST, "bind", ("127.0.0.1", b)))
 attempt("tcp-bind-ungranted", lambda: op(I4, ST, "bind", ("127.0.0.1", b + 1)))
 attempt("udp-bind-granted", lambda: op(I4, DG, "bind", ("127.0.0.1", b)))
 attempt("udp-bind-ephemeral", lambda: op(I4, DG, "bind", ("127.0.0.1", 0)))
+attempt("tcp-bind-ephemeral", lambda: op(I4, ST, "bind", ("127.0.0.1", 0)))
 attempt("udp-bind-mapped", lambda: op(I6, DG, "bind", ("::ffff:127.0.0.1", b + 1)))
 attempt("udp6-bind", lambda: op(I6, DG, "bind", ("::1", b)))
+# Datagrams in: the test's responder at 127.0.0.1:p (granted) answers every datagram with
+# "other" from an ungranted port first, then "granted" from p. On loopback the first is dealt
+# with (queued or dropped) before the second arrives: once "granted" is in, the queue shows
+# whether "other" got through.
+def received(fam, dst, bind=None):
+    s = socket.socket(fam, DG)
+    try:
+        if bind:
+            s.bind(bind)
+        s.settimeout(5)
+        s.sendto(b"ping", dst)
+        got = []
+        while "granted" not in got:
+            got.append(s.recv(64).decode())
+        s.setblocking(False)
+        try:
+            while True:
+                got.append(s.recv(64).decode())
+        except BlockingIOError:
+            pass
+        return got
+    finally:
+        s.close()
+def from_other(fam, dst, bind=None):
+    if "other" not in received(fam, dst, bind):
+        raise OSError(errno.EAGAIN, "nothing from the ungranted sender")
+attempt("udp-recv-granted", lambda: received(I4, ("127.0.0.1", p)))
+attempt("udp-recv-other", lambda: from_other(I4, ("127.0.0.1", p)))
+attempt("udp-recv-other-mapped", lambda: from_other(I6, ("::ffff:127.0.0.1", p)))
+attempt("udp-recv-other-bound0", lambda: from_other(I4, ("127.0.0.1", p), ("127.0.0.1", 0)))
+# A server on its granted net.bind port receives from anyone.
+attempt("udp-server-recv-other", lambda: from_other(I4, ("127.0.0.1", p), ("127.0.0.1", b)))
+# A TCP listener: the responder connects to the port it is told (no accept() needed).
+def reachable(port):
+    l = socket.socket(I4, ST)
+    try:
+        if port is not None:
+            l.bind(("127.0.0.1", port))
+        l.listen(1)  # unbound: the kernel picks the port, past every bind hook
+        s = socket.socket(I4, DG)
+        s.settimeout(5)
+        s.sendto(("connect %d" % l.getsockname()[1]).encode(), ("127.0.0.1", p))
+        r = s.recv(64).decode()
+        s.close()
+        if r != "connected":
+            raise OSError(errno.ETIMEDOUT if r == "timeout" else errno.ECONNREFUSED, r)
+    finally:
+        l.close()
+attempt("tcp-listen-autobind-reachable", lambda: reachable(None))
+attempt("tcp-listen-granted-reachable", lambda: reachable(b))
 print("done", 1, flush=True)
 "#;
 
@@ -571,6 +622,7 @@ fn each_cgroup_program_refuses_without_seccomp_or_landlock() {
     let none = policy_from_grants(&[], &[], &no_dns).unwrap();
     n.set_policy("t/none", "t", "none", ino("none"), &none)
         .unwrap();
+    let responder = common::UdpResponder::start(p);
     let run = |agent: &str| -> Vec<(String, String)> {
         let procs = agents.join(agent).join("cgroup.procs");
         let o = Command::new("/bin/sh")
@@ -609,8 +661,23 @@ fn each_cgroup_program_refuses_without_seccomp_or_landlock() {
         ("udp-bind-granted", "ok"),
         // Port 0 is the kernel's autobind made explicit: allowed (UDP clients bind it).
         ("udp-bind-ephemeral", "ok"),
+        // A TCP ephemeral bind needs a grant of any port (else bind(0) + listen() listens
+        // on a port nobody granted).
+        ("tcp-bind-ephemeral", "err EPERM"),
         ("udp-bind-mapped", "err EPERM"),
         ("udp6-bind", "err EPERM"),
+        // cgroup_skb/ingress: a datagram from an ungranted sender never arrives, over IPv4,
+        // a v4-mapped IPv6 socket or a socket bound to an ephemeral port; the granted one does,
+        // and a server on its granted port hears from anyone.
+        ("udp-recv-granted", "ok"),
+        ("udp-recv-other", "err EAGAIN"),
+        ("udp-recv-other-mapped", "err EAGAIN"),
+        ("udp-recv-other-bound0", "err EAGAIN"),
+        ("udp-server-recv-other", "ok"),
+        // A SYN to a listener on a port nobody granted (listen() on an unbound socket: the
+        // kernel picks it after every bind hook) never arrives; on the granted port it does.
+        ("tcp-listen-autobind-reachable", "err ETIMEDOUT"),
+        ("tcp-listen-granted-reachable", "ok"),
     ] {
         assert_eq!(result_of(&r, name), want, "{name}: {r:?}");
     }
@@ -618,7 +685,9 @@ fn each_cgroup_program_refuses_without_seccomp_or_landlock() {
     eprintln!("no grant, no seccomp: {r:?}");
     assert_eq!(result_of(&r, "tcp-socket"), "err EPERM");
     assert_eq!(result_of(&r, "udp6-socket"), "err EPERM");
-    // Every refusal was reported; sock_create ones name the socket type.
+    drop(responder);
+    // Every refusal was reported; sock_create ones name the socket type, dropped datagrams
+    // their sender and no errno (no call of the agent failed).
     let mut ring = n.take_events().unwrap();
     let mut hooks = std::collections::BTreeSet::new();
     while let Some(item) = ring.next() {
@@ -626,6 +695,11 @@ fn each_cgroup_program_refuses_without_seccomp_or_landlock() {
             hooks.insert(d.hook);
             if d.hook == "cgroup/sock_create" && d.reason == "socket-type" {
                 assert!(d.protocol.contains('/'), "{d:?}");
+            }
+            if d.hook == "cgroup_skb/ingress" {
+                assert_eq!((d.errno(), d.pid), (None, 0), "{d:?}");
+                assert_eq!(d.addr.to_string(), "127.0.0.1", "{d:?}");
+                assert_ne!(d.port, p, "the granted sender was dropped: {d:?}");
             }
         }
     }
@@ -637,6 +711,7 @@ fn each_cgroup_program_refuses_without_seccomp_or_landlock() {
         "cgroup/sendmsg4",
         "cgroup/bind4",
         "cgroup/bind6",
+        "cgroup_skb/ingress",
     ] {
         assert!(hooks.contains(h), "no {h} denial in {hooks:?}");
     }

@@ -1,4 +1,5 @@
-//! BPF LSM filesystem scopes (`ebpf/fs.bpf.c`: `lsm/file_open`, `lsm/bprm_check_security`)
+//! BPF LSM filesystem scopes (`ebpf/fs.bpf.c`: `lsm/file_open`, `lsm/bprm_check_security`,
+//! `lsm/mmap_file`)
 //! under the real daemon in the guest, where BPF LSM is enabled (it is refused on the
 //! development host).
 //!
@@ -224,16 +225,30 @@ fn bpf_lsm_enforces_filesystem_scopes_independently_of_landlock() {
         !exec.success() && exec.stderr.contains("Permission denied"),
         "{exec}"
     );
+    // The dynamic loader (granted) run by hand on the same file: lsm/mmap_file refuses the
+    // executable mapping (Landlock does not check mmap); on a granted binary it works.
+    let ld = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-x86-64.so.2"]
+        .into_iter()
+        .find(|l| Path::new(l).exists())
+        .expect("the dynamic loader");
+    let loader = in_cgroup(&cg, &format!("{ld} {BASE}/data/mytrue"));
+    // (ld.so does not print the errno: "failed to map segment from shared object".)
+    assert!(
+        !loader.success() && loader.stderr.contains("failed to map segment"),
+        "{loader}"
+    );
+    in_cgroup(&cg, &format!("{ld} {BASE}/bin/mytrue")).ok();
 
     // 3. Outside agents' cgroups, the same root commands are unaffected.
     cmd("cat", &[&format!("{BASE}/data2/secret.txt")]).ok();
     cmd(&format!("{BASE}/data/mytrue"), &[]).ok();
+    cmd(ld, &[&format!("{BASE}/data/mytrue")]).ok();
     cmd("sh", &["-c", &format!("echo x >> {BASE}/data/root.txt")]).ok();
 
     // Each refusal is a bpf-lsm kernel denial in the audit trail.
-    let recs = wait_for("3 bpf-lsm denial records", Duration::from_secs(30), || {
+    let recs = wait_for("4 bpf-lsm denial records", Duration::from_secs(30), || {
         let recs = bpf_denials(name);
-        (recs.len() >= 3).then_some(recs)
+        (recs.len() >= 4).then_some(recs)
     });
     let find = |hook: &str, path: &str| -> &Value {
         recs.iter()
@@ -252,6 +267,10 @@ fn bpf_lsm_enforces_filesystem_scopes_independently_of_landlock() {
     assert_eq!(d["detail"]["granted"], "read", "{d}");
     let d = find("lsm/bprm_check_security", &format!("{BASE}/data/mytrue"));
     assert_eq!(d["detail"]["syscall"], "execve", "{d}");
+    assert_eq!(d["detail"]["access"], "exec", "{d}");
+    assert_eq!(d["detail"]["granted"], "read", "{d}");
+    let d = find("lsm/mmap_file", &format!("{BASE}/data/mytrue"));
+    assert_eq!(d["detail"]["syscall"], "mmap", "{d}");
     assert_eq!(d["detail"]["access"], "exec", "{d}");
     assert_eq!(d["detail"]["granted"], "read", "{d}");
     // Nothing else: the LSM refused nothing the agent itself did (Landlock allowed it, or

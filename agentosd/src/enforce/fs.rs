@@ -8,9 +8,13 @@
 //! `lsm/bprm_check_security` execs, both by the longest granted prefix of the file's path in an
 //! LPM trie keyed by (cgroup id, path). Refusals are EACCES and go to the ring buffer `fs_events`,
 //! which the daemon appends to the audit trail as kernel denials (`mechanism: bpf-lsm`).
-//! An optional third program, `lsm/socket_bind` ([`BIND_PROGRAM`]), refuses agents' binds of
-//! abstract Unix socket names (EPERM, no event yet): docs/security.md, "Channels between agents
-//! and the host".
+//! Optional programs ([`OPTIONAL`]; the daemon runs without each, saying what is then open):
+//! `lsm/socket_bind` refuses agents' binds of abstract Unix socket names and `lsm/socket_listen`
+//! listen() on an unbound inet socket (EPERM, with events in the same ring buffer);
+//! `lsm/mmap_file` refuses executable mappings of files outside the exec grants and
+//! `lsm/file_mprotect` making any file mapping executable (the hook gives no path to check)
+//! (EACCES, with events), which closes the dynamic loader run by hand and dlopen() of an
+//! agent's own files.
 //!
 //! Differences from Landlock, all in the direction of allowing more (never refusing what
 //! Landlock allows): prefixes are paths resolved when the agent starts (Landlock rules hold
@@ -39,9 +43,43 @@ pub const PROGRAMS: [(&str, &str); 2] = [
     ("agentos_lsm_bprm_check", "bprm_check_security"),
 ];
 
-/// The optional program refusing agents' abstract Unix socket binds (`lsm/socket_bind`): the
-/// daemon runs without it, saying so, when it does not load.
-pub const BIND_PROGRAM: (&str, &str) = ("agentos_lsm_socket_bind", "socket_bind");
+/// A program the daemon runs without, saying so, when it does not load or attach.
+#[derive(Debug, Clone, Copy)]
+pub struct Optional {
+    pub name: &'static str,
+    pub hook: &'static str,
+    /// What it closes, for the log when it is active.
+    pub does: &'static str,
+    /// What stays open without it.
+    pub without: &'static str,
+}
+
+pub const OPTIONAL: [Optional; 4] = [
+    Optional {
+        name: "agentos_lsm_socket_bind",
+        hook: "socket_bind",
+        does: "agents bind no abstract Unix socket names",
+        without: "agents with network grants can bind abstract Unix socket names",
+    },
+    Optional {
+        name: "agentos_lsm_mmap_file",
+        hook: "mmap_file",
+        does: "agents map files executable only under their exec grants",
+        without: "an agent can map a file outside its exec grants executable (the dynamic loader run by hand, dlopen)",
+    },
+    Optional {
+        name: "agentos_lsm_file_mprotect",
+        hook: "file_mprotect",
+        does: "agents make no file mapping executable with mprotect (mmap checks the path)",
+        without: "an agent can make a mapping of a file outside its exec grants executable (mprotect)",
+    },
+    Optional {
+        name: "agentos_lsm_socket_listen",
+        hook: "socket_listen",
+        does: "agents listen only on sockets bound to a granted port",
+        without: "an agent with a net.bind grant can listen() on an unbound socket, on a port the kernel picks",
+    },
+];
 
 /// `AGENTOS_FS_PATH_KEY`: bytes of path a prefix key holds.
 pub const PATH_KEY: usize = 248;
@@ -51,6 +89,11 @@ pub const READ: u8 = 1;
 pub const WRITE: u8 = 2;
 pub const EXEC: u8 = 4;
 const HOOK_FILE_OPEN: u8 = 5;
+const HOOK_BPRM_CHECK: u8 = 6;
+const HOOK_MMAP_FILE: u8 = 10;
+const HOOK_FILE_MPROTECT: u8 = 11;
+const HOOK_SOCKET_BIND: u8 = 13;
+const HOOK_SOCKET_LISTEN: u8 = 14;
 const EV_PATH_CUT: u8 = 1;
 const EV_NO_PREFIX: u8 = 2;
 const STAT_ALLOWED: u32 = 0;
@@ -241,10 +284,15 @@ pub struct Denial {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// `open` or `execve`.
+    /// `open`, `execve`, `mmap`, `mprotect`, `bind` or `listen`.
     pub syscall: &'static str,
-    /// `lsm/file_open` or `lsm/bprm_check_security`.
+    /// `lsm/file_open`, `lsm/bprm_check_security`, `lsm/mmap_file`, `lsm/file_mprotect`,
+    /// `lsm/socket_bind` or `lsm/socket_listen`.
     pub hook: &'static str,
+    /// What the call returned: `EACCES` for files, `EPERM` for sockets.
+    pub errno: i32,
+    /// The file; for `bind`, `@` and the abstract socket name (bytes outside printable ASCII
+    /// as `\xNN`); for `listen`, the socket's family (`inet`, `inet6`).
     pub path: String,
     /// The path was longer than the event holds (`path` is its start).
     pub path_cut: bool,
@@ -269,10 +317,30 @@ impl Denial {
             let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
             String::from_utf8_lossy(&b[..end]).into_owned()
         };
-        let (syscall, hook) = if e.hook == HOOK_FILE_OPEN {
-            ("open", "lsm/file_open")
-        } else {
-            ("execve", "lsm/bprm_check_security")
+        let (syscall, hook) = match e.hook {
+            HOOK_FILE_OPEN => ("open", "lsm/file_open"),
+            HOOK_BPRM_CHECK => ("execve", "lsm/bprm_check_security"),
+            HOOK_MMAP_FILE => ("mmap", "lsm/mmap_file"),
+            HOOK_FILE_MPROTECT => ("mprotect", "lsm/file_mprotect"),
+            HOOK_SOCKET_BIND => ("bind", "lsm/socket_bind"),
+            HOOK_SOCKET_LISTEN => ("listen", "lsm/socket_listen"),
+            _ => return None,
+        };
+        let socket = matches!(e.hook, HOOK_SOCKET_BIND | HOOK_SOCKET_LISTEN);
+        let path = match e.hook {
+            HOOK_SOCKET_BIND => {
+                let n = (e.f_flags as usize).min(EVENT_PATH - 1);
+                format!("@{}", escape_name(&e.path[1..=n]))
+            }
+            HOOK_SOCKET_LISTEN => match e.f_flags {
+                2 => "inet".into(),
+                10 => "inet6".into(),
+                f => format!("family {f}"),
+            },
+            // The hook has no path (bpf_d_path is not allowed there): every file mapping
+            // made executable by mprotect is refused.
+            HOOK_FILE_MPROTECT => "(a file mapping; mprotect has no path)".into(),
+            _ => text(&e.path),
         };
         Some(Denial {
             cgroup_id: e.cgroup_id,
@@ -281,10 +349,17 @@ impl Denial {
             comm: text(&e.comm),
             syscall,
             hook,
-            path: text(&e.path),
+            errno: if socket { libc::EPERM } else { libc::EACCES },
+            path,
             path_cut: e.flags & EV_PATH_CUT != 0,
-            access: access_name(e.want),
-            granted: if e.flags & EV_NO_PREFIX != 0 {
+            access: match e.hook {
+                HOOK_SOCKET_BIND | HOOK_SOCKET_LISTEN => syscall.into(),
+                HOOK_FILE_MPROTECT => "exec".into(),
+                _ => access_name(e.want),
+            },
+            granted: if e.hook == HOOK_FILE_MPROTECT {
+                "unchecked".into()
+            } else if e.flags & EV_NO_PREFIX != 0 {
                 "none".into()
             } else {
                 access_name(e.granted)
@@ -292,6 +367,20 @@ impl Denial {
             flags: e.f_flags,
         })
     }
+}
+
+/// An abstract socket name as text: printable ASCII as is (but `\\`), every other byte (NULs
+/// included: they are part of the name) as `\xNN`.
+fn escape_name(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if (b.is_ascii_graphic() && b != b'\\') || b == b' ' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// Errors of loading and using the programs.
@@ -335,8 +424,8 @@ pub struct FsEnforcer {
     /// Agent id → the prefix keys installed for it.
     keys: Mutex<StdHashMap<String, Vec<Key<RawKeyData>>>>,
     attached: Mutex<bool>,
-    /// Why [`BIND_PROGRAM`] did not load (`None`: loaded).
-    bind_error: Option<String>,
+    /// For each of [`OPTIONAL`], why it did not load (`None`: loaded).
+    optional_errors: [Option<String>; OPTIONAL.len()],
 }
 
 impl std::fmt::Debug for FsEnforcer {
@@ -382,19 +471,18 @@ impl FsEnforcer {
                 }
             })?;
         }
-        let bind_error = {
-            let (name, hook) = BIND_PROGRAM;
+        let optional_errors = OPTIONAL.map(|o| {
             match bpf
-                .program_mut(name)
+                .program_mut(o.name)
                 .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
             {
                 None => Some("not in the object".to_string()),
                 Some(prog) => prog
-                    .load(hook, &btf)
+                    .load(o.hook, &btf)
                     .err()
                     .map(|e| format!("{e}{}", super::source_chain(&e))),
             }
-        };
+        });
         let map_err = |map: &'static str| {
             move |e: aya::maps::MapError| FsError::Map {
                 map,
@@ -425,7 +513,7 @@ impl FsEnforcer {
             agents: super::AgentCgroups::default(),
             keys: Mutex::default(),
             attached: Mutex::new(false),
-            bind_error,
+            optional_errors,
         }))
     }
 
@@ -447,27 +535,47 @@ impl FsEnforcer {
             })?;
         }
         *lock(&self.attached) = true;
-        if self.bind_error.is_none() {
-            let (name, hook) = BIND_PROGRAM;
+        for (o, err) in OPTIONAL.iter().zip(&self.optional_errors) {
+            if err.is_some() {
+                continue;
+            }
             if let Some(prog) = bpf
-                .program_mut(name)
+                .program_mut(o.name)
                 .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
                 && let Err(e) = prog.attach()
             {
                 tracing::warn!(
-                    "BPF LSM: {name} (lsm/{hook}) did not attach: {e}; agents with network grants can bind abstract Unix socket names"
+                    "BPF LSM: {} (lsm/{}) did not attach: {e}; {}",
+                    o.name,
+                    o.hook,
+                    o.without
                 );
             }
         }
         Ok(())
     }
 
+    /// Whether the optional program for LSM hook `hook` (`socket_bind`, `mmap_file`,
+    /// `file_mprotect`) loaded, or why not.
+    pub fn optional_status(&self, hook: &str) -> Result<(), String> {
+        match OPTIONAL.iter().position(|o| o.hook == hook) {
+            None => Err(format!("no optional program for lsm/{hook}")),
+            Some(i) => match &self.optional_errors[i] {
+                None => Ok(()),
+                Some(e) => Err(e.clone()),
+            },
+        }
+    }
+
     /// Whether the abstract-bind program loaded, or why not.
     pub fn bind_status(&self) -> Result<(), String> {
-        match &self.bind_error {
-            None => Ok(()),
-            Some(e) => Err(e.clone()),
-        }
+        self.optional_status("socket_bind")
+    }
+
+    /// Whether both programs checking executable file mappings loaded, or why not.
+    pub fn exec_map_status(&self) -> Result<(), String> {
+        self.optional_status("mmap_file")
+            .and_then(|()| self.optional_status("file_mprotect"))
     }
 
     /// Install (or replace) agent `id`'s policy under its cgroup id: the prefixes first, the
@@ -563,13 +671,13 @@ pub fn setup() -> Result<Arc<FsEnforcer>, String> {
             tracing::info!(
                 "BPF LSM: {hooks} attached (agents' filesystem scopes, defence in depth behind Landlock)"
             );
-            match f.bind_status() {
-                Ok(()) => tracing::info!(
-                    "BPF LSM: lsm/socket_bind attached (agents bind no abstract Unix socket names)"
-                ),
-                Err(e) => tracing::warn!(
-                    "BPF LSM: lsm/socket_bind not active: {e}; agents with network grants can bind abstract Unix socket names"
-                ),
+            for o in OPTIONAL {
+                match f.optional_status(o.hook) {
+                    Ok(()) => tracing::info!("BPF LSM: lsm/{} attached ({})", o.hook, o.does),
+                    Err(e) => {
+                        tracing::warn!("BPF LSM: lsm/{} not active: {e}; {}", o.hook, o.without)
+                    }
+                }
             }
             Ok(f)
         }
@@ -590,7 +698,19 @@ pub fn check_line() -> String {
         .collect::<Vec<_>>()
         .join(", ");
     match FsEnforcer::load() {
-        Ok(_) => format!("agentos BPF LSM filesystem programs (ebpf/fs.bpf.c: {hooks}): load OK"),
+        Ok(f) => {
+            let optional = OPTIONAL
+                .iter()
+                .map(|o| match f.optional_status(o.hook) {
+                    Ok(()) => format!("lsm/{} load OK", o.hook),
+                    Err(e) => format!("lsm/{} does not load ({e}): {}", o.hook, o.without),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            format!(
+                "agentos BPF LSM filesystem programs (ebpf/fs.bpf.c: {hooks}): load OK; {optional}"
+            )
+        }
         Err(e) => format!(
             "agentos BPF LSM filesystem programs (ebpf/fs.bpf.c: {hooks}): {e}; filesystem scopes rely on Landlock"
         ),
@@ -760,7 +880,53 @@ mod tests {
         assert_eq!((d.hook, d.syscall), ("lsm/bprm_check_security", "execve"));
         assert_eq!((d.access.as_str(), d.granted.as_str()), ("exec", "none"));
         assert!(d.path_cut);
+        assert_eq!(d.errno, libc::EACCES);
         assert!(Denial::decode(&bytes[..10]).is_none());
+    }
+
+    fn as_bytes(e: &RawEvent) -> Vec<u8> {
+        // SAFETY: RawEvent is plain old data; viewing it as bytes is sound.
+        unsafe {
+            std::slice::from_raw_parts(
+                (e as *const RawEvent).cast::<u8>(),
+                std::mem::size_of::<RawEvent>(),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn socket_refusals_decode_with_eperm_and_an_escaped_name() {
+        let mut e = RawEvent {
+            cgroup_id: 42,
+            time_ns: 1,
+            pid: 7,
+            tid: 8,
+            f_flags: 6, // bytes of the abstract name
+            hook: HOOK_SOCKET_BIND,
+            want: 0,
+            granted: 0,
+            flags: EV_NO_PREFIX,
+            comm: [0; 16],
+            path: [0; EVENT_PATH],
+        };
+        e.path[..7].copy_from_slice(b"@db\0\n\\s");
+        let d = Denial::decode(&as_bytes(&e)).unwrap();
+        assert_eq!(
+            (d.syscall, d.hook, d.errno, d.access.as_str()),
+            ("bind", "lsm/socket_bind", libc::EPERM, "bind")
+        );
+        // A NUL inside the name is part of it, and an agent's control bytes stay escaped.
+        assert_eq!(d.path, "@db\\x00\\x0a\\x5cs");
+        e.hook = HOOK_SOCKET_LISTEN;
+        e.f_flags = 10;
+        let d = Denial::decode(&as_bytes(&e)).unwrap();
+        assert_eq!(
+            (d.syscall, d.hook, d.errno, d.path.as_str()),
+            ("listen", "lsm/socket_listen", libc::EPERM, "inet6")
+        );
+        e.hook = 12; // a network hook's number never decodes as a filesystem denial
+        assert!(Denial::decode(&as_bytes(&e)).is_none());
     }
 
     #[test]

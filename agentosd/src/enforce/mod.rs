@@ -176,6 +176,16 @@ impl AgentCgroups {
     }
 }
 
+/// The symbolic name of an errno the enforcers return, for audit records (`EACCES`, `EPERM`;
+/// another number as `errno N`).
+pub fn errno_name(errno: i32) -> String {
+    match errno {
+        libc::EACCES => "EACCES".into(),
+        libc::EPERM => "EPERM".into(),
+        n => format!("errno {n}"),
+    }
+}
+
 #[cfg(test)]
 mod budget_tests {
     use super::RateBudget;

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
-use aya::programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr};
+use aya::programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr};
 use serde::Serialize;
 
 /// The embedded object (empty when clang was missing at build time).
@@ -39,8 +39,12 @@ pub const PROGRAMS: [&str; 6] = [
 /// The `cgroup/sock_create` program (family, type and protocol of every inet socket).
 pub const SOCK_PROGRAM: &str = "agentos_sock_create";
 
+/// The `cgroup_skb/ingress` program (datagrams to agents' UDP sockets from ungranted senders).
+pub const SKB_PROGRAM: &str = "agentos_ingress";
+
 /// Hooks for logs and `agentosd check`.
-pub const HOOKS: &str = "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, sock_create";
+pub const HOOKS: &str =
+    "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, sock_create, cgroup_skb/ingress";
 
 /// The BPF LSM program (defence in depth; loads only where the kernel allows BPF LSM).
 pub const LSM_PROGRAM: &str = "agentos_lsm_connect";
@@ -400,6 +404,9 @@ pub fn system_resolve(host: &str) -> Result<Vec<IpAddr>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `AGENTOS_HOOK_INGRESS`.
+const INGRESS: u8 = 12;
+
 /// One denial, decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Denial {
@@ -407,7 +414,9 @@ pub struct Denial {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// `connect`, `sendmsg`, `bind` or `socket`.
+    /// `connect`, `sendmsg`, `bind` or `socket`; for a packet dropped on its way in
+    /// (`cgroup_skb/ingress`: `addr` and `port` are its sender, and no call failed) `recvmsg`
+    /// (a datagram) or `accept` (a SYN to a listener on a port nobody granted).
     pub syscall: &'static str,
     /// `cgroup/connect4`, …
     pub hook: &'static str,
@@ -417,6 +426,14 @@ pub struct Denial {
     pub port: u16,
     /// `not-granted`, `no-policy` or `socket-type`.
     pub reason: &'static str,
+}
+
+impl Denial {
+    /// The errno the agent's call got (`EPERM`), or `None` for a dropped datagram (no call
+    /// failed: the agent never sees it).
+    pub fn errno(&self) -> Option<i32> {
+        (self.hook != "cgroup_skb/ingress").then_some(libc::EPERM)
+    }
 }
 
 impl Denial {
@@ -446,6 +463,9 @@ impl Denial {
             7 => ("bind", "cgroup/bind4"),
             8 => ("bind", "cgroup/bind6"),
             9 => ("socket", "cgroup/sock_create"),
+            // What the agent would have done with it: a datagram read, a connection accepted.
+            INGRESS if e.protocol == 6 => ("accept", "cgroup_skb/ingress"),
+            INGRESS => ("recvmsg", "cgroup_skb/ingress"),
             _ => ("connect", "lsm/socket_connect"),
         };
         let protocol = if e.hook == 9 {
@@ -485,6 +505,41 @@ impl Denial {
             },
         })
     }
+}
+
+/// Program `name` of `bpf` as its type `P` (`missing`: what to say when it is not there).
+fn program<'a, P>(bpf: &'a mut aya::Ebpf, name: &str, missing: &str) -> Result<&'a mut P, NetError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let err = |error: String| NetError::Program {
+        program: name.into(),
+        error,
+    };
+    bpf.program_mut(name)
+        .ok_or_else(|| err(missing.into()))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| err(e.to_string()))
+}
+
+/// The error of loading program `name` into the kernel (the verifier's words included).
+fn load_err(name: &str) -> impl FnOnce(aya::programs::ProgramError) -> NetError + '_ {
+    move |e| NetError::Program {
+        program: name.into(),
+        error: format!("{e}{}", super::source_chain(&e)),
+    }
+}
+
+/// A cgroup program's link as a bpf_link fd, which can be pinned.
+fn fd_link<L>(name: &str, link: L) -> Result<aya::programs::links::FdLink, NetError>
+where
+    aya::programs::links::FdLink: TryFrom<L>,
+    <aya::programs::links::FdLink as TryFrom<L>>::Error: std::error::Error,
+{
+    aya::programs::links::FdLink::try_from(link).map_err(|e| NetError::Program {
+        program: name.into(),
+        error: format!("link (kernel without bpf_link?): {e}"),
+    })
 }
 
 /// Errors of loading and using the programs.
@@ -766,37 +821,16 @@ impl NetEnforcer {
             .load(NET_OBJ)
             .map_err(|e| NetError::Load(format!("{e}{}", super::source_chain(&e))))?;
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = bpf
-                .program_mut(name)
-                .ok_or_else(|| NetError::Program {
-                    program: name.into(),
-                    error: "not in the object".into(),
-                })?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| NetError::Program {
-                    program: name.into(),
-                    error: e.to_string(),
-                })?;
-            prog.load().map_err(|e| NetError::Program {
-                program: name.into(),
-                error: format!("{e}{}", super::source_chain(&e)),
-            })?;
+            program::<CgroupSockAddr>(&mut bpf, name, "not in the object")?
+                .load()
+                .map_err(load_err(name))?;
         }
-        let sock: &mut CgroupSock = bpf
-            .program_mut(SOCK_PROGRAM)
-            .ok_or_else(|| NetError::Program {
-                program: SOCK_PROGRAM.into(),
-                error: "not in the object".into(),
-            })?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| NetError::Program {
-                program: SOCK_PROGRAM.into(),
-                error: e.to_string(),
-            })?;
-        sock.load().map_err(|e| NetError::Program {
-            program: SOCK_PROGRAM.into(),
-            error: format!("{e}{}", super::source_chain(&e)),
-        })?;
+        program::<CgroupSock>(&mut bpf, SOCK_PROGRAM, "not in the object")?
+            .load()
+            .map_err(load_err(SOCK_PROGRAM))?;
+        program::<CgroupSkb>(&mut bpf, SKB_PROGRAM, "not in the object")?
+            .load()
+            .map_err(load_err(SKB_PROGRAM))?;
         let lsm = load_lsm(&mut bpf);
         let map_err = |map: &'static str| {
             move |e: aya::maps::MapError| NetError::Map {
@@ -848,53 +882,47 @@ impl NetEnforcer {
             error: format!("{what}: {e}{}", super::source_chain(e)),
         };
         let mut links: Vec<(String, aya::programs::links::FdLink)> = Vec::new();
+        let pinned = self.pins.is_some();
+        // A bpf_link (kernel >= 5.7) always attaches in multi mode and must be created with no
+        // flags: `Single` is aya's "no flags" (AllowMultiple gives EINVAL here).
+        let (cgroup, mode) = (dir.as_fd(), CgroupAttachMode::Single);
+        let attach_err = |name: &str, e: &dyn std::error::Error| {
+            prog_err(name, &format!("attach to {}", agents_cgroup.display()), e)
+        };
+        let mut keep = |name: &str, link: Result<aya::programs::links::FdLink, NetError>| {
+            link.map(|fd| links.push((name.to_string(), fd)))
+        };
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = bpf
-                .program_mut(name)
-                .and_then(|p| p.try_into().ok())
-                .ok_or_else(|| NetError::Program {
-                program: name.into(),
-                error: "not loaded".into(),
-            })?;
-            // A bpf_link (kernel >= 5.7) always attaches in multi mode and must be created with
-            // no flags: `Single` is aya's "no flags" (AllowMultiple gives EINVAL here).
+            let prog = program::<CgroupSockAddr>(&mut bpf, name, "not loaded")?;
             let id = prog
-                .attach(dir.as_fd(), CgroupAttachMode::Single)
-                .map_err(|e| {
-                    prog_err(name, &format!("attach to {}", agents_cgroup.display()), &e)
-                })?;
-            if self.pins.is_some() {
+                .attach(cgroup, mode)
+                .map_err(|e| attach_err(name, &e))?;
+            if pinned {
                 let link = prog
                     .take_link(id)
                     .map_err(|e| prog_err(name, "take link", &e))?;
-                let fd = aya::programs::links::FdLink::try_from(link)
-                    .map_err(|e| prog_err(name, "link (kernel without bpf_link?)", &e))?;
-                links.push((name.to_string(), fd));
+                keep(name, fd_link(name, link))?;
             }
         }
-        let sock: &mut CgroupSock = bpf
-            .program_mut(SOCK_PROGRAM)
-            .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| NetError::Program {
-                program: SOCK_PROGRAM.into(),
-                error: "not loaded".into(),
-            })?;
+        let sock = program::<CgroupSock>(&mut bpf, SOCK_PROGRAM, "not loaded")?;
         let id = sock
-            .attach(dir.as_fd(), CgroupAttachMode::Single)
-            .map_err(|e| {
-                prog_err(
-                    SOCK_PROGRAM,
-                    &format!("attach to {}", agents_cgroup.display()),
-                    &e,
-                )
-            })?;
-        if self.pins.is_some() {
+            .attach(cgroup, mode)
+            .map_err(|e| attach_err(SOCK_PROGRAM, &e))?;
+        if pinned {
             let link = sock
                 .take_link(id)
                 .map_err(|e| prog_err(SOCK_PROGRAM, "take link", &e))?;
-            let fd = aya::programs::links::FdLink::try_from(link)
-                .map_err(|e| prog_err(SOCK_PROGRAM, "link (kernel without bpf_link?)", &e))?;
-            links.push((SOCK_PROGRAM.to_string(), fd));
+            keep(SOCK_PROGRAM, fd_link(SOCK_PROGRAM, link))?;
+        }
+        let skb = program::<CgroupSkb>(&mut bpf, SKB_PROGRAM, "not loaded")?;
+        let id = skb
+            .attach(cgroup, CgroupSkbAttachType::Ingress, mode)
+            .map_err(|e| attach_err(SKB_PROGRAM, &e))?;
+        if pinned {
+            let link = skb
+                .take_link(id)
+                .map_err(|e| prog_err(SKB_PROGRAM, "take link", &e))?;
+            keep(SKB_PROGRAM, fd_link(SKB_PROGRAM, link))?;
         }
         *lock(&self.attached) = Some(agents_cgroup.display().to_string());
         let mut lsm = lock(&self.lsm);

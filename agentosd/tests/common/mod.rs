@@ -498,3 +498,57 @@ pub fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && agentosd::sys::process_state(pid).is_some_and(|s| s != 'Z')
 }
+
+/// A UDP responder at 127.0.0.1:`port` for the network tests (stops when dropped):
+/// - "connect N": is answered, from `port`, with whether a TCP connect to 127.0.0.1:N completed
+///   within 1 s ("connected", "timeout", or the error) — the SYN reaching a listener is enough,
+///   no accept() is needed;
+/// - anything else: "other" from an ungranted port first, then "granted" from `port` (on
+///   loopback the first is queued or dropped before the second arrives, so once "granted" is in,
+///   the receiver's queue shows whether "other" got through).
+pub struct UdpResponder(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl UdpResponder {
+    pub fn start(port: u16) -> UdpResponder {
+        use std::net::{SocketAddr, TcpStream, UdpSocket};
+        let granted = UdpSocket::bind(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("UDP responder at 127.0.0.1:{port}: {e}"));
+        granted
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("read timeout");
+        let other = UdpSocket::bind("127.0.0.1:0").expect("UDP responder's other socket");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while !flag.load(Ordering::Relaxed) {
+                let Ok((n, from)) = granted.recv_from(&mut buf) else {
+                    continue;
+                };
+                let connect = std::str::from_utf8(&buf[..n])
+                    .ok()
+                    .and_then(|m| m.strip_prefix("connect "))
+                    .and_then(|p| p.parse::<u16>().ok());
+                if let Some(port) = connect {
+                    let to = SocketAddr::from(([127, 0, 0, 1], port));
+                    let r = match TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
+                        Ok(_) => "connected".to_string(),
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => "timeout".into(),
+                        Err(e) => e.to_string(),
+                    };
+                    let _ = granted.send_to(r.as_bytes(), from);
+                } else {
+                    let _ = other.send_to(b"other", from);
+                    let _ = granted.send_to(b"granted", from);
+                }
+            }
+        });
+        UdpResponder(stop)
+    }
+}
+
+impl Drop for UdpResponder {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}

@@ -180,6 +180,24 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
             "note: BPF LSM lsm/socket_bind does not load here: gap-abstract-squat-with-net is expected to get through"
         );
     }
+    // Whether the daemon's lsm/mmap_file and lsm/file_mprotect programs load here: then a file
+    // outside the exec grants cannot be mapped executable (the VM); elsewhere that is the
+    // documented gap and the attempts below are expected to get through.
+    let exec_map_lsm = agentosd::enforce::fs::FsEnforcer::load()
+        .map(|f| f.exec_map_status().is_ok())
+        .unwrap_or(false);
+    if !exec_map_lsm {
+        println!(
+            "note: BPF LSM lsm/mmap_file does not load here: loader-runs-home-binary, mmap-exec-home-file and mprotect-exec-home-file are expected to get through"
+        );
+    }
+    let exec_map = |name: &'static str| {
+        if exec_map_lsm {
+            Attempt::denied(name, vec![], "EACCES", Caps::Standard)
+        } else {
+            Attempt::allowed(name, vec![], Caps::Standard)
+        }
+    };
     let host = sleeper.id().to_string();
 
     let s = |v: &str| vec![v.to_string()];
@@ -202,10 +220,15 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         allowed("mprotect-anon-exec", vec![], Standard),
         allowed("interpreter-reads-script", vec![], Standard),
         allowed("exec-granted-control", vec![], Standard),
-        // The known gap (docs/security.md): the dynamic loader, an allowed executable, maps a
-        // binary from the home PROT_EXEC; Landlock does not check mmap. Asserted open so the
-        // docs are changed when it is closed.
-        allowed("gap-loader-runs-home-binary", vec![], Standard),
+        // The dynamic loader, an allowed executable, maps a binary from the home PROT_EXEC;
+        // Landlock does not check mmap, BPF LSM's lsm/mmap_file does where it loads (else the
+        // documented gap, asserted open so the docs change when it closes); so do a direct
+        // executable mapping and an mprotect to executable of a file mapping. Control: mapping
+        // a granted binary executable works.
+        exec_map("loader-runs-home-binary"),
+        exec_map("mmap-exec-home-file"),
+        exec_map("mprotect-exec-home-file"),
+        allowed("mmap-exec-granted-control", vec![], Standard),
         // --- class 5: channels
         denied("dev-shm-create", vec![], "EACCES", Standard),
         denied(
@@ -385,6 +408,43 @@ fn memfd_true(flags: u32) -> Result<i32, i32> {
 }
 
 /// A copy of /bin/true at `path`, mode 0755.
+/// Map the first page of file `path` executable: directly (`mmap` with `PROT_EXEC`), or by
+/// mapping it readable and then `mprotect` to executable.
+fn map_exec(path: &str, by_mprotect: bool) -> Result<String, i32> {
+    let f = std::fs::File::open(path).map_err(io_err)?;
+    use std::os::fd::AsRawFd;
+    let first = if by_mprotect {
+        libc::PROT_READ
+    } else {
+        libc::PROT_READ | libc::PROT_EXEC
+    };
+    // SAFETY: a private mapping of one page of an open file, unmapped before returning.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            first,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        let r = if by_mprotect {
+            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC)
+        } else {
+            0
+        };
+        let e = errno();
+        libc::munmap(p, 4096);
+        if r < 0 {
+            return Err(e);
+        }
+    }
+    Ok(format!("{path} mapped executable"))
+}
+
 fn copy_true(path: &str) -> Result<(), i32> {
     std::fs::copy("/bin/true", path).map_err(io_err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(io_err)
@@ -558,19 +618,34 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
                 }
             }
         }
-        "gap-loader-runs-home-binary" => (|| {
+        "loader-runs-home-binary" => (|| {
             let p = format!("{home}/true-loader");
             copy_true(&p)?;
             let ld = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-x86-64.so.2"]
                 .into_iter()
                 .find(|l| std::path::Path::new(l).exists())
                 .ok_or(libc::ENOENT)?;
-            match std::process::Command::new(ld).arg(&p).status() {
-                Ok(s) if s.success() => Ok(format!("{ld} ran {p}")),
-                Ok(s) => Err(s.code().unwrap_or(-1)),
+            match std::process::Command::new(ld).arg(&p).output() {
+                Ok(o) if o.status.success() => Ok(format!("{ld} ran {p}")),
+                // ld.so does not print the errno of a refused mapping ("failed to map segment
+                // from shared object"); an open it could not make says "Permission denied".
+                Ok(o)
+                    if ["failed to map segment", "Permission denied"]
+                        .iter()
+                        .any(|m| String::from_utf8_lossy(&o.stderr).contains(m)) =>
+                {
+                    Err(libc::EACCES)
+                }
+                Ok(o) => Err(o.status.code().unwrap_or(-1)),
                 Err(e) => Err(io_err(e)),
             }
         })(),
+        "mmap-exec-home-file" | "mprotect-exec-home-file" => (|| {
+            let p = format!("{home}/true-mapped");
+            copy_true(&p)?;
+            map_exec(&p, name == "mprotect-exec-home-file")
+        })(),
+        "mmap-exec-granted-control" => map_exec("/bin/true", false),
         // --- channels
         "dev-shm-create" => {
             let p = c(&format!("/dev/shm/agentos-agent-{}", std::process::id()));

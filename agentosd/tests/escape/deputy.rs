@@ -72,6 +72,19 @@ fn results(log: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Start agent `escape/NAME` again once its previous run has ended: the probe prints its result
+/// just before it exits, so a start right after the line could find it still running.
+fn restart(d: &crate::common::Daemon, name: &str) -> std::process::Output {
+    let id = format!("escape/{name}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while ["running", "starting"].contains(&d.status_json(&id)["state"].as_str().unwrap_or(""))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    d.ctl(&["start", name])
+}
+
 /// Wait for result line number `n` (1-based).
 fn nth_result(log: &Path, n: usize, secs: u64) -> Option<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -179,7 +192,7 @@ pub fn run(ctx: &Ctx, d: &mut common::Daemon, filter: Option<&str>) -> (usize, V
             out.status.success() && ok(&planted),
             &describe(&planted),
         );
-        let out = d.ctl(&["start", name]);
+        let out = restart(d, name);
         let after = nth_result(&log, 2, 15);
         k.check(
             "deputy-tmp-restart: restarted, decoy not writable",
@@ -256,7 +269,7 @@ pub fn run(ctx: &Ctx, d: &mut common::Daemon, filter: Option<&str>) -> (usize, V
             out.status.success() && ok(&planted),
             &describe(&planted),
         );
-        let out = d.ctl(&["start", name]);
+        let out = restart(d, name);
         let msg = stderr(&out);
         let sub = home(ctx, name).join("sub").display().to_string();
         k.check(
@@ -290,7 +303,7 @@ pub fn run(ctx: &Ctx, d: &mut common::Daemon, filter: Option<&str>) -> (usize, V
             out.status.success() && ok(&planted),
             &describe(&planted),
         );
-        let out = d.ctl(&["start", name]);
+        let out = restart(d, name);
         let msg = stderr(&out);
         let a = home(ctx, name).join("a").display().to_string();
         k.check(
@@ -323,7 +336,7 @@ pub fn run(ctx: &Ctx, d: &mut common::Daemon, filter: Option<&str>) -> (usize, V
             errno_is(&r, want),
             &describe(&r),
         );
-        let out = d.ctl(&["start", name]);
+        let out = restart(d, name);
         let _ = nth_result(&log, 2, 15);
         k.check(
             "deputy-hardlink: restart works",
@@ -440,7 +453,7 @@ pub fn run(ctx: &Ctx, d: &mut common::Daemon, filter: Option<&str>) -> (usize, V
             out.status.success() && ok(&r1),
             &describe(&r1),
         );
-        let out = d.ctl(&["start", name]);
+        let out = restart(d, name);
         let r2 = nth_result(&log, 2, 15);
         k.check(
             "deputy-control: after restart, {state}/sub and tmp",

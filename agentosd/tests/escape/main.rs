@@ -910,6 +910,10 @@ fn suite(filter: Option<&str>) -> i32 {
             tmp_target.display()
         ));
     }
+    // Refusals no errno shows are on the record (dropped datagrams, BPF LSM socket hooks).
+    if filter.is_none() {
+        failures.extend(net::records_check(&ctx));
+    }
     // The confused-deputy attempts: links planted for the root daemon, then restarts.
     let (n_deputy, deputy_failures) = deputy::run(&ctx, &mut d, filter);
     failures.extend(deputy_failures);

@@ -11,7 +11,9 @@
 //!   IPv4-mapped IPv6 checked as IPv4, TCP fast open through the connect hook: `EPERM`.
 //! - Landlock: TCP ports not granted (`EACCES`; it runs before the BPF connect hook).
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
+use std::net::{
+    Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, UdpSocket,
+};
 
 use crate::probe::{check, errno, errno_name};
 use crate::{Attempt, Caps, Ctx};
@@ -50,6 +52,29 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         "{}  - net.connect: [\"127.0.0.1:{gport}\"]\n",
         ctx.fs_caps
     ));
+    // Whether BPF LSM's lsm/socket_listen can be in force here (the VM): then listen() on an
+    // unbound socket is refused; elsewhere that is the documented gap.
+    let listen_lsm = agentosd::enforce::fs::FsEnforcer::load()
+        .map(|f| f.optional_status("socket_listen").is_ok())
+        .unwrap_or(false);
+    if !listen_lsm {
+        println!(
+            "note: BPF LSM lsm/socket_listen does not load here: listen-autobind-with-bind-grant is expected to get through"
+        );
+    }
+    let listen_autobind = if listen_lsm {
+        denied("listen-autobind-with-bind-grant", vec![], "EPERM", Standard)
+    } else {
+        allowed("listen-autobind-with-bind-grant", vec![], Standard)
+    };
+    // Whatever listen() says, nobody reaches that port: cgroup_skb/ingress drops SYNs to a
+    // listener on a port no net.bind grants (every host), after lsm/socket_listen (the VM).
+    let autobind_reachable = denied(
+        "listen-autobind-reachable",
+        p(gport),
+        if listen_lsm { "EPERM" } else { "ETIMEDOUT" },
+        Standard,
+    );
     let v = vec![
         // No network capability: seccomp refuses the socket itself.
         denied("nonet-tcp4-connect", p(uport), "EAFNOSUPPORT", NoNet),
@@ -85,6 +110,14 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         denied("udp4-bind-ungranted", p(bind_no), "EPERM", Standard),
         // An ephemeral bind is the kernel's autobind made explicit (UDP clients do it).
         allowed("udp4-bind-port0", vec![], Standard),
+        // A TCP one is the first half of listening on a port nobody granted: Landlock refuses
+        // it first (its bind rules treat port 0 as a port: EACCES), and the cgroup bind hook
+        // would with EPERM without Landlock (it needs a grant of any port for TCP); listen()
+        // on an unbound socket (the kernel picks the port) is refused by BPF LSM where it
+        // loads.
+        denied("tcp4-bind-port0-then-listen", vec![], "EACCES", Standard),
+        listen_autobind,
+        autobind_reachable,
         denied("udp6-bind-ungranted", p(bind_ok), "EPERM", Standard),
         denied("v4mapped-bind-ungranted", p(bind_no), "EPERM", Standard),
         denied("tfo-sendto-other-host", p(gport), "EPERM", Standard),
@@ -96,16 +129,128 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         denied("udplite-socket", vec![], "EPROTONOSUPPORT", Standard),
         denied("netlink-sock-diag", vec![], "EPROTONOSUPPORT", Standard),
         denied("other-families", vec![], "EAFNOSUPPORT", Standard),
+        // Datagrams in (cgroup_skb/ingress): the fixture's responder on the granted UDP port
+        // answers with "other" from an ungranted port first, then "granted". The first never
+        // arrives, on an ephemeral or a v4-mapped IPv6 socket; EAGAIN is the drained queue.
+        denied("udp4-recv-ungranted-sender", p(gport), "EAGAIN", Standard),
+        denied(
+            "v4mapped-recv-ungranted-sender",
+            p(gport),
+            "EAGAIN",
+            Standard,
+        ),
+        denied(
+            "udp4-bound0-recv-ungranted-sender",
+            p(gport),
+            "EAGAIN",
+            Standard,
+        ),
         // Controls: what the grants allow still works.
+        allowed("udp4-recv-granted-sender", p(gport), Standard),
+        // A server on its granted net.bind port hears from anyone.
+        allowed(
+            "udp4-server-recv-any-sender",
+            vec![gport.to_string(), bind_ok.to_string()],
+            Standard,
+        ),
         allowed("v4mapped-connect-granted", p(gport), Standard),
         allowed("udp4-sendto-granted", p(gport), Standard),
         allowed("udp4-bind-granted", p(bind_ok), Standard),
         allowed("listen-granted", p(bind_ok), Standard),
+        allowed(
+            "listen-granted-reachable",
+            vec![gport.to_string(), bind_ok.to_string()],
+            Standard,
+        ),
         allowed("getaddrinfo-localhost", vec![], Standard),
         allowed("getaddrinfo-localhost-nonet", vec![], NoNet),
         allowed("socketpair-unix-nonet", vec![], NoNet),
     ];
-    (v, Box::new(ungranted))
+    (
+        v,
+        Box::new((ungranted, crate::common::UdpResponder::start(gport))),
+    )
+}
+
+/// Ping the fixture's responder at `dst` from a socket bound to `bind` (`None`: not bound, the
+/// kernel's autobind on sendto picks the port), wait for its "granted" reply, then drain the
+/// queue: what arrived, or the errno of a failed call.
+fn udp_replies(bind: Option<SocketAddr>, dst: SocketAddr) -> Result<Vec<String>, i32> {
+    use std::os::fd::FromRawFd as _;
+    let os = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let s = match bind {
+        Some(b) => UdpSocket::bind(b).map_err(os)?,
+        None => {
+            let family = if dst.is_ipv6() {
+                libc::AF_INET6
+            } else {
+                libc::AF_INET
+            };
+            let fd = socket(family, libc::SOCK_DGRAM, 0)?;
+            // SAFETY: `fd` is a UDP socket just created and owned by nothing else.
+            unsafe { UdpSocket::from_raw_fd(fd) }
+        }
+    };
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(os)?;
+    s.send_to(b"ping", dst).map_err(os)?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while !got.iter().any(|g| g == "granted") {
+        let n = s.recv(&mut buf).map_err(os)?;
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    s.set_nonblocking(true).map_err(os)?;
+    while let Ok(n) = s.recv(&mut buf) {
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    Ok(got)
+}
+
+/// A TCP listener (bound to 127.0.0.1:`bind`, or not bound: the kernel picks the port), and
+/// the fixture's responder at `responder` asked to connect to it: got through when it
+/// connected, ETIMEDOUT when its SYN went unanswered, the errno of a failed call.
+fn tcp_reachable(bind: Option<u16>, responder: u16) -> Result<String, i32> {
+    use std::os::fd::FromRawFd as _;
+    let fd = socket(libc::AF_INET, libc::SOCK_STREAM, 0)?;
+    // SAFETY: `fd` is a TCP socket just created and owned by nothing else.
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    if let Some(port) = bind {
+        let (ss, len) = raw_addr(&v4(Ipv4Addr::LOCALHOST, port));
+        let sa = (&ss as *const libc::sockaddr_storage).cast();
+        // SAFETY: bind on our socket with a valid sockaddr of `len` bytes.
+        let r = unsafe { libc::bind(fd, sa, len) };
+        check(r as i64)?;
+    }
+    // SAFETY: listen(2) on our socket.
+    check(unsafe { libc::listen(fd, 8) } as i64)?;
+    let port = l.local_addr().map_err(|_| libc::EIO)?.port();
+    let os = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let s = UdpSocket::bind("127.0.0.1:0").map_err(os)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(os)?;
+    s.send_to(
+        format!("connect {port}").as_bytes(),
+        v4(Ipv4Addr::LOCALHOST, responder),
+    )
+    .map_err(os)?;
+    let mut buf = [0u8; 128];
+    let n = s.recv(&mut buf).map_err(os)?;
+    match &buf[..n] {
+        b"connected" => Ok(format!("port {port} reached")),
+        b"timeout" => Err(libc::ETIMEDOUT),
+        _ => Err(libc::ECONNREFUSED),
+    }
+}
+
+/// Got through when the ungranted sender's "other" arrived; EAGAIN when it did not.
+fn udp_recv_other(bind: Option<SocketAddr>, dst: SocketAddr) -> Result<String, i32> {
+    let got = udp_replies(bind, dst)?;
+    if got.iter().any(|g| g == "other") {
+        Ok(format!("received {got:?}"))
+    } else {
+        Err(libc::EAGAIN)
+    }
 }
 
 const LOOPBACK2: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -281,6 +426,23 @@ fn tcp_listen(port: u16) -> Result<String, i32> {
     r
 }
 
+/// A TCP socket bound to 127.0.0.1 port 0 (an ephemeral port), then listen().
+fn tcp_bind0_listen() -> Result<String, i32> {
+    let s = socket(libc::AF_INET, libc::SOCK_STREAM, 0)?;
+    let (ss, len) = raw_addr(&v4(Ipv4Addr::LOCALHOST, 0));
+    // SAFETY: bind/listen on our socket with a valid sockaddr.
+    let r = unsafe {
+        if libc::bind(s, (&ss as *const libc::sockaddr_storage).cast(), len) != 0 {
+            Err(errno())
+        } else {
+            check(libc::listen(s, 8) as i64)
+        }
+    };
+    // SAFETY: closing the socket we opened.
+    unsafe { libc::close(s) };
+    r
+}
+
 fn getaddrinfo_localhost() -> Result<String, i32> {
     let host = crate::probe::c("localhost");
     // SAFETY: getaddrinfo with a NUL-terminated name, zeroed hints and an out pointer we free.
@@ -402,8 +564,24 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
         "other-families" => other_families(),
         "nonet-listen-unix" => unix_listen(false),
         "nonet-accept-unix" => unix_listen(true),
-        "listen-without-bind-grant" => tcp_listen(0),
+        "listen-without-bind-grant" | "listen-autobind-with-bind-grant" => tcp_listen(0),
+        "tcp4-bind-port0-then-listen" => tcp_bind0_listen(),
         "listen-granted" => tcp_listen(port),
+        "listen-autobind-reachable" => tcp_reachable(None, port),
+        "listen-granted-reachable" => {
+            let bind: u16 = args.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
+            tcp_reachable(Some(bind), port)
+        }
+        "udp4-recv-ungranted-sender" => udp_recv_other(None, v4(lo, port)),
+        "v4mapped-recv-ungranted-sender" => udp_recv_other(None, mapped(lo, port)),
+        "udp4-bound0-recv-ungranted-sender" => udp_recv_other(Some(v4(lo, 0)), v4(lo, port)),
+        "udp4-recv-granted-sender" => {
+            udp_replies(None, v4(lo, port)).map(|got| format!("received {got:?}"))
+        }
+        "udp4-server-recv-any-sender" => {
+            let bind: u16 = args.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
+            udp_recv_other(Some(v4(lo, bind)), v4(lo, port))
+        }
         "getaddrinfo-localhost" | "getaddrinfo-localhost-nonet" => getaddrinfo_localhost(),
         "socketpair-unix-nonet" => {
             let mut fds = [0; 2];
@@ -423,4 +601,71 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
         }
         _ => return None,
     })
+}
+
+/// What a record's `detail` must show.
+type RecordCheck = fn(&serde_json::Value) -> bool;
+
+/// The records of refusals that no errno of the agent's shows: the datagrams
+/// `cgroup_skb/ingress` dropped (on every host), and where BPF LSM's socket programs load (the
+/// VM) the `lsm/socket_bind` and `lsm/socket_listen` refusals. Failures, one line each.
+pub fn records_check(ctx: &Ctx) -> Vec<String> {
+    let fs = agentosd::enforce::fs::FsEnforcer::load().ok();
+    let loads = |hook: &str| fs.as_ref().is_some_and(|f| f.optional_status(hook).is_ok());
+    let mut want: Vec<(&str, &str, RecordCheck)> = vec![
+        ("cgroup_skb/ingress", "a datagram dropped", |d| {
+            d["syscall"] == "recvmsg" && d["effect"] == "dropped" && d["errno"].is_null()
+        }),
+        // The SYN to the listener on a port nobody granted (listen-autobind-reachable).
+        ("cgroup_skb/ingress", "a SYN dropped", |d| {
+            d["syscall"] == "accept" && d["protocol"] == "tcp" && d["effect"] == "dropped"
+        }),
+    ];
+    if loads("socket_bind") {
+        want.push(("lsm/socket_bind", "an abstract bind refused", |d| {
+            d["errno"] == "EPERM" && d["path"].as_str().is_some_and(|p| p.starts_with('@'))
+        }));
+    }
+    if loads("socket_listen") {
+        want.push(("lsm/socket_listen", "a listen refused", |d| {
+            d["errno"] == "EPERM" && d["syscall"] == "listen" && d["path"] == "inet"
+        }));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let o = std::process::Command::new(crate::common::agentctl_bin())
+            .args(["audit", "show", "--json", "--state-dir"])
+            .arg(&ctx.state)
+            .output()
+            .expect("agentctl audit show");
+        let recs: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|r: &serde_json::Value| r["kind"] == "denial")
+            .collect();
+        let missing: Vec<String> = want
+            .iter()
+            .filter(|(hook, _, ok)| {
+                !recs
+                    .iter()
+                    .any(|r| r["detail"]["hook"] == *hook && ok(&r["detail"]))
+            })
+            .map(|(hook, what, _)| {
+                format!("records: no {hook} record of {what} in the audit trail")
+            })
+            .collect();
+        if missing.is_empty() {
+            for (hook, what, _) in &want {
+                println!("ok   records: {hook}: {what}, in the audit trail");
+            }
+            return missing;
+        }
+        if std::time::Instant::now() > deadline {
+            for m in &missing {
+                println!("FAIL {m}");
+            }
+            return missing;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }

@@ -31,6 +31,7 @@ pub fn errno_name(e: i32) -> String {
         libc::ENOTDIR => "ENOTDIR",
         libc::EISDIR => "EISDIR",
         libc::E2BIG => "E2BIG",
+        libc::ETIMEDOUT => "ETIMEDOUT",
         _ => return format!("errno {e}"),
     }
     .to_string()
