@@ -309,11 +309,12 @@ pub fn agentosd_bin() -> &'static str {
 /// The agentctl binary: the one cargo built for the agentctl package, or
 /// `AGENTOS_TEST_AGENTCTL`.
 pub fn agentctl_bin() -> &'static str {
-    static BUILT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    bin_from_env(
-        "AGENTOS_TEST_AGENTCTL",
-        BUILT.get_or_init(|| workspace_bin("agentctl", "agentctl")),
-    )
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    // The variable first: where it is set (the VM) there is no target directory to look in.
+    BIN.get_or_init(|| match std::env::var("AGENTOS_TEST_AGENTCTL") {
+        Ok(p) if !p.is_empty() => p,
+        _ => workspace_bin("agentctl", "agentctl"),
+    })
 }
 
 /// The agentos-mcp bridge: the one cargo built for the agentos-mcp package.
