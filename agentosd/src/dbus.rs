@@ -16,35 +16,7 @@ use crate::authz::{Action, Caller, Policy, Scope};
 use crate::supervisor::{self, Agent, Event, Supervisor};
 use zbus::message::Header;
 
-pub const SERVICE: &str = "org.agentos1";
-pub const MANAGER_PATH: &str = "/org/agentos1";
-pub const MANAGER_IFACE: &str = "org.agentos1.Manager";
-pub const AGENT_IFACE: &str = "org.agentos1.Agent";
-
-/// `org.agentos1.Error.*`
-#[derive(Debug, zbus::DBusError)]
-#[zbus(prefix = "org.agentos1.Error")]
-pub enum ApiError {
-    #[zbus(error)]
-    ZBus(zbus::Error),
-    NoSuchAgent(String),
-    InvalidContract(String),
-    AlreadyExists(String),
-    InvalidState(String),
-    Kernel(String),
-    Unenforceable(String),
-    ExecFailed(String),
-    /// HRT admission refused the agent; the message has the numbers.
-    Unschedulable(String),
-    InvalidArgs(String),
-    Io(String),
-    /// No pending consent request with that id.
-    NoSuchConsent(String),
-    /// The daemon does not offer this (e.g. no tool service).
-    Unavailable(String),
-    /// The caller does not hold the action (named in the message) for this agent or tenant.
-    AccessDenied(String),
-}
+pub use agentos_api::{AGENT_IFACE, ApiError, MANAGER_IFACE, MANAGER_PATH, SERVICE};
 
 impl From<supervisor::Error> for ApiError {
     fn from(e: supervisor::Error) -> Self {
@@ -222,17 +194,7 @@ pub struct Manager {
     pub version: String,
 }
 
-/// One row of `ListAgents`: id, name, tenant, state, result, latency class, main PID, object.
-pub type AgentRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    u32,
-    OwnedObjectPath,
-);
+pub use agentos_api::AgentRow;
 
 impl Manager {
     fn gate(&self) -> Gate {
@@ -389,20 +351,7 @@ impl Manager {
     }
 }
 
-/// One row of `ListConsentRequests`.
-pub type ConsentRow = (u64, String, String, String, String, u64, u64);
-
-fn consent_row(r: crate::mcp::consent::Request) -> ConsentRow {
-    (
-        r.id,
-        r.agent,
-        r.tool,
-        r.capability,
-        r.arguments.to_string(),
-        r.requested_us,
-        r.expires_us,
-    )
-}
+pub use agentos_api::ConsentRow;
 
 /// Emit `ConsentRequested` for every new held call.
 pub async fn pump_consents(conn: Connection, sup: Arc<Supervisor>) {
@@ -813,7 +762,7 @@ impl Manager {
                 self.authz
                     .allows(&caller, Action::AnswerConsent, Scope::Tenant(tenant))
             })
-            .map(consent_row)
+            .map(|r| r.to_row())
             .collect())
     }
 

@@ -3,7 +3,6 @@
 pub mod audit_trail;
 pub mod authz;
 pub mod cgroup;
-pub mod client;
 pub mod daemon;
 pub mod dbus;
 pub mod enforce;
@@ -21,4 +20,3 @@ pub mod state;
 pub mod supervisor;
 pub mod sys;
 pub mod tools;
-pub mod validate;

@@ -44,7 +44,7 @@ pub const SRT_WEIGHT: u32 = 1000;
 /// `cpu.weight` of DT agents.
 pub const DT_WEIGHT: u32 = 1;
 /// How often [`OverrunMonitor`] samples.
-pub const MONITOR_INTERVAL: Duration = Duration::from_millis(20);
+pub const MONITOR_INTERVAL: Duration = agentos_api::DEADLINE_SAMPLE_INTERVAL;
 
 /// SCHED_DEADLINE parameters as persisted with the agent (ns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

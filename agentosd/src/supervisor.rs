@@ -149,42 +149,8 @@ pub struct Config {
     pub freeze_timeout: Duration,
 }
 
-/// A snapshot of one agent for listings, `status` and D-Bus properties.
-#[derive(Debug, Clone, Serialize)]
-pub struct AgentStatus {
-    pub id: String,
-    pub name: String,
-    pub tenant: String,
-    pub state: String,
-    /// Why it is in this state (`exit-code`, `start-limit-hit`, an error text…); empty if none.
-    pub result: String,
-    pub main_pid: u32,
-    pub control_group: String,
-    pub latency_class: String,
-    pub cpu_usage_nsec: Option<u64>,
-    pub memory_current: Option<u64>,
-    pub tasks_current: u64,
-    pub restarts: u32,
-    pub restart_policy: String,
-    pub started_at_us: u64,
-    pub exit_status: String,
-    pub unenforced_budgets: Vec<String>,
-    pub notes: Vec<String>,
-    /// HRT: deadline overruns seen in the current run (sampled lower bound, see sched.rs).
-    pub deadline_misses: Option<u64>,
-    /// Kernel denials (cgroup BPF, BPF LSM, Landlock, seccomp) reported since the daemon started.
-    pub denials: u64,
-    /// Syscalls entered by the agent's processes in its current (or last) run; `None` unless
-    /// the daemon counts them (`agentosd --syscall-counts`, see enforce/sysc.rs).
-    pub syscalls: Option<u64>,
-    pub log_path: String,
-    pub origin: String,
-    pub enabled: bool,
-    pub object_path: String,
-    pub command: String,
-    /// `(pid, ppid, command line)` of every process in the cgroup.
-    pub processes: Vec<(u32, u32, String)>,
-}
+/// A snapshot of one agent for listings, `status` and D-Bus properties (a wire type).
+pub use agentos_api::AgentStatus;
 
 struct Inner {
     spec: AgentSpec,
@@ -895,9 +861,9 @@ impl Supervisor {
         // After the contract's env: an agent cannot be pointed at another socket.
         let socket = self.mcp_open(agent)?;
         if let Some(s) = &socket {
-            env.insert("AGENTOS_SOCKET".into(), s.path.display().to_string());
+            env.insert(agentos_api::SOCKET_ENV.into(), s.path.display().to_string());
             env.insert(
-                "AGENTOS_SOCKET_FD".into(),
+                agentos_api::SOCKET_FD_ENV.into(),
                 std::os::fd::AsRawFd::as_raw_fd(&s.inherited).to_string(),
             );
         }

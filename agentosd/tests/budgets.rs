@@ -407,7 +407,7 @@ print(json.dumps(out))
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"udp.probe","arguments":{}}}"#,
     ];
-    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bridge = Path::new(common::bridge_bin());
     let bin_dir = bridge.parent().unwrap().display().to_string();
     let script = format!(
         "printf '%s\\n' {} | {}; echo bridge-exit=$?",

@@ -510,3 +510,44 @@ fn a_daemon_that_does_not_answer_is_reported_after_the_timeout() {
     d.ctl_ok(&["--timeout", "0", "list"]);
     d.ctl_ok(&["list"]);
 }
+
+/// `agentctl check` prints the daemon's start-up probe (drawn by `agentosd check --report`),
+/// and without a daemon a local probe by `agentosd check`, with a note.
+#[test]
+fn check_prints_the_daemons_probe_or_a_local_one() {
+    skip_unless_capable!();
+    let bus = Bus::start();
+    let cg = TestCgroup::new("check");
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(&bus, &cg.path, dir.path());
+    let out = d.ctl(&["check", "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agentctl check --json: {stderr}");
+    assert!(!stderr.contains("locally"), "the daemon answered: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    // The daemon's root, which a local probe would not know.
+    assert_eq!(
+        report["cgroup"]["root"].as_str(),
+        Some(cg.path.to_str().unwrap()),
+        "{report}"
+    );
+    assert!(report["checks"].as_array().is_some_and(|c| !c.is_empty()));
+    let table = d.ctl_ok(&["check"]);
+    assert!(table.contains("MECHANISM"), "{table}");
+    assert!(
+        table.contains(&format!("agents under {}", cg.path.display())),
+        "the daemon's report, not a local one: {table}"
+    );
+    d.terminate();
+    let out = d.ctl(&["check"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "local check: {stderr}");
+    assert!(
+        stderr.contains("probing this host locally instead"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("MECHANISM"), "{stdout}");
+}

@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 use agentosd::ipc::{AgentRef, Connection, Inbound, IpcError, IpcServer, Limits, Peer, Refusal};
 use common::TestCgroup;
 
-const BRIDGE: &str = env!("CARGO_BIN_EXE_agentos-mcp");
-
 /// The ipc server on its own tokio runtime, with an echo service behind it: every line comes
 /// back as is; `{"too_long":N}` answers an over-long line; agents whose name ends in `noread`
 /// get their connections parked unread; `__burst N__` answers N lines then closes.
@@ -203,7 +201,7 @@ fn spawn_in_cgroup(cmd: &mut Command, cgroup_dir: &Path) -> Child {
 /// `agentos-mcp --socket PATH` inside `cgroup_dir`, stdin/stdout piped.
 fn bridge_in(cgroup_dir: &Path, sock: &Path) -> Child {
     spawn_in_cgroup(
-        Command::new(BRIDGE)
+        Command::new(common::bridge_bin())
             .arg("--socket")
             .arg(sock)
             .stdin(Stdio::piped())
@@ -721,7 +719,7 @@ fn bridge_copies_lines_both_ways_and_half_closes() {
         // stdin EOF reached us as EOF; we can still answer.
         writeln!(w, "{{\"bye\":{n}}}").expect("bye");
     });
-    let mut child = Command::new(BRIDGE)
+    let mut child = Command::new(common::bridge_bin())
         .arg("--socket")
         .arg(&path)
         .env_remove("AGENTOS_SOCKET")
@@ -748,7 +746,7 @@ fn bridge_copies_lines_both_ways_and_half_closes() {
 fn bridge_uses_an_inherited_fd() {
     let (ours, theirs) = UnixStream::pair().expect("socketpair");
     let raw = theirs.as_raw_fd();
-    let mut cmd = Command::new(BRIDGE);
+    let mut cmd = Command::new(common::bridge_bin());
     cmd.env_remove("AGENTOS_SOCKET")
         .env("AGENTOS_SOCKET_FD", "5")
         .stdin(Stdio::piped())
@@ -779,7 +777,7 @@ fn bridge_uses_an_inherited_fd() {
 
 #[test]
 fn bridge_without_a_socket_says_what_to_do() {
-    let out = Command::new(BRIDGE)
+    let out = Command::new(common::bridge_bin())
         .env_remove("AGENTOS_SOCKET")
         .env_remove("AGENTOS_SOCKET_FD")
         .stdin(Stdio::null())
@@ -789,7 +787,7 @@ fn bridge_without_a_socket_says_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("AGENTOS_SOCKET is not set"), "{err}");
     assert!(err.contains("--socket"), "{err}");
-    let out = Command::new(BRIDGE)
+    let out = Command::new(common::bridge_bin())
         .arg("--socket")
         .arg("/nonexistent/agentos.sock")
         .stdin(Stdio::null())

@@ -191,7 +191,7 @@ input_schema: {type: object}
 /// slow.sleep; not clock.now. It reads its own files, the peers and the bridge, and
 /// data/allowed (which the filesystem server then gets); not data/secret.
 fn agent_contract(s: &Setup, peers: &Path, name: &str) -> PathBuf {
-    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bridge = Path::new(common::bridge_bin());
     let bin_dir = bridge.parent().unwrap().display().to_string();
     let t = s.files.display();
     let p = peers.display();
@@ -575,7 +575,7 @@ fn the_example_notes_agent_counts_words_through_tools() {
     write(&notes.join("a.md"), "alpha beta beta gamma\n", 0o644);
     write(&notes.join("b.md"), "one two\nthree\n", 0o644);
     chmod(&notes, 0o755);
-    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bridge = Path::new(common::bridge_bin());
     let bin_dir = bridge.parent().unwrap().display().to_string();
     let venv = peers.join("venv").display().to_string();
     let text = std::fs::read_to_string(example.join("contract.yaml"))
@@ -720,7 +720,7 @@ sandbox:
         dir.path(),
         &["--tools-dir", tools.to_str().unwrap()],
     );
-    let bridge = Path::new(env!("CARGO_BIN_EXE_agentos-mcp"));
+    let bridge = Path::new(common::bridge_bin());
     let bin_dir = bridge.parent().unwrap().display().to_string();
     let t = files.display();
     let contract = format!(

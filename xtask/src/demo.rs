@@ -127,11 +127,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(&cargo)
         .current_dir(&root)
-        .args(["build", "-p", "agentosd", "--bins"])
+        .args(crate::install::build_args(&["build"]))
         .status()
         .context("cargo build")?;
     if !st.success() {
-        bail!("cargo build -p agentosd failed");
+        bail!("cargo build of {:?} failed", crate::install::BIN_PACKAGES);
     }
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)

@@ -25,6 +25,20 @@ use anyhow::{Context, Result, bail};
 /// The unit's ExecStart as written in `units/agentosd.service`; rewritten to the real prefix.
 const UNIT_EXEC_PATH: &str = "/usr/local/bin/agentosd";
 
+/// The packages whose binaries are installed (and shipped to the VM, run by the demo and the
+/// benchmarks): the daemon, the CLI, the MCP bridge.
+pub const BIN_PACKAGES: [&str; 3] = ["agentosd", "agentctl", "agentos-mcp"];
+
+/// `first` (`build`, a profile…), then `-p PACKAGE` for each of [`BIN_PACKAGES`] and `--bins`.
+pub fn build_args<'a>(first: &[&'a str]) -> Vec<&'a str> {
+    let mut v = first.to_vec();
+    for p in BIN_PACKAGES {
+        v.extend(["-p", p]);
+    }
+    v.push("--bins");
+    v
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct InstallArgs {
     /// Installation prefix for binaries and completions.
@@ -139,19 +153,7 @@ pub fn run(args: InstallArgs) -> Result<()> {
     let destdir = destdir.as_deref();
 
     if !args.no_build {
-        super::cargo(&[
-            "build",
-            "--profile",
-            &args.profile,
-            "-p",
-            "agentosd",
-            "--bin",
-            "agentosd",
-            "--bin",
-            "agentctl",
-            "--bin",
-            "agentos-mcp",
-        ])?;
+        super::cargo(&build_args(&["build", "--profile", &args.profile]))?;
     }
     let bin_dir = args
         .bin_dir

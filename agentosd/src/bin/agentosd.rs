@@ -101,6 +101,10 @@ enum Cmd {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Print this report (the JSON of `agentosd check --json` or of the D-Bus `Check`
+        /// call; `-`: stdin) instead of probing; `agentctl check` draws the daemon's with it
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
     },
 }
 
@@ -123,7 +127,11 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Some(Cmd::Check { json }) => {
+        Some(Cmd::Check {
+            json,
+            report: Some(file),
+        }) => print_report(&file, json),
+        Some(Cmd::Check { json, report: None }) => {
             std::process::exit(agentosd::daemon::check(cli.run.cgroup_root, json))
         }
         Some(Cmd::Run) | None => {
@@ -173,4 +181,26 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(agentosd::daemon::run(opts))
         }
     }
+}
+
+/// `agentosd check --report FILE`: a report taken elsewhere, printed like `agentosd check`.
+fn print_report(file: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the report from stdin")?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let report: agentosd::probe::HostReport = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a host report (agentosd check --json)",
+            file.display()
+        )
+    })?;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(())
 }

@@ -6,23 +6,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, oneshot};
 
-/// One pending request, as `agentctl consent list` shows it (and `--json` prints it).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Request {
-    pub id: u64,
-    /// `tenant/name` of the calling agent.
-    pub agent: String,
-    pub tool: String,
-    pub capability: String,
-    /// The arguments with secrets redacted (what the operator decides on).
-    pub arguments: serde_json::Value,
-    /// When it was asked and when it expires, µs since the epoch.
-    pub requested_us: u64,
-    pub expires_us: u64,
-}
+/// One pending request, as `agentctl consent list` shows it (a wire type).
+pub use agentos_api::ConsentRequest as Request;
 
 /// How a request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

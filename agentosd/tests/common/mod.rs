@@ -306,9 +306,79 @@ pub fn agentosd_bin() -> &'static str {
     bin_from_env("AGENTOS_TEST_AGENTOSD", env!("CARGO_BIN_EXE_agentosd"))
 }
 
-/// The agentctl binary: the one cargo built, or `AGENTOS_TEST_AGENTCTL`.
+/// The agentctl binary: the one cargo built for the agentctl package, or
+/// `AGENTOS_TEST_AGENTCTL`.
 pub fn agentctl_bin() -> &'static str {
-    bin_from_env("AGENTOS_TEST_AGENTCTL", env!("CARGO_BIN_EXE_agentctl"))
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    // The variable first: where it is set (the VM) there is no target directory to look in.
+    BIN.get_or_init(|| match std::env::var("AGENTOS_TEST_AGENTCTL") {
+        Ok(p) if !p.is_empty() => p,
+        _ => workspace_bin("agentctl", "agentctl"),
+    })
+}
+
+/// The agentos-mcp bridge: the one cargo built for the agentos-mcp package.
+pub fn bridge_bin() -> &'static str {
+    static BUILT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| workspace_bin("agentos-mcp", "agentos-mcp"))
+}
+
+/// Binary `name` of another workspace package (`package`), from the target directory this test
+/// runs from (`target/<profile>/deps/TEST` → `target/<profile>/NAME`). Cargo's
+/// `CARGO_BIN_EXE_*` only names binaries of the test's own package, and `cargo test -p agentosd`
+/// does not build the others: `cargo test --workspace` does, or `cargo build -p PACKAGE`. A
+/// missing binary, or one older than its package's sources, fails the test with that fix
+/// rather than testing a stale build.
+pub fn workspace_bin(package: &str, name: &str) -> String {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .filter(|d| d.ends_with("deps"))
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("{}: not under target/<profile>/deps", exe.display()));
+    let bin = dir.join(name);
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified());
+    let Ok(built) = built else {
+        panic!(
+            "{} is missing: run `cargo build -p {package}` (or `cargo test --workspace`, which \
+             builds it) with the same profile and target directory",
+            bin.display()
+        );
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for src in [package, "api"] {
+        if let Some((newest, path)) = newest_file(&root.join(src)) {
+            assert!(
+                newest <= built,
+                "{} is older than {}: run `cargo build -p {package}` (or `cargo test \
+                 --workspace`) so that the tests do not run a stale build",
+                bin.display(),
+                path.display()
+            );
+        }
+    }
+    bin.display().to_string()
+}
+
+/// The newest modification time of the sources under `dir` (`src/`, `Cargo.toml`).
+fn newest_file(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut todo = vec![dir.join("src"), dir.join("Cargo.toml")];
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    while let Some(p) = todo.pop() {
+        let Ok(m) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                todo.extend(rd.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(t) = m.modified()
+            && newest.as_ref().is_none_or(|(n, _)| t > *n)
+        {
+            newest = Some((t, p));
+        }
+    }
+    newest
 }
 
 fn bin_from_env(var: &str, built: &'static str) -> &'static str {

@@ -468,7 +468,7 @@ struct Env {
     cgroup_root: PathBuf,
     daemon_pid: u32,
     rt: tokio::runtime::Runtime,
-    client: agentosd::client::Client,
+    client: agentctl::client::Client,
 }
 
 impl Env {
@@ -504,7 +504,7 @@ impl Env {
     fn list_states(&self) -> Result<Vec<(String, String)>> {
         let rows = self
             .rt
-            .block_on(agentosd::client::list_rows(&self.client))
+            .block_on(agentctl::client::list_rows(&self.client))
             .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
         Ok(rows.into_iter().map(|r| (r.name, r.state)).collect())
     }
@@ -512,7 +512,7 @@ impl Env {
     fn list_timed(&self) -> Result<u64> {
         let t0 = mono_ns();
         self.rt
-            .block_on(agentosd::client::list_rows(&self.client))
+            .block_on(agentctl::client::list_rows(&self.client))
             .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
         Ok(mono_ns() - t0)
     }
@@ -835,11 +835,18 @@ fn build_bins() -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let st = Command::new(&cargo)
         .current_dir(&root)
-        .args(["build", "--quiet", "--release", "-p", "agentosd", "--bins"])
+        .args(crate::install::build_args(&[
+            "build",
+            "--quiet",
+            "--release",
+        ]))
         .status()
         .context("cargo build")?;
     if !st.success() {
-        bail!("cargo build --release -p agentosd --bins failed");
+        bail!(
+            "cargo build --release of {:?} failed",
+            crate::install::BIN_PACKAGES
+        );
     }
     Ok(here)
 }
@@ -987,12 +994,12 @@ fn bench(
         .build()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
-        let c = rt.block_on(agentosd::client::Client::connect(
+        let c = rt.block_on(agentctl::client::Client::connect(
             Some(&bus),
             Some(Duration::from_secs(25)),
         ));
         if let Ok(c) = c
-            && rt.block_on(agentosd::client::list_rows(&c)).is_ok()
+            && rt.block_on(agentctl::client::list_rows(&c)).is_ok()
         {
             break c;
         }

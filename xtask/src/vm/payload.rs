@@ -37,16 +37,16 @@ fn cargo() -> Command {
     c
 }
 
-/// Builds agentosd, agentctl and (with `tests`) the vm-tests suite for the host's x86-64 (the
+/// Builds agentosd, agentctl, agentos-mcp and (with `tests`) the vm-tests suite for the host's x86-64 (the
 /// guest's glibc is newer than the host's, so host binaries run there).
 pub fn build(release: bool, tests: bool) -> Result<Build> {
     let profile = if release { "release" } else { "debug" };
     let mut c = cargo();
-    c.args(["build", "-p", "agentosd", "--bins"]);
+    c.args(crate::install::build_args(&["build"]));
     if release {
         c.arg("--release");
     }
-    eprintln!("vm: building agentosd, agentctl ({profile})");
+    eprintln!("vm: building agentosd, agentctl, agentos-mcp ({profile})");
     host::run(&mut c)?;
     let bin_dir = super::target_dir().join(profile);
     let mut b = Build {

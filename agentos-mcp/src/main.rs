@@ -13,6 +13,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
+use agentos_api::{SOCKET_ENV, SOCKET_FD_ENV};
 use anyhow::{Context, Result, anyhow, bail};
 
 const USAGE: &str = "usage: agentos-mcp [--socket PATH]
@@ -68,10 +69,10 @@ fn target() -> Result<Target> {
     if let Some(p) = parse_args()? {
         return Ok(Target::Path(p));
     }
-    if let Some(p) = std::env::var_os("AGENTOS_SOCKET").filter(|p| !p.is_empty()) {
+    if let Some(p) = std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
         return Ok(Target::Path(p.to_string_lossy().into_owned()));
     }
-    if let Ok(fd) = std::env::var("AGENTOS_SOCKET_FD") {
+    if let Ok(fd) = std::env::var(SOCKET_FD_ENV) {
         let n: i32 = fd
             .trim()
             .parse()

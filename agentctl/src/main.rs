@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use agentosd::client::{self, Client, exit};
+use agentctl::client::{self, Client};
+use agentctl::exit;
 use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -243,7 +244,7 @@ fn run(cli: Cli) -> i32 {
     };
     match cli.cmd {
         Cmd::Validate { files, json } => {
-            return agentosd::validate::run(
+            return agentctl::validate::run(
                 &files,
                 json,
                 &mut std::io::stdout(),
@@ -274,7 +275,7 @@ fn run(cli: Cli) -> i32 {
     };
     rt.block_on(async move {
         if let Cmd::Check { json } = cli.cmd {
-            return client::check(addr, timeout, json).await;
+            return agentctl::check::check(addr, timeout, json).await;
         }
         let c = match Client::connect(addr, timeout).await {
             Ok(c) => c,

@@ -1,0 +1,373 @@
+//! The connection to agentosd and one function per command that talks to it. Each returns the
+//! process exit code ([`crate::exit`]); what it prints is drawn by [`crate::render`].
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentos_api::text::{escape_control as esc, escape_lines as esc_lines};
+use agentos_api::wire::{LogChunk, LogTail};
+use agentos_api::{
+    AgentRow, AgentStatus, ApiError, BUS_ADDRESS_ENV, ConsentRequest, ConsentRow, ListRow,
+    MANAGER_IFACE, MANAGER_PATH, SERVICE, error,
+};
+use zbus::Connection;
+use zbus::OwnedObjectPath;
+
+use crate::exit;
+use crate::render::{escape_log_text, render_consents, render_list, render_status};
+
+/// A failed client call: message for stderr and exit code.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, CliError>;
+
+fn classify(e: zbus::Error) -> CliError {
+    match &e {
+        zbus::Error::MethodError(name, detail, _) => {
+            let name = name.as_str();
+            let short = ApiError::name_of(name);
+            let msg = detail.clone().unwrap_or_else(|| name.to_string());
+            let msg = if short == error::name::ACCESS_DENIED {
+                format!("access denied ({name}): {msg}")
+            } else {
+                msg
+            };
+            let code = match short {
+                error::name::NO_SUCH_AGENT => exit::NOT_FOUND,
+                "org.freedesktop.DBus.Error.ServiceUnknown"
+                | "org.freedesktop.DBus.Error.NameHasNoOwner" => exit::UNREACHABLE,
+                _ => exit::FAILED,
+            };
+            CliError::new(code, msg)
+        }
+        zbus::Error::FDO(f) => match f.as_ref() {
+            zbus::fdo::Error::ServiceUnknown(_) | zbus::fdo::Error::NameHasNoOwner(_) => {
+                CliError::new(
+                    exit::UNREACHABLE,
+                    format!("agentosd is not running on this bus (nobody owns {SERVICE})"),
+                )
+            }
+            zbus::fdo::Error::NoReply(_) | zbus::fdo::Error::Timeout(_) => {
+                CliError::new(exit::UNREACHABLE, format!("agentosd did not answer: {f}"))
+            }
+            zbus::fdo::Error::AccessDenied(m) => CliError::new(
+                exit::FAILED,
+                format!("access denied (org.freedesktop.DBus.Error.AccessDenied): {m}"),
+            ),
+            other => CliError::new(exit::FAILED, other.to_string()),
+        },
+        zbus::Error::InputOutput(io) if io.kind() == std::io::ErrorKind::TimedOut => CliError::new(
+            exit::UNREACHABLE,
+            "agentosd did not answer in time (--timeout, 25 s unless set; 0 waits forever): \
+             it may be overloaded or stuck; see `journalctl -u agentosd`"
+                .to_string(),
+        ),
+        zbus::Error::InputOutput(_)
+        | zbus::Error::Address(_)
+        | zbus::Error::Handshake(_)
+        | zbus::Error::Failure(_) => CliError::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the D-Bus: {e} (set --bus-address or {BUS_ADDRESS_ENV})"),
+        ),
+        _ => CliError::new(exit::FAILED, e.to_string()),
+    }
+}
+
+/// A connection to the daemon.
+pub struct Client {
+    conn: Connection,
+}
+
+impl Client {
+    /// Connect to `address`, else `$AGENTOS_BUS_ADDRESS`, else the system bus. Every method call
+    /// fails after `timeout` without an answer (`None`: waits forever), like busctl's
+    /// `--timeout`, so a stuck daemon is reported rather than waited for.
+    pub async fn connect(
+        address: Option<&str>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Self> {
+        let addr = address.map(str::to_string).or_else(|| {
+            std::env::var(BUS_ADDRESS_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+        });
+        let builder = match &addr {
+            Some(a) => zbus::connection::Builder::address(a.as_str()),
+            None => zbus::connection::Builder::system(),
+        };
+        let builder = match timeout {
+            Some(t) => builder.method_timeout(t),
+            None => builder,
+        };
+        let conn = builder.build().await.map_err(|e| {
+            CliError::new(
+                exit::UNREACHABLE,
+                format!(
+                    "cannot connect to {}: {e} (is the bus running? set --bus-address or {BUS_ADDRESS_ENV})",
+                    addr.as_deref().unwrap_or("the system bus")
+                ),
+            )
+        })?;
+        Ok(Client { conn })
+    }
+
+    /// Call `method` on the manager object.
+    async fn reply<B>(&self, method: &str, body: &B) -> Result<zbus::Message>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+    {
+        self.conn
+            .call_method(
+                Some(SERVICE),
+                MANAGER_PATH,
+                Some(MANAGER_IFACE),
+                method,
+                body,
+            )
+            .await
+            .map_err(classify)
+    }
+
+    /// Call `method` and read its answer as `R`.
+    pub(crate) async fn call<B, R>(&self, method: &str, body: &B) -> Result<R>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+    {
+        self.reply(method, body)
+            .await?
+            .body()
+            .deserialize::<R>()
+            .map_err(|e| CliError::new(exit::FAILED, format!("bad reply to {method}: {e}")))
+    }
+
+    /// Call `method`, which answers nothing.
+    async fn call0<B>(&self, method: &str, body: &B) -> Result<()>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+    {
+        self.reply(method, body).await.map(drop)
+    }
+}
+
+pub(crate) fn fail(out: &mut dyn Write, e: CliError) -> i32 {
+    let _ = out.flush();
+    // Errors can carry agent-chosen strings (names, process titles, log paths).
+    eprintln!("agentctl: {}", esc_lines(&e.message));
+    e.code
+}
+
+/// Whether the argument of `start` names a file rather than a known agent.
+fn looks_like_file(arg: &str) -> bool {
+    arg.contains('/') || arg.ends_with(".yaml") || arg.ends_with(".yml") || Path::new(arg).is_file()
+}
+
+pub async fn start(c: &Client, target: &str) -> i32 {
+    let r: Result<OwnedObjectPath> = if looks_like_file(target) {
+        let path = std::fs::canonicalize(target).unwrap_or_else(|_| PathBuf::from(target));
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                c.call("StartAgent", &(text, path.display().to_string()))
+                    .await
+            }
+            Err(e) => Err(CliError::new(
+                exit::NOT_FOUND,
+                format!("cannot read contract {target}: {e}"),
+            )),
+        }
+    } else {
+        c.call("StartAgentByName", &(target,)).await
+    };
+    match r {
+        Ok(path) => {
+            let id = match c
+                .call::<_, String>("DescribeAgent", &(path.as_str(),))
+                .await
+            {
+                Ok(json) => serde_json::from_str::<AgentStatus>(&json)
+                    .map(|s| format!("{} (PID {})", esc(&s.id), s.main_pid))
+                    .unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            println!("started {id} {}", path.as_str());
+            exit::OK
+        }
+        Err(e) => fail(&mut std::io::stdout(), e),
+    }
+}
+
+/// stop, freeze, thaw, restart, remove: one method taking the agent.
+pub async fn simple(c: &Client, method: &str, agents: &[String]) -> i32 {
+    let mut code = exit::OK;
+    for a in agents {
+        if let Err(e) = c.call0(method, &(a.as_str(),)).await {
+            code = code.max(fail(&mut std::io::stdout(), e));
+        }
+    }
+    code
+}
+
+pub async fn kill(c: &Client, agents: &[String], whom: &str, signal: &str) -> i32 {
+    let Some(sig) = agentos_api::signal::parse_signal(signal) else {
+        eprintln!("agentctl: unknown signal {signal:?} (use a name like TERM or a number)");
+        return exit::USAGE;
+    };
+    let mut code = exit::OK;
+    for a in agents {
+        if let Err(e) = c.call0("KillAgent", &(a.as_str(), whom, sig)).await {
+            code = code.max(fail(&mut std::io::stdout(), e));
+        }
+    }
+    code
+}
+
+pub async fn list_rows(c: &Client) -> Result<Vec<ListRow>> {
+    let raw: Vec<AgentRow> = c.call("ListAgents", &()).await?;
+    Ok(raw.into_iter().map(ListRow::from).collect())
+}
+
+/// `agentctl list`: a table like `systemctl list-units`, or JSON.
+pub async fn list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
+    let rows = match list_rows(c).await {
+        Ok(r) => r,
+        Err(e) => return fail(out, e),
+    };
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return exit::OK;
+    }
+    let _ = write!(out, "{}", render_list(&rows));
+    exit::OK
+}
+
+/// `agentctl status NAME`: like `systemctl status`.
+pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut dyn Write) -> i32 {
+    let st: AgentStatus = match c.call::<_, String>("DescribeAgent", &(agent,)).await {
+        Ok(j) => match serde_json::from_str(&j) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(
+                    out,
+                    CliError::new(exit::FAILED, format!("bad status JSON: {e}")),
+                );
+            }
+        },
+        Err(e) => return fail(out, e),
+    };
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&st).unwrap_or_default()
+        );
+        return exit::OK;
+    }
+    let log: LogTail = if lines > 0 {
+        c.call("GetLog", &(agent, lines)).await.unwrap_or_default()
+    } else {
+        Default::default()
+    };
+    let _ = write!(out, "{}", render_status(&st, &log.1));
+    let _ = out.flush();
+    exit::OK
+}
+
+/// `agentctl logs NAME [-n N] [-f]`.
+pub async fn logs(c: &Client, agent: &str, lines: u32, follow: bool) -> i32 {
+    let (_path, l, mut off): LogTail = match c.call("GetLog", &(agent, lines)).await {
+        Ok(r) => r,
+        Err(e) => return fail(&mut std::io::stdout(), e),
+    };
+    let mut out = std::io::stdout();
+    for line in l {
+        if writeln!(out, "{}", esc(&line)).is_err() {
+            return exit::OK;
+        }
+    }
+    let _ = out.flush();
+    if !follow {
+        return exit::OK;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match c.call::<_, LogChunk>("ReadLog", &(agent, off)).await {
+            Ok((text, next)) => {
+                let text = escape_log_text(&text);
+                if out.write_all(text.as_bytes()).is_err() || out.flush().is_err() {
+                    return exit::OK;
+                }
+                off = next;
+            }
+            Err(e) => return fail(&mut out, e),
+        }
+    }
+}
+
+/// `agentctl is-active NAME`: 0 when running (or frozen), 1 otherwise, 3 unknown.
+pub async fn is_active(c: &Client, agent: &str, quiet: bool) -> i32 {
+    match c.call::<_, String>("DescribeAgent", &(agent,)).await {
+        Ok(j) => {
+            let st: Option<AgentStatus> = serde_json::from_str(&j).ok();
+            let state = st.map(|s| s.state).unwrap_or_default();
+            if !quiet {
+                println!("{state}");
+            }
+            if matches!(state.as_str(), "running" | "frozen") {
+                exit::OK
+            } else {
+                exit::FAILED
+            }
+        }
+        Err(e) => fail(&mut std::io::stdout(), e),
+    }
+}
+
+/// `agentctl consent list`: the calls waiting for an answer.
+pub async fn consent_list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
+    let raw: Vec<ConsentRow> = match c.call("ListConsentRequests", &()).await {
+        Ok(r) => r,
+        Err(e) => return fail(out, e),
+    };
+    let rows: Vec<ConsentRequest> = raw.into_iter().map(ConsentRequest::from_row).collect();
+    let text = if json {
+        serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n"
+    } else {
+        render_consents(&rows)
+    };
+    let _ = out.write_all(text.as_bytes());
+    exit::OK
+}
+
+/// `agentctl consent approve|deny ID...`.
+pub async fn consent_answer(c: &Client, approve: bool, ids: &[u64]) -> i32 {
+    let method = if approve {
+        "ApproveConsent"
+    } else {
+        "DenyConsent"
+    };
+    let mut code = exit::OK;
+    for id in ids {
+        if let Err(e) = c.call0(method, &(*id,)).await {
+            code = code.max(fail(&mut std::io::stdout(), e));
+        }
+    }
+    code
+}
