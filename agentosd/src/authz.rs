@@ -241,6 +241,8 @@ pub struct Caller {
     pub cmdline: Option<String>,
     /// The systemd unit from `/proc/PID/cgroup`, if the caller runs in one.
     pub unit: Option<String>,
+    /// The caller's unique name on the bus (`:1.42`): polkit's subject.
+    pub bus_name: Option<String>,
 }
 
 impl Caller {

@@ -48,6 +48,8 @@ pub struct Options {
     pub bpf_pin_dir: Option<PathBuf>,
     /// D-Bus authorization rules (`--authz`, `authz::Rule` syntax); empty: `authz::DEFAULT_RULE`.
     pub authz: Vec<String>,
+    /// Whether polkit decides instead of `authz` (`--polkit`).
+    pub polkit: crate::polkit::Mode,
 }
 
 impl Default for Options {
@@ -71,6 +73,7 @@ impl Default for Options {
             max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
             bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
             authz: Vec::new(),
+            polkit: crate::polkit::Mode::Auto,
         }
     }
 }
@@ -274,25 +277,43 @@ pub async fn run(opts: Options) -> Result<()> {
             unknown.join(", ")
         );
     }
-    let manager = Manager {
-        authz: std::sync::Arc::new(policy),
-        sup: sup.clone(),
-        host_report_json: report.to_json(),
-        missing_budgets: missing,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-    };
     let builder = match &opts.bus_address {
         Some(a) => zbus::connection::Builder::address(a.as_str()),
         None => zbus::connection::Builder::system(),
     };
     let conn = builder
-        .serve_at(MANAGER_PATH, manager)
         .build()
         .await
         .with_context(|| match &opts.bus_address {
             Some(a) => format!("connecting to the D-Bus at {a}"),
             None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
         })?;
+    let polkit = crate::polkit::Polkit::for_mode(opts.polkit, &conn)
+        .await
+        .map(std::sync::Arc::new);
+    match (&polkit, opts.authz.is_empty()) {
+        (Some(_), true) => info!(
+            "authorization: polkit ({}) decides for callers other than root",
+            crate::polkit::SERVICE
+        ),
+        (Some(_), false) => tracing::warn!(
+            "authorization: polkit ({}) decides for callers other than root; the --authz rules are not used (write polkit rules instead, or pass --polkit no)",
+            crate::polkit::SERVICE
+        ),
+        (None, _) => info!("authorization: built-in rules (--authz), root holds every action"),
+    }
+    let manager = Manager {
+        authz: std::sync::Arc::new(policy),
+        polkit,
+        sup: sup.clone(),
+        host_report_json: report.to_json(),
+        missing_budgets: missing,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    conn.object_server()
+        .at(MANAGER_PATH, manager)
+        .await
+        .context("serving the manager object")?;
     for a in sup.agents() {
         dbus::register_agent(conn.object_server(), &sup, &a).await;
     }

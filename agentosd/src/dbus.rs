@@ -61,6 +61,7 @@ pub async fn caller_of(hdr: &Header<'_>, conn: &Connection) -> Result<Caller> {
     Ok(Caller {
         uid,
         gids,
+        bus_name: Some(sender.to_string()),
         ..Caller::default()
     }
     .with_process(creds.process_id()))
@@ -81,6 +82,8 @@ where
 #[derive(Clone)]
 pub struct Gate {
     pub policy: Arc<Policy>,
+    /// polkit, where the daemon asks it (`--polkit`); then it decides instead of `policy`.
+    pub polkit: Option<Arc<crate::polkit::Polkit>>,
     pub sup: Arc<Supervisor>,
 }
 
@@ -131,7 +134,7 @@ impl Gate {
         scope: Scope<'_>,
     ) -> Result<Caller> {
         let caller = caller_of(hdr, conn).await?;
-        if self.policy.allows(&caller, action, scope) {
+        if self.allows(&caller, action, scope).await {
             Ok(caller)
         } else {
             Err(self.refuse(&caller, method, action, None))
@@ -152,10 +155,34 @@ impl Gate {
             .check(hdr, conn, method, action, Scope::AnyTenant)
             .await?;
         let a = self.sup.find(key)?;
-        self.on_agent(caller, method, action, a)
+        self.on_agent(caller, method, action, a).await
     }
 
-    fn on_agent(
+    /// Whether `caller` holds `action` for `scope`: root always; otherwise polkit where the
+    /// daemon asks it (a polkit that does not answer refuses, logged), else the `--authz` rules.
+    pub async fn allows(&self, caller: &Caller, action: Action, scope: Scope<'_>) -> bool {
+        if caller.uid == 0 {
+            return true;
+        }
+        let Some(polkit) = &self.polkit else {
+            return self.policy.allows(caller, action, scope);
+        };
+        let Some(name) = &caller.bus_name else {
+            return false;
+        };
+        match polkit
+            .check(name, action, &crate::polkit::Details::of(scope))
+            .await
+        {
+            Ok(yes) => yes,
+            Err(e) => {
+                warn!("{e}; {action} refused to uid {}", caller.uid);
+                false
+            }
+        }
+    }
+
+    async fn on_agent(
         &self,
         caller: Caller,
         method: &str,
@@ -163,17 +190,17 @@ impl Gate {
         a: Arc<Agent>,
     ) -> Result<(Caller, Arc<Agent>)> {
         if !self
-            .policy
             .allows(&caller, action, Scope::Tenant(&a.tenant))
+            .await
         {
             return Err(self.refuse(&caller, method, action, Some((&a.tenant, &a.name))));
         }
         Ok((caller, a))
     }
 
-    fn may_read(&self, caller: &Caller, tenant: &str) -> bool {
-        self.policy
-            .allows(caller, Action::Read, Scope::Tenant(tenant))
+    async fn may_read(&self, caller: &Caller, tenant: &str) -> bool {
+        self.allows(caller, Action::Read, Scope::Tenant(tenant))
+            .await
     }
 }
 
@@ -187,6 +214,8 @@ async fn gate_of(server: &ObjectServer) -> Result<Gate> {
 pub struct Manager {
     /// Who may do what (`agentosd --authz`).
     pub authz: Arc<Policy>,
+    /// polkit, when the daemon asks it (`agentosd --polkit`).
+    pub polkit: Option<Arc<crate::polkit::Polkit>>,
     pub sup: Arc<Supervisor>,
     /// `agentosd check` result taken at start-up, as JSON.
     pub host_report_json: String,
@@ -200,6 +229,7 @@ impl Manager {
     fn gate(&self) -> Gate {
         Gate {
             policy: self.authz.clone(),
+            polkit: self.polkit.clone(),
             sup: self.sup.clone(),
         }
     }
@@ -240,7 +270,7 @@ impl Manager {
         } else {
             Scope::Global
         };
-        if !self.authz.allows(&caller, Action::AnswerConsent, scope) {
+        if !gate.allows(&caller, Action::AnswerConsent, scope).await {
             let target = req.as_ref().map(|_| (tenant, name));
             return Err(gate.refuse(&caller, method, Action::AnswerConsent, target));
         }
@@ -330,9 +360,9 @@ impl Manager {
                 return Err(e);
             }
         };
-        if !self
-            .authz
+        if !gate
             .allows(caller, Action::ManageAgents, Scope::Tenant(&tenant))
+            .await
         {
             return Err(gate.refuse(caller, method, Action::ManageAgents, Some((&tenant, &name))));
         }
@@ -467,7 +497,7 @@ impl Manager {
             .await?;
         match self.sup.find(&agent) {
             Ok(a) => {
-                let (caller, a) = gate.on_agent(caller, M, Action::ManageAgents, a)?;
+                let (caller, a) = gate.on_agent(caller, M, Action::ManageAgents, a).await?;
                 as_caller(&caller, self.sup.start_existing(&a)).await?;
                 opath(&a.object_path)
             }
@@ -586,7 +616,7 @@ impl Manager {
         // made a listing take 18 ms (docs/benchmarks.md, "Tool calls").
         let mut rows = Vec::new();
         for a in self.sup.agents() {
-            if !gate.may_read(&caller, &a.tenant) {
+            if !gate.may_read(&caller, &a.tenant).await {
                 continue;
             }
             let (state, result, class, pid) = a.summary();
@@ -642,13 +672,12 @@ impl Manager {
         let caller = gate
             .check(&hdr, conn, "DescribeAgents", Action::Read, Scope::AnyTenant)
             .await?;
-        let all: Vec<_> = self
-            .sup
-            .agents()
-            .iter()
-            .filter(|a| gate.may_read(&caller, &a.tenant))
-            .map(|a| self.sup.status_of(a))
-            .collect();
+        let mut all = Vec::new();
+        for a in self.sup.agents() {
+            if gate.may_read(&caller, &a.tenant).await {
+                all.push(self.sup.status_of(&a));
+            }
+        }
         serde_json::to_string(&all).map_err(|e| ApiError::Io(e.to_string()))
     }
 
@@ -743,8 +772,8 @@ impl Manager {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<Vec<ConsentRow>> {
-        let caller = self
-            .gate()
+        let gate = self.gate();
+        let caller = gate
             .check(
                 &hdr,
                 conn,
@@ -753,17 +782,17 @@ impl Manager {
                 Scope::AnyTenant,
             )
             .await?;
-        Ok(self
-            .consents()?
-            .list()
-            .into_iter()
-            .filter(|r| {
-                let tenant = r.agent.split_once('/').map_or("", |(t, _)| t);
-                self.authz
-                    .allows(&caller, Action::AnswerConsent, Scope::Tenant(tenant))
-            })
-            .map(|r| r.to_row())
-            .collect())
+        let mut rows = Vec::new();
+        for r in self.consents()?.list() {
+            let tenant = r.agent.split_once('/').map_or("", |(t, _)| t);
+            if gate
+                .allows(&caller, Action::AnswerConsent, Scope::Tenant(tenant))
+                .await
+            {
+                rows.push(r.to_row());
+            }
+        }
+        Ok(rows)
     }
 
     /// Let held call `id` proceed. The answer is audited with the caller's uid.
@@ -841,6 +870,7 @@ impl AgentObject {
             .check(hdr, conn, method, Action::ManageAgents, Scope::AnyTenant)
             .await?;
         gate.on_agent(caller, method, Action::ManageAgents, self.agent.clone())
+            .await
     }
 
     fn status(&self) -> supervisor::AgentStatus {

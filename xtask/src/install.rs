@@ -10,6 +10,7 @@
 //! | D-Bus policy `org.agentos1.conf` | `/usr/share/dbus-1/system.d/` |
 //! | D-Bus activation `org.agentos1.service` | `/usr/share/dbus-1/system-services/` |
 //! | polkit actions `org.agentos1.policy` | `/usr/share/polkit-1/actions/` |
+//! | polkit rules `50-org.agentos1.rules` (the built-in defaults) | `/usr/share/polkit-1/rules.d/` |
 //! | `agentos.conf` (sysusers, tmpfiles) | `/usr/lib/sysusers.d/`, `/usr/lib/tmpfiles.d/` |
 //! | configuration directories | `/etc/agentos/agents.d`, `/etc/agentos/tools.d` |
 //! | shell completions (`agentctl completions SHELL`) | `PREFIX/share/{bash-completion,zsh,fish}/…` |
@@ -208,6 +209,11 @@ pub fn run(args: InstallArgs) -> Result<()> {
             "org.agentos1.policy",
             "/usr/share/polkit-1/actions/org.agentos1.policy",
             "polkit actions",
+        ),
+        (
+            "50-org.agentos1.rules",
+            "/usr/share/polkit-1/rules.d/50-org.agentos1.rules",
+            "polkit rules",
         ),
         (
             "agentos.sysusers",
@@ -420,6 +426,7 @@ mod tests {
                 0o644,
             ),
             ("usr/share/polkit-1/actions/org.agentos1.policy", 0o644),
+            ("usr/share/polkit-1/rules.d/50-org.agentos1.rules", 0o644),
             ("usr/lib/sysusers.d/agentos.conf", 0o644),
             ("usr/lib/tmpfiles.d/agentos.conf", 0o644),
             ("etc/agentos/agents.d", 0o755),

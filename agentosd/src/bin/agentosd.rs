@@ -88,6 +88,11 @@ struct RunArgs {
     /// [default: group:agentos=read,read-audit]
     #[arg(long = "authz", global = true, value_name = "RULE")]
     authz: Vec<String>,
+    /// Ask polkit (org.freedesktop.PolicyKit1.CheckAuthorization) whether a caller other than
+    /// root holds an action: auto = when polkitd is on the daemon's bus (then the --authz rules
+    /// are not used), yes = always (refused when polkitd does not answer), no = never
+    #[arg(long, global = true, value_enum, default_value_t = agentosd::polkit::Mode::Auto)]
+    polkit: agentosd::polkit::Mode,
 }
 
 #[derive(Subcommand, Debug)]
@@ -173,6 +178,7 @@ fn main() -> anyhow::Result<()> {
                 )
                 .filter(|p| p.as_os_str() != "none"),
                 authz: r.authz,
+                polkit: r.polkit,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -32,6 +32,11 @@ const GUEST_PACKAGES: &[&str] = &[
     "kmod",
     "iproute2",
     "procps",
+    // agentosd asks polkit where it runs (vm-tests/tests/polkit.rs); polkitd depends on the
+    // virtual package default-logind, which debootstrap does not resolve: libpam-systemd
+    // provides it.
+    "libpam-systemd",
+    "polkitd",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
 /// the io.max test a block device.
