@@ -13,9 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::sys::SyscallError;
-
-const CLONE_PIDFD: u64 = 0x1000;
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+use crate::sys::clone::{CLONE_INTO_CGROUP, CLONE_PIDFD, CloneArgs, clone3, close_range_cloexec};
 
 /// The `clone3` namespace flags for an agent's [`crate::sandbox::Namespaces`].
 pub fn namespace_flags(ns: crate::sandbox::Namespaces) -> u64 {
@@ -27,23 +25,6 @@ pub fn namespace_flags(ns: crate::sandbox::Namespaces) -> u64 {
         f |= libc::CLONE_NEWNET as u64;
     }
     f
-}
-
-/// `struct clone_args` of linux/sched.h (CLONE_ARGS_SIZE_VER2, 88 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,13 +212,7 @@ pub fn spawn_with_stdio(
     // system calls on memory prepared before the call (no allocation, no locks) and always ends
     // in execve or _exit, so the multi-threaded parent's state (allocator locks, tokio) is never
     // touched in the child.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let ret = unsafe { clone3(&mut args) };
     if ret == 0 {
         // Child.
         let (stdin_fd, stdout_fd, stderr_fd, status_fd, cwd_p, prog_p, argv_p, envp_p) = fds;
@@ -256,12 +231,7 @@ pub fn spawn_with_stdio(
                 // without CLOEXEC: every fd from 3 up is closed by execve (the status pipe
                 // and the Landlock ruleset stay usable until then).
                 stage = 6;
-                ok = libc::syscall(
-                    libc::SYS_close_range,
-                    3u32,
-                    u32::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                ) == 0;
+                ok = close_range_cloexec(3) == 0;
                 if ok && keep_fd >= 0 {
                     ok = libc::fcntl(keep_fd, libc::F_SETFD, 0) == 0;
                 }
@@ -275,7 +245,7 @@ pub fn spawn_with_stdio(
                 crate::sched::ChildSched::Deadline(ref attr) if ok => {
                     // Deadline tasks may exec but not fork; see sched.rs.
                     stage = 5;
-                    ok = crate::sched::raw_sched_setattr(0, attr) == 0;
+                    ok = crate::sys::sched::raw_sched_setattr(0, attr) == 0;
                 }
                 _ => {}
             }
