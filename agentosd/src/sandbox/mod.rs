@@ -229,7 +229,7 @@ pub fn prepare(
     }
     let namespaces = Namespaces::for_grants(&grants);
     // Socket rules per contract: inet sockets only with a network grant, listen() only with
-    // net.bind (seccomp.rs).
+    // net.bind (seccomp/).
     let seccomp = seccomp::compiled_for(seccomp::NetShape::for_grants(
         !grants.net_connect.is_empty(),
         !grants.net_bind.is_empty(),

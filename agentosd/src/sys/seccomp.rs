@@ -13,6 +13,7 @@ const SECCOMP_GET_NOTIF_SIZES: libc::c_uint = 3;
 /// `/proc/sys/kernel/seccomp/actions_logged`); see enforce/kaudit.rs.
 pub const SECCOMP_FILTER_FLAG_LOG: libc::c_uint = 1 << 1;
 
+pub const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 pub const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 pub const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 pub const SECCOMP_RET_USER_NOTIF: u32 = 0x7fc0_0000;
