@@ -9,48 +9,20 @@ use super::report::{Check, Feature, Status};
 use super::{Ctx, btf, io_errno, sched::probe_sched_ext};
 use crate::sys::bpf as sys;
 
+/// Type ids found in vmlinux BTF, one per wanted name, or why there are none.
+type BtfIds = Result<Vec<Option<u32>>, String>;
+
+const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
 /// Produces the Btf, Tracefs, Bpf*, and SchedExt rows; returns whether vmlinux BTF exists.
 pub(super) fn probe_bpf(ctx: &Ctx, rows: &mut Vec<Check>) -> bool {
-    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
     let wanted = [
         (btf::Kind::Func, "bpf_lsm_file_open"),
         (btf::Kind::Func, "vfs_read"),
         (btf::Kind::Typedef, "btf_trace_sys_enter"),
         (btf::Kind::Struct, "sched_ext_ops"),
     ];
-    let (btf_present, ids) = match std::fs::read(VMLINUX) {
-        Ok(data) => match btf::find_type_ids(&data, &wanted) {
-            Ok(ids) => {
-                rows.push(Check::new(
-                    Feature::Btf,
-                    Status::Available,
-                    format!("{VMLINUX} ({} KiB)", data.len() / 1024),
-                ));
-                (true, Ok(ids))
-            }
-            Err(e) => {
-                rows.push(Check::new(
-                    Feature::Btf,
-                    Status::Error,
-                    format!("{VMLINUX}: {e}"),
-                ));
-                (true, Err(format!("{VMLINUX} unreadable: {e}")))
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            rows.push(Check::new(
-                Feature::Btf,
-                Status::Unavailable,
-                format!("no {VMLINUX} — kernel built without CONFIG_DEBUG_INFO_BTF (CO-RE and LSM/fentry hooks need it)"),
-            ));
-            (false, Err(format!("no {VMLINUX}")))
-        }
-        Err(e) => {
-            let msg = format!("cannot read {VMLINUX}: {}", io_errno(&e));
-            rows.push(Check::new(Feature::Btf, Status::Error, msg.clone()));
-            (true, Err(msg))
-        }
-    };
+    let (btf_present, ids) = btf_row(&wanted, rows);
     let id =
         |i: usize| -> Result<u32, String> {
             match &ids {
@@ -66,23 +38,7 @@ pub(super) fn probe_bpf(ctx: &Ctx, rows: &mut Vec<Check>) -> bool {
             .map(|v| v.get(3).copied().flatten().is_some()),
     ));
 
-    rows.push(if Path::new("/sys/kernel/tracing/events").is_dir() {
-        Check::new(Feature::Tracefs, Status::Available, "/sys/kernel/tracing")
-    } else if Path::new("/sys/kernel/debug/tracing/events").is_dir() {
-        Check::new(Feature::Tracefs, Status::Available, "/sys/kernel/debug/tracing")
-    } else if Path::new("/sys/kernel/tracing").is_dir() {
-        Check::new(
-            Feature::Tracefs,
-            Status::Unavailable,
-            "not mounted (mount -t tracefs tracefs /sys/kernel/tracing); tracepoint programs load but cannot be attached by name",
-        )
-    } else {
-        Check::new(
-            Feature::Tracefs,
-            Status::Unavailable,
-            "no /sys/kernel/tracing — kernel built without CONFIG_TRACING",
-        )
-    });
+    rows.push(tracefs_row());
 
     use sys::ProgSpec;
     let plain = |prog_type, expected_attach_type, ret| {
@@ -184,6 +140,69 @@ pub(super) fn probe_bpf(ctx: &Ctx, rows: &mut Vec<Check>) -> bool {
         ),
     });
     btf_present
+}
+
+/// The Btf row; returns whether vmlinux BTF exists and the type ids of `wanted` in it (or why
+/// they cannot be known).
+fn btf_row(wanted: &[(btf::Kind, &str)], rows: &mut Vec<Check>) -> (bool, BtfIds) {
+    match std::fs::read(VMLINUX) {
+        Ok(data) => match btf::find_type_ids(&data, wanted) {
+            Ok(ids) => {
+                rows.push(Check::new(
+                    Feature::Btf,
+                    Status::Available,
+                    format!("{VMLINUX} ({} KiB)", data.len() / 1024),
+                ));
+                (true, Ok(ids))
+            }
+            Err(e) => {
+                rows.push(Check::new(
+                    Feature::Btf,
+                    Status::Error,
+                    format!("{VMLINUX}: {e}"),
+                ));
+                (true, Err(format!("{VMLINUX} unreadable: {e}")))
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            rows.push(Check::new(
+                Feature::Btf,
+                Status::Unavailable,
+                format!("no {VMLINUX} — kernel built without CONFIG_DEBUG_INFO_BTF (CO-RE and LSM/fentry hooks need it)"),
+            ));
+            (false, Err(format!("no {VMLINUX}")))
+        }
+        Err(e) => {
+            let msg = format!("cannot read {VMLINUX}: {}", io_errno(&e));
+            rows.push(Check::new(Feature::Btf, Status::Error, msg.clone()));
+            (true, Err(msg))
+        }
+    }
+}
+
+/// The Tracefs row: tracepoint programs are attached by name through tracefs.
+fn tracefs_row() -> Check {
+    if Path::new("/sys/kernel/tracing/events").is_dir() {
+        Check::new(Feature::Tracefs, Status::Available, "/sys/kernel/tracing")
+    } else if Path::new("/sys/kernel/debug/tracing/events").is_dir() {
+        Check::new(
+            Feature::Tracefs,
+            Status::Available,
+            "/sys/kernel/debug/tracing",
+        )
+    } else if Path::new("/sys/kernel/tracing").is_dir() {
+        Check::new(
+            Feature::Tracefs,
+            Status::Unavailable,
+            "not mounted (mount -t tracefs tracefs /sys/kernel/tracing); tracepoint programs load but cannot be attached by name",
+        )
+    } else {
+        Check::new(
+            Feature::Tracefs,
+            Status::Unavailable,
+            "no /sys/kernel/tracing — kernel built without CONFIG_TRACING",
+        )
+    }
 }
 
 fn bpf_error(ctx: &Ctx, m: Feature, what: &str, errno: Errno, log: Option<&str>) -> Check {

@@ -111,11 +111,8 @@ impl Drop for Scratch {
 // The cgroup rows
 
 pub(super) fn probe_cgroups(opts: &ProbeOptions, rows: &mut Vec<Check>) -> CgroupInfo {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo");
-    let mounts = match &mountinfo {
-        Ok(text) => mountinfo::parse_mountinfo(text),
-        Err(_) => mountinfo::Mounts::default(),
-    };
+    let read = mountinfo::read();
+    let mounts = read.as_ref().cloned().unwrap_or_default();
     let layout = mounts.layout();
     let root = opts.cgroup_root.clone().or_else(|| mounts.cgroup2.clone());
     let mut info = CgroupInfo {
@@ -127,36 +124,7 @@ pub(super) fn probe_cgroups(opts: &ProbeOptions, rows: &mut Vec<Check>) -> Cgrou
         v1_controllers: mounts.v1_controllers.clone(),
     };
 
-    // cgroup v2 mount
-    rows.push(match (&mountinfo, &mounts.cgroup2) {
-        (Err(e), _) => Check::new(
-            Feature::CgroupV2,
-            Status::Error,
-            format!("cannot read /proc/self/mountinfo: {}", io_errno(e)),
-        ),
-        (Ok(_), Some(m)) if layout == CgroupLayout::Unified => Check::new(
-            Feature::CgroupV2,
-            Status::Available,
-            format!("cgroup2 at {} (unified hierarchy)", m.display()),
-        ),
-        (Ok(_), Some(m)) => {
-            let v1: Vec<&str> = mounts.v1_controllers.keys().map(String::as_str).collect();
-            Check::new(
-                Feature::CgroupV2,
-                Status::Available,
-                format!(
-                    "cgroup2 at {} (hybrid: cgroup v1 holds {}; boot with systemd.unified_cgroup_hierarchy=1)",
-                    m.display(),
-                    if v1.is_empty() { "named hierarchies".to_string() } else { v1.join(" ") }
-                ),
-            )
-        }
-        (Ok(_), None) => Check::new(
-            Feature::CgroupV2,
-            Status::Unavailable,
-            "no cgroup2 mount in /proc/self/mountinfo (mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1)",
-        ),
-    });
+    rows.push(cgroup2_row(&read, &mounts));
 
     let Some(root) = root else {
         for m in [
@@ -180,96 +148,16 @@ pub(super) fn probe_cgroups(opts: &ProbeOptions, rows: &mut Vec<Check>) -> Cgrou
         return info;
     };
 
-    // The agents' root: on cgroup2, and can we make children?
-    let on_cgroup2 = nix::sys::statfs::statfs(&root)
-        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
-    let mut scratch = None;
-    let root_row = match on_cgroup2 {
-        Err(e) => Check::new(
-            Feature::CgroupRoot,
-            Status::Unavailable,
-            format!("{}: {e:?} (statfs)", root.display()),
-        ),
-        Ok(false) => Check::new(
-            Feature::CgroupRoot,
-            Status::Unavailable,
-            format!("{} is not on a cgroup2 filesystem", root.display()),
-        ),
-        Ok(true) => match Scratch::create(&root) {
-            Ok(s) => {
-                scratch = Some(s);
-                Check::new(
-                    Feature::CgroupRoot,
-                    Status::Available,
-                    format!(
-                        "{}: cgroup2, child cgroups can be created (made and removed one)",
-                        root.display()
-                    ),
-                )
-            }
-            Err(e) => Check::new(
-                Feature::CgroupRoot,
-                match e.raw_os_error() {
-                    Some(libc::EACCES | libc::EPERM | libc::EROFS) => Status::Unavailable,
-                    _ => Status::Error,
-                },
-                format!(
-                    "{}: mkdir of a child cgroup failed: {} (needs root, or a delegated cgroup: Delegate=yes)",
-                    root.display(),
-                    io_errno(&e)
-                ),
-            ),
-        },
-    };
+    let (root_row, on_cgroup2, scratch) = root_row(&root);
     rows.push(root_row);
 
-    // Controllers.
-    match read_controllers(&root) {
-        Ok((controllers, subtree)) => {
-            info.controllers = controllers;
-            info.subtree_control = subtree;
-        }
-        Err(e) => {
-            for c in BUDGET_CONTROLLERS {
-                if let Some(m) = Feature::for_controller(c) {
-                    rows.push(Check::new(
-                        m,
-                        if on_cgroup2.as_ref().is_ok_and(|b| *b) {
-                            Status::Error
-                        } else {
-                            Status::Unavailable
-                        },
-                        format!(
-                            "cannot read {}/cgroup.controllers: {}",
-                            root.display(),
-                            io_errno(&e)
-                        ),
-                    ));
-                }
-            }
-        }
-    }
-    if !rows.iter().any(|r| r.mechanism.controller().is_some()) {
-        let mount_controllers = mounts
-            .cgroup2
-            .as_deref()
-            .and_then(|m| read_controllers(m).ok())
-            .map(|(c, _)| c)
-            .unwrap_or_default();
-        for c in BUDGET_CONTROLLERS {
-            let Some(m) = Feature::for_controller(c) else {
-                continue;
-            };
-            rows.push(controller_row(
-                m,
-                c,
-                &root,
-                &info,
-                &mounts,
-                &mount_controllers,
-            ));
-        }
-    }
+    controller_rows(
+        &root,
+        on_cgroup2.as_ref().is_ok_and(|b| *b),
+        &mounts,
+        &mut info,
+        rows,
+    );
 
     // freeze / kill: these files exist in every non-root cgroup of a kernel that has them.
     // Only non-root cgroups have cgroup.type; below a hierarchy root, look in the scratch child.
@@ -313,6 +201,138 @@ pub(super) fn probe_cgroups(opts: &ProbeOptions, rows: &mut Vec<Check>) -> Cgrou
     rows.push(probe_clone3(scratch.as_ref().map(|s| s.path())));
     drop(scratch);
     info
+}
+
+/// The cgroup v2 row: is a cgroup2 hierarchy mounted, and beside which v1 hierarchies.
+fn cgroup2_row(read: &std::io::Result<mountinfo::Mounts>, mounts: &mountinfo::Mounts) -> Check {
+    match (read, &mounts.cgroup2) {
+        (Err(e), _) => Check::new(
+            Feature::CgroupV2,
+            Status::Error,
+            format!("cannot read /proc/self/mountinfo: {}", io_errno(e)),
+        ),
+        (Ok(_), Some(m)) if mounts.layout() == CgroupLayout::Unified => Check::new(
+            Feature::CgroupV2,
+            Status::Available,
+            format!("cgroup2 at {} (unified hierarchy)", m.display()),
+        ),
+        (Ok(_), Some(m)) => {
+            let v1: Vec<&str> = mounts.v1_controllers.keys().map(String::as_str).collect();
+            Check::new(
+                Feature::CgroupV2,
+                Status::Available,
+                format!(
+                    "cgroup2 at {} (hybrid: cgroup v1 holds {}; boot with systemd.unified_cgroup_hierarchy=1)",
+                    m.display(),
+                    if v1.is_empty() {
+                        "named hierarchies".to_string()
+                    } else {
+                        v1.join(" ")
+                    }
+                ),
+            )
+        }
+        (Ok(_), None) => Check::new(
+            Feature::CgroupV2,
+            Status::Unavailable,
+            "no cgroup2 mount in /proc/self/mountinfo (mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1)",
+        ),
+    }
+}
+
+/// The agents' root: on cgroup2, and can we make children? Returns the row, the statfs answer,
+/// and the scratch child made to find out (kept for the freeze/kill/clone3 rows).
+fn root_row(root: &Path) -> (Check, nix::Result<bool>, Option<Scratch>) {
+    let on_cgroup2 = nix::sys::statfs::statfs(root)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+    let mut scratch = None;
+    let row = match on_cgroup2 {
+        Err(e) => Check::new(
+            Feature::CgroupRoot,
+            Status::Unavailable,
+            format!("{}: {e:?} (statfs)", root.display()),
+        ),
+        Ok(false) => Check::new(
+            Feature::CgroupRoot,
+            Status::Unavailable,
+            format!("{} is not on a cgroup2 filesystem", root.display()),
+        ),
+        Ok(true) => match Scratch::create(root) {
+            Ok(s) => {
+                scratch = Some(s);
+                Check::new(
+                    Feature::CgroupRoot,
+                    Status::Available,
+                    format!(
+                        "{}: cgroup2, child cgroups can be created (made and removed one)",
+                        root.display()
+                    ),
+                )
+            }
+            Err(e) => Check::new(
+                Feature::CgroupRoot,
+                match e.raw_os_error() {
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS) => Status::Unavailable,
+                    _ => Status::Error,
+                },
+                format!(
+                    "{}: mkdir of a child cgroup failed: {} (needs root, or a delegated cgroup: Delegate=yes)",
+                    root.display(),
+                    io_errno(&e)
+                ),
+            ),
+        },
+    };
+    (row, on_cgroup2, scratch)
+}
+
+/// One row per budget controller: in the root's `cgroup.controllers`, or why not.
+fn controller_rows(
+    root: &Path,
+    on_cgroup2: bool,
+    mounts: &mountinfo::Mounts,
+    info: &mut CgroupInfo,
+    rows: &mut Vec<Check>,
+) {
+    match read_controllers(root) {
+        Ok((controllers, subtree)) => {
+            info.controllers = controllers;
+            info.subtree_control = subtree;
+        }
+        Err(e) => {
+            for c in BUDGET_CONTROLLERS {
+                if let Some(m) = Feature::for_controller(c) {
+                    rows.push(Check::new(
+                        m,
+                        if on_cgroup2 {
+                            Status::Error
+                        } else {
+                            Status::Unavailable
+                        },
+                        format!(
+                            "cannot read {}/cgroup.controllers: {}",
+                            root.display(),
+                            io_errno(&e)
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if !rows.iter().any(|r| r.mechanism.controller().is_some()) {
+        let mount_controllers = mounts
+            .cgroup2
+            .as_deref()
+            .and_then(|m| read_controllers(m).ok())
+            .map(|(c, _)| c)
+            .unwrap_or_default();
+        for c in BUDGET_CONTROLLERS {
+            let Some(m) = Feature::for_controller(c) else {
+                continue;
+            };
+            rows.push(controller_row(m, c, root, info, mounts, &mount_controllers));
+        }
+    }
 }
 
 fn controller_row(
