@@ -275,11 +275,7 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
 
 /// The kernel's deadline bandwidth share from the sysctls.
 pub fn admission_config() -> AdmissionConfig {
-    let read = |f: &str| {
-        std::fs::read_to_string(format!("/proc/sys/kernel/{f}"))
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-    };
+    let read = crate::sys::sched::sysctl;
     let mut cfg = AdmissionConfig::from_sysctl(
         read("sched_rt_runtime_us").unwrap_or(950_000),
         read("sched_rt_period_us").unwrap_or(1_000_000).max(1) as u64,

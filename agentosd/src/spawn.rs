@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -349,17 +349,8 @@ fn wait_exec(rd: OwnedFd, child: Child, cmd: &Command) -> Result<Child, SpawnErr
     }
     let stage = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    // Reap the failed child (it _exit()s right after writing).
-    // SAFETY: `pidfd` is the valid pidfd of our child; `info` is a writable siginfo_t.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(
-            3,
-            child.pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED,
-        );
-    }
+    // Reap the failed child (it _exit()s right after writing); the stage and errno are the news.
+    let _ = crate::sys::pidfd::pidfd_reap(child.pidfd.as_fd());
     let program = cmd.program.display().to_string();
     let (stage, target) = match stage {
         1 => ("redirect stdio to", cmd.log_file.display().to_string()),
@@ -380,6 +371,44 @@ fn wait_exec(rd: OwnedFd, child: Child, cmd: &Command) -> Result<Child, SpawnErr
 mod tests {
     use super::*;
     use crate::sandbox::Namespaces;
+
+    /// A child that cannot chdir reports the stage and errno over the status pipe, and the
+    /// parent reaps it (`wait_exec`). Needs to clone into its own cgroup2 cgroup; skips if not.
+    #[test]
+    fn a_failed_exec_names_its_stage() {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let (Some(mount), Some(rel)) = (
+            crate::cgroup::cgroup2_mount(),
+            own.lines().find_map(|l| l.strip_prefix("0::")),
+        ) else {
+            eprintln!("skip: no cgroup2 mount or no cgroup2 membership");
+            return;
+        };
+        let Ok(dir) = std::fs::File::open(mount.join(rel.trim_start_matches('/'))) else {
+            eprintln!("skip: cannot open own cgroup under {}", mount.display());
+            return;
+        };
+        let logs = tempfile::tempdir().expect("tempdir");
+        let cmd = Command {
+            program: "/bin/true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: "/nonexistent/agentos-spawn-test".into(),
+            log_file: logs.path().join("log"),
+            sandbox: None,
+            sched: crate::sched::ChildSched::None,
+            inherit_fd: None,
+        };
+        match spawn(&cmd, &OwnedFd::from(dir)) {
+            Err(SpawnError::Child { stage, source, .. }) => {
+                assert_eq!(stage, "chdir to");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
+            }
+            Err(SpawnError::Syscall(e)) => eprintln!("skip: {e}"),
+            Err(e) => panic!("expected a chdir failure, got {e}"),
+            Ok(c) => panic!("a child without a working directory ran (pid {})", c.pid),
+        }
+    }
 
     #[test]
     fn namespace_flags_follow_the_sandbox() {

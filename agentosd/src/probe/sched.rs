@@ -9,11 +9,10 @@ use crate::sys::sched as sys;
 
 pub(super) fn probe_sched_deadline(ctx: &Ctx) -> Check {
     let m = Feature::SchedDeadline;
-    let runtime = read_trimmed("/proc/sys/kernel/sched_rt_runtime_us").ok();
-    let period = read_trimmed("/proc/sys/kernel/sched_rt_period_us").ok();
+    // The same sysctls, read the same way, as the daemon's admission (`sched::admission_config`).
     let bandwidth = match (
-        runtime.as_deref().and_then(|r| r.parse::<i64>().ok()),
-        period.as_deref().and_then(|p| p.parse::<i64>().ok()),
+        sys::sysctl("sched_rt_runtime_us"),
+        sys::sysctl("sched_rt_period_us"),
     ) {
         (Some(-1), _) => "admission limit: none (sched_rt_runtime_us = -1)".to_string(),
         (Some(r), Some(p)) if p > 0 => format!(

@@ -109,6 +109,31 @@ pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> Result<Option<ExitStatus>, Sysca
     }))
 }
 
+/// Wait for the child behind `pidfd` to exit and reap it (waitid(P_PIDFD, WEXITED), blocking).
+/// For a child known to be exiting (spawn's failed exec); the status is not needed.
+pub fn pidfd_reap(pidfd: BorrowedFd<'_>) -> Result<(), SyscallError> {
+    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable siginfo_t for the duration of the call; the fd is a
+    // valid pidfd borrowed for the call.
+    let rc = unsafe {
+        libc::waitid(
+            P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED,
+        )
+    };
+    if rc < 0 {
+        return Err(SyscallError::new(
+            "waitid",
+            "P_PIDFD",
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

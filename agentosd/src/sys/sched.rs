@@ -70,6 +70,13 @@ pub fn get_attr(tid: u32) -> std::io::Result<SchedAttr> {
     }
 }
 
+/// An integer scheduler sysctl, `/proc/sys/kernel/<name>` (`sched_rt_runtime_us`, ...).
+pub fn sysctl(name: &str) -> Option<i64> {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+}
+
 /// Sets the calling thread's policy (the probe). Deadline parameters are in nanoseconds.
 pub fn set_self(policy: u32, runtime: u64, deadline: u64, period: u64) -> Result<(), Errno> {
     let attr = SchedAttr {
