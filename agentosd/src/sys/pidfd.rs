@@ -75,28 +75,27 @@ impl ExitStatus {
     }
 }
 
-/// Reap the process behind `pidfd` if it is our child and has exited (waitid(P_PIDFD, WEXITED |
-/// WNOHANG)). `Ok(None)`: still running. `ECHILD` (not our child) gives `ExitStatus::Unknown`.
-pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> Result<Option<ExitStatus>, SyscallError> {
+/// `waitid(P_PIDFD, pidfd, flags)`: the filled `siginfo_t` (zeroed when WNOHANG found nothing).
+fn waitid_pidfd(pidfd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<libc::siginfo_t> {
     // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a valid, writable siginfo_t for the duration of the call; the fd is a
     // valid pidfd borrowed for the call.
-    let rc = unsafe {
-        libc::waitid(
-            P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG,
-        )
-    };
+    let rc = unsafe { libc::waitid(P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, flags) };
     if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ECHILD) {
-            return Ok(Some(ExitStatus::Unknown));
-        }
-        return Err(SyscallError::new("waitid", "P_PIDFD", e));
+        return Err(io::Error::last_os_error());
     }
+    Ok(info)
+}
+
+/// Reap the process behind `pidfd` if it is our child and has exited (waitid(P_PIDFD, WEXITED |
+/// WNOHANG)). `Ok(None)`: still running. `ECHILD` (not our child) gives `ExitStatus::Unknown`.
+pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> Result<Option<ExitStatus>, SyscallError> {
+    let info = match waitid_pidfd(pidfd, libc::WEXITED | libc::WNOHANG) {
+        Ok(info) => info,
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => return Ok(Some(ExitStatus::Unknown)),
+        Err(e) => return Err(SyscallError::new("waitid", "P_PIDFD", e)),
+    };
     // SAFETY: waitid filled `info` (or left it zeroed with WNOHANG); si_pid/si_status are valid to
     // read for SIGCHLD-type info.
     let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
@@ -112,26 +111,9 @@ pub fn pidfd_try_wait(pidfd: BorrowedFd<'_>) -> Result<Option<ExitStatus>, Sysca
 /// Wait for the child behind `pidfd` to exit and reap it (waitid(P_PIDFD, WEXITED), blocking).
 /// For a child known to be exiting (spawn's failed exec); the status is not needed.
 pub fn pidfd_reap(pidfd: BorrowedFd<'_>) -> Result<(), SyscallError> {
-    // SAFETY: siginfo_t is plain old data; all-zero is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is a valid, writable siginfo_t for the duration of the call; the fd is a
-    // valid pidfd borrowed for the call.
-    let rc = unsafe {
-        libc::waitid(
-            P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED,
-        )
-    };
-    if rc < 0 {
-        return Err(SyscallError::new(
-            "waitid",
-            "P_PIDFD",
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+    waitid_pidfd(pidfd, libc::WEXITED)
+        .map(drop)
+        .map_err(|e| SyscallError::new("waitid", "P_PIDFD", e))
 }
 
 #[cfg(test)]
