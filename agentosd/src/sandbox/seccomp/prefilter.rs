@@ -117,7 +117,6 @@ pub(super) fn prefilter(
     errno: u32,
     shape: NetShape,
 ) -> Result<Vec<libc::sock_filter>, SeccompError> {
-    type Ins = (u32, u32, Label, Label);
     let (sys_socket, sys_socketpair, sys_listen) = (
         libc::SYS_socket as u32,
         libc::SYS_socketpair as u32,
@@ -146,22 +145,6 @@ pub(super) fn prefilter(
         set.push((sys_listen, Label::Mark(Mark::NoListen)));
     }
     set.sort_unstable_by_key(|e| e.0);
-    fn search(ins: &mut Vec<Ins>, set: &[(u32, Label)]) {
-        if set.len() <= 3 {
-            for &(nr, to) in set {
-                ins.push((JEQ_K, nr, to, Label::Next));
-            }
-            ins.push((libc::BPF_JMP | libc::BPF_JA, 0, Label::Allow, Label::Allow));
-            return;
-        }
-        let mid = set.len() / 2;
-        let at = ins.len();
-        ins.push((JGE_K, set[mid].0, Label::At(0), Label::Next));
-        search(ins, &set[..mid]);
-        let right = ins.len();
-        ins[at].2 = Label::At(right);
-        search(ins, &set[mid..]);
-    }
     search(&mut ins, &set);
     let allow = ins.len();
     ins.push((RET_K, SECCOMP_RET_ALLOW, Label::Next, Label::Next));
@@ -174,7 +157,53 @@ pub(super) fn prefilter(
         Label::Next,
         Label::Next,
     ));
-    // The socket section (see `socket_verdict`).
+    let marks = socket_section(&mut ins, shape);
+    let program = ins.len();
+    let targets = Targets {
+        allow,
+        errno: errno_at,
+        enosys,
+        program,
+        marks,
+    };
+    resolve(&ins, &targets)
+}
+
+/// A prefilter instruction before its jump targets are resolved: (code, k, jt, jf).
+type Ins = (u32, u32, Label, Label);
+
+/// Where the symbolic jump targets are.
+struct Targets {
+    allow: usize,
+    errno: usize,
+    enosys: usize,
+    /// The first instruction of the program that follows (seccompiler's).
+    program: usize,
+    marks: Vec<(Mark, usize)>,
+}
+
+/// A binary search over `set` (sorted by number): each leaf compares up to three numbers and
+/// jumps to their label, anything else to ALLOW.
+fn search(ins: &mut Vec<Ins>, set: &[(u32, Label)]) {
+    if set.len() <= 3 {
+        for &(nr, to) in set {
+            ins.push((JEQ_K, nr, to, Label::Next));
+        }
+        ins.push((libc::BPF_JMP | libc::BPF_JA, 0, Label::Allow, Label::Allow));
+        return;
+    }
+    let mid = set.len() / 2;
+    let at = ins.len();
+    ins.push((JGE_K, set[mid].0, Label::At(0), Label::Next));
+    search(ins, &set[..mid]);
+    let right = ins.len();
+    ins[at].2 = Label::At(right);
+    search(ins, &set[mid..]);
+}
+
+/// The socket section of `shape` (it decides like `socket_verdict`), appended to `ins`;
+/// returns where each of its marks is.
+fn socket_section(ins: &mut Vec<Ins>, shape: NetShape) -> Vec<(Mark, usize)> {
     let mut marks: Vec<(Mark, usize)> = Vec::new();
     let ja = |to: Label| (libc::BPF_JMP | libc::BPF_JA, 0, to, to);
     let m = Label::Mark;
@@ -236,20 +265,26 @@ pub(super) fn prefilter(
         marks.push((mark, ins.len()));
         ins.push((RET_K, SECCOMP_RET_ERRNO | e, Label::Next, Label::Next));
     }
-    let program = ins.len();
+    marks
+}
+
+/// Resolves the symbolic jumps into forward offsets; a jump backwards or a conditional one over
+/// more than 255 instructions fails the compile.
+fn resolve(ins: &[Ins], t: &Targets) -> Result<Vec<libc::sock_filter>, SeccompError> {
     let far = std::cell::Cell::new(None);
     let target = |l: Label, pc: usize| -> usize {
         match l {
             Label::Next => pc + 1,
-            Label::Allow => allow,
-            Label::Errno => errno_at,
-            Label::Enosys => enosys,
-            Label::Program => program,
-            Label::At(t) => t,
-            Label::Mark(mk) => marks
+            Label::Allow => t.allow,
+            Label::Errno => t.errno,
+            Label::Enosys => t.enosys,
+            Label::Program => t.program,
+            Label::At(at) => at,
+            Label::Mark(mk) => t
+                .marks
                 .iter()
                 .find(|(x, _)| *x == mk)
-                .map_or(program, |(_, at)| *at),
+                .map_or(t.program, |(_, at)| *at),
         }
     };
     let out = ins
@@ -276,8 +311,7 @@ pub(super) fn prefilter(
                     0
                 })
             };
-            let (t, f) = (off(jt), off(jf));
-            bpf_jump(code, k, t, f)
+            bpf_jump(code, k, off(jt), off(jf))
         })
         .collect();
     if let Some(pc) = far.get() {
