@@ -387,28 +387,10 @@ impl AuditTrail {
     }
 }
 
-/// What this host offers a contract's binding, from the start-up probe.
+/// What this host offers a contract's binding, from the start-up probe
+/// ([`crate::probe::HostReport::offer`]).
 pub fn host_offer(report: &crate::probe::HostReport) -> contracts::HostOffer {
-    use crate::probe::Mechanism as P;
-    use contracts::Mechanism as C;
-    let mut offer = contracts::HostOffer::default();
-    for (p, c) in [
-        (P::CpuController, C::CgroupCpu),
-        (P::MemoryController, C::CgroupMemory),
-        (P::PidsController, C::CgroupPids),
-        (P::CpusetController, C::CgroupCpuset),
-        (P::SchedDeadline, C::SchedDeadline),
-        (P::SchedExt, C::SchedExt),
-        (P::Landlock, C::Landlock),
-        (P::Seccomp, C::Seccomp),
-        (P::BpfLsm, C::BpfLsm),
-        (P::BpfCgroupSockAddr, C::CgroupBpf),
-    ] {
-        if report.has(p) {
-            offer.mechanisms.insert(c);
-        }
-    }
-    offer
+    report.offer()
 }
 
 /// The sealed binding manifest hash of `contract` against `offer`, or why it does not bind.

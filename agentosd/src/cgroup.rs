@@ -35,8 +35,33 @@ fn io_err(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
     }
 }
 
-/// The budget controllers the daemon knows how to use.
-pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io"];
+/// The budget controllers an agent contract can ask for, in the order they are enabled and
+/// reported: the one list both `agentosd check` ("budgets agents cannot have here") and the
+/// supervisor (what it enables under its root, `MissingBudgets`) use.
+pub const BUDGET_CONTROLLERS: &[&str] = &["cpu", "memory", "pids", "io", "cpuset"];
+
+/// The budget controllers of [`BUDGET_CONTROLLERS`] not in `have`, in that order: what agents
+/// cannot get. The supervisor applies it to its agents cgroup's `cgroup.subtree_control`, the
+/// probe to the controllers it found available.
+pub fn missing_budgets<S: AsRef<str>>(have: &[S]) -> Vec<String> {
+    BUDGET_CONTROLLERS
+        .iter()
+        .filter(|c| !have.iter().any(|h| h.as_ref() == **c))
+        .map(|c| c.to_string())
+        .collect()
+}
+
+/// What a contract loses without budget controller `controller`: `compute.cpu (cpu.max)`.
+pub fn budget_description(controller: &str) -> &'static str {
+    match controller {
+        "cpu" => "compute.cpu (cpu.max)",
+        "memory" => "compute.mem (memory.max/memory.high)",
+        "pids" => "compute.pids (pids.max)",
+        "io" => "compute.io (io.max)",
+        "cpuset" => "compute.cpuset (cpuset.cpus)",
+        _ => "?",
+    }
+}
 
 /// The leaf of an agent's own processes: `agents/<tenant>/<name>/main`. The contract's budgets
 /// are set one level up, on `agents/<tenant>/<name>`, so they cover this leaf and the agent's
@@ -425,18 +450,7 @@ pub fn proc_cgroup(pid: &str) -> Option<String> {
 
 /// Where cgroup2 is mounted: `/sys/fs/cgroup` (unified) or `/sys/fs/cgroup/unified` (hybrid).
 pub fn cgroup2_mount() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    for line in mounts.lines() {
-        // mountinfo: ... mount_point ... - fstype source options
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some(dash) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        if fields.get(dash + 1) == Some(&"cgroup2") {
-            return fields.get(4).map(PathBuf::from);
-        }
-    }
-    None
+    crate::sys::mountinfo::read().ok()?.cgroup2
 }
 
 /// Budget files for the given budgets: (controller, file, value).

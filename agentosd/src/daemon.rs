@@ -243,13 +243,7 @@ pub async fn run(opts: Options) -> Result<()> {
             missing.join(", "),
             missing
                 .iter()
-                .map(|c| match c.as_str() {
-                    "cpu" => "compute.cpu (cpu.max)",
-                    "memory" => "compute.mem (memory.max/memory.high)",
-                    "pids" => "compute.pids (pids.max)",
-                    "io" => "compute.io (io.max)",
-                    _ => "?",
-                })
+                .map(|c| crate::cgroup::budget_description(c))
                 .collect::<Vec<_>>()
                 .join(", ")
         );

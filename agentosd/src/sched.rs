@@ -30,14 +30,12 @@ use std::time::Duration;
 use contracts::{AdmissionConfig, AdmissionSet, DeadlineParams};
 use serde::{Deserialize, Serialize};
 
-/// `SCHED_DEADLINE` (linux/sched.h).
-pub const SCHED_DEADLINE: u32 = 6;
-/// `SCHED_IDLE`.
-pub const SCHED_IDLE: u32 = 5;
-/// Children of the task start as `SCHED_OTHER` (lets a deadline task fork).
-pub const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
-/// `SCHED_ATTR_SIZE_VER0`: the first 48 bytes of `struct sched_attr`.
-const SCHED_ATTR_SIZE: u32 = 48;
+// The kernel interface (`struct sched_attr`, `sched_setattr`, `sched_getattr`) lives in the
+// kernel layer; re-exported here so `sched::set_attr` and friends keep their paths.
+pub use crate::sys::sched::{
+    SCHED_ATTR_SIZE, SCHED_DEADLINE, SCHED_FLAG_RESET_ON_FORK, SCHED_IDLE, SchedAttr, get_attr,
+    raw_sched_setattr, set_attr,
+};
 
 /// `cpu.weight` of SRT agents without sched_ext (default 100, range 1..=10000).
 pub const SRT_WEIGHT: u32 = 1000;
@@ -116,20 +114,6 @@ impl SchedSpec {
     }
 }
 
-/// `struct sched_attr` (SCHED_ATTR_SIZE_VER0) as passed to `sched_setattr(2)`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SchedAttr {
-    pub size: u32,
-    pub sched_policy: u32,
-    pub sched_flags: u64,
-    pub sched_nice: i32,
-    pub sched_priority: u32,
-    pub sched_runtime: u64,
-    pub sched_deadline: u64,
-    pub sched_period: u64,
-}
-
 impl SchedAttr {
     /// SCHED_DEADLINE with `SCHED_FLAG_RESET_ON_FORK`.
     pub fn deadline(d: &Deadline) -> Self {
@@ -154,47 +138,6 @@ pub enum ChildSched {
     Idle,
     /// `sched_setattr(SCHED_DEADLINE)`.
     Deadline(SchedAttr),
-}
-
-/// `sched_setattr(pid, attr, 0)` as a raw syscall, async-signal-safe (used in the child between
-/// clone3 and execve). Returns the raw result (0 or -1 with errno set).
-///
-/// # Safety
-/// `attr` must point to a valid `SchedAttr` for the duration of the call.
-pub unsafe fn raw_sched_setattr(pid: libc::pid_t, attr: *const SchedAttr) -> libc::c_long {
-    // SAFETY: the caller guarantees `attr` is valid; the kernel reads `attr.size` bytes.
-    unsafe { libc::syscall(libc::SYS_sched_setattr, pid, attr, 0u32) }
-}
-
-/// Apply `attr` to thread `tid` (0 = the caller).
-pub fn set_attr(tid: u32, attr: &SchedAttr) -> std::io::Result<()> {
-    // SAFETY: `attr` is a valid reference for the call.
-    let r = unsafe { raw_sched_setattr(tid as libc::pid_t, attr) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// `sched_getattr(tid)`.
-pub fn get_attr(tid: u32) -> std::io::Result<SchedAttr> {
-    let mut attr = SchedAttr::default();
-    // SAFETY: `attr` is writable and `size` says how many bytes the kernel may write.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_sched_getattr,
-            tid as libc::pid_t,
-            &mut attr as *mut SchedAttr,
-            SCHED_ATTR_SIZE,
-            0u32,
-        )
-    };
-    if r == 0 {
-        Ok(attr)
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// What launching an agent of some class means on this host.
@@ -332,11 +275,7 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
 
 /// The kernel's deadline bandwidth share from the sysctls.
 pub fn admission_config() -> AdmissionConfig {
-    let read = |f: &str| {
-        std::fs::read_to_string(format!("/proc/sys/kernel/{f}"))
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-    };
+    let read = crate::sys::sched::sysctl;
     let mut cfg = AdmissionConfig::from_sysctl(
         read("sched_rt_runtime_us").unwrap_or(950_000),
         read("sched_rt_period_us").unwrap_or(1_000_000).max(1) as u64,

@@ -8,14 +8,12 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::sys::SyscallError;
-
-const CLONE_PIDFD: u64 = 0x1000;
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+use crate::sys::clone::{CLONE_INTO_CGROUP, CLONE_PIDFD, CloneArgs, clone3, close_range_cloexec};
 
 /// The `clone3` namespace flags for an agent's [`crate::sandbox::Namespaces`].
 pub fn namespace_flags(ns: crate::sandbox::Namespaces) -> u64 {
@@ -27,23 +25,6 @@ pub fn namespace_flags(ns: crate::sandbox::Namespaces) -> u64 {
         f |= libc::CLONE_NEWNET as u64;
     }
     f
-}
-
-/// `struct clone_args` of linux/sched.h (CLONE_ARGS_SIZE_VER2, 88 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,8 +166,6 @@ pub fn spawn_with_stdio(
     let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `empty` is a valid sigset_t owned by this frame.
     unsafe { libc::sigemptyset(&mut empty) };
-    let sched_param = libc::sched_param { sched_priority: 0 };
-    let child_sched = cmd.sched;
 
     let sandbox = cmd.sandbox.as_ref();
     let mut pidfd: libc::c_int = -1;
@@ -214,16 +193,18 @@ pub fn spawn_with_stdio(
             devnull.as_raw_fd(),
         ),
     };
-    let fds = (
-        stdin_fd,
-        stdout_fd,
-        stderr_fd,
-        wr.as_raw_fd(),
-        cwd.as_ptr(),
-        program.as_ptr(),
-        argv.as_ptr(),
-        envp.as_ptr(),
-    );
+    let setup = ChildSetup {
+        stdio: [stdin_fd, stdout_fd, stderr_fd],
+        status_fd: wr.as_raw_fd(),
+        keep_fd,
+        sigmask: empty,
+        sched: cmd.sched,
+        cwd: cwd.as_ptr(),
+        program: program.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        sandbox,
+    };
 
     // SAFETY: clone3 without CLONE_VM behaves like fork(): the child gets a copy of the address
     // space and continues on a copy of this stack. `args` is a valid clone_args of the size
@@ -231,101 +212,127 @@ pub fn spawn_with_stdio(
     // system calls on memory prepared before the call (no allocation, no locks) and always ends
     // in execve or _exit, so the multi-threaded parent's state (allocator locks, tokio) is never
     // touched in the child.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let ret = unsafe { clone3(&mut args) };
     if ret == 0 {
-        // Child.
-        let (stdin_fd, stdout_fd, stderr_fd, status_fd, cwd_p, prog_p, argv_p, envp_p) = fds;
-        // SAFETY: only async-signal-safe calls on pre-built data; see the comment above.
-        unsafe {
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            // Rust's runtime ignores SIGPIPE; agents expect the default.
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            libc::setsid();
-            let mut stage: i32 = 1;
-            let mut ok = libc::dup2(stdin_fd, 0) >= 0
-                && libc::dup2(stdout_fd, 1) >= 0
-                && libc::dup2(stderr_fd, 2) >= 0;
-            if ok {
-                // Nothing but stdio crosses the exec, whatever the daemon itself inherited
-                // without CLOEXEC: every fd from 3 up is closed by execve (the status pipe
-                // and the Landlock ruleset stay usable until then).
-                stage = 6;
-                ok = libc::syscall(
-                    libc::SYS_close_range,
-                    3u32,
-                    u32::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                ) == 0;
-                if ok && keep_fd >= 0 {
-                    ok = libc::fcntl(keep_fd, libc::F_SETFD, 0) == 0;
-                }
-            }
-            match child_sched {
-                crate::sched::ChildSched::None => {}
-                crate::sched::ChildSched::Idle if ok => {
-                    stage = 2;
-                    ok = libc::sched_setscheduler(0, libc::SCHED_IDLE, &sched_param) == 0;
-                }
-                crate::sched::ChildSched::Deadline(ref attr) if ok => {
-                    // Deadline tasks may exec but not fork; see sched.rs.
-                    stage = 5;
-                    ok = crate::sched::raw_sched_setattr(0, attr) == 0;
-                }
-                _ => {}
-            }
-            if ok {
-                stage = 3;
-                ok = libc::chdir(cwd_p) == 0;
-            }
-            if ok && let Some(sb) = sandbox {
-                // SAFETY: we are the child between clone3 and execve.
-                if let Err(st) = sb.apply_in_child() {
-                    stage = st;
-                    ok = false;
-                }
-            }
-            if ok {
-                stage = 4;
-                libc::execve(prog_p, argv_p, envp_p);
-            }
-            let err = *libc::__errno_location();
-            let msg: [i32; 2] = [stage, err];
-            libc::write(status_fd, msg.as_ptr() as *const libc::c_void, 8);
-            libc::_exit(127);
-        }
+        // SAFETY: we are the child between clone3 and execve; `setup` points at memory prepared
+        // before the clone (see the comment above).
+        unsafe { exec_child(&setup) }
     }
     if ret < 0 {
-        return Err(SyscallError::new(
-            "clone3",
-            format!(
-                "CLONE_INTO_CGROUP{}{} for {}",
-                if ns_flags & libc::CLONE_NEWIPC as u64 != 0 {
-                    " | CLONE_NEWIPC"
-                } else {
-                    ""
-                },
-                if ns_flags & libc::CLONE_NEWNET as u64 != 0 {
-                    " | CLONE_NEWNET"
-                } else {
-                    ""
-                },
-                cmd.program.display()
-            ),
-            io::Error::last_os_error(),
-        )
-        .into());
+        let e = io::Error::last_os_error();
+        return Err(SyscallError::new("clone3", clone_target(ns_flags, &cmd.program), e).into());
     }
     drop(wr);
     // SAFETY: with CLONE_PIDFD the kernel stored a new pidfd in `pidfd`; we own it now.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let pid = ret as u32;
 
+    wait_exec(rd, Child { pid, pidfd }, cmd)
+}
+
+/// What the child needs between clone3 and execve, prepared before the clone: raw fds and
+/// pointers into buffers the parent keeps alive until the child has exec'd or failed.
+struct ChildSetup<'a> {
+    /// Onto 0, 1, 2.
+    stdio: [RawFd; 3],
+    /// The CLOEXEC pipe the child reports a failure on: `[stage, errno]`.
+    status_fd: RawFd,
+    /// The one fd kept across execve, or -1.
+    keep_fd: RawFd,
+    sigmask: libc::sigset_t,
+    sched: crate::sched::ChildSched,
+    cwd: *const libc::c_char,
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    sandbox: Option<&'a crate::sandbox::PreparedSandbox>,
+}
+
+/// The child's side: stdio, fds, scheduling, cwd, sandbox, execve. On failure it writes the
+/// stage and errno to the status pipe and exits 127.
+///
+/// # Safety
+/// Call only in the child of clone3 (fork semantics, no CLONE_VM), with `c` built before the
+/// clone. Only async-signal-safe calls on that pre-built data: no allocation, no locks.
+unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
+    let sched_param = libc::sched_param { sched_priority: 0 };
+    let [stdin_fd, stdout_fd, stderr_fd] = c.stdio;
+    // SAFETY: only async-signal-safe calls on pre-built data; see the function's contract.
+    unsafe {
+        libc::sigprocmask(libc::SIG_SETMASK, &c.sigmask, std::ptr::null_mut());
+        // Rust's runtime ignores SIGPIPE; agents expect the default.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::setsid();
+        let mut stage: i32 = 1;
+        let mut ok = libc::dup2(stdin_fd, 0) >= 0
+            && libc::dup2(stdout_fd, 1) >= 0
+            && libc::dup2(stderr_fd, 2) >= 0;
+        if ok {
+            // Nothing but stdio crosses the exec, whatever the daemon itself inherited
+            // without CLOEXEC: every fd from 3 up is closed by execve (the status pipe
+            // and the Landlock ruleset stay usable until then).
+            stage = 6;
+            ok = close_range_cloexec(3) == 0;
+            if ok && c.keep_fd >= 0 {
+                ok = libc::fcntl(c.keep_fd, libc::F_SETFD, 0) == 0;
+            }
+        }
+        match c.sched {
+            crate::sched::ChildSched::None => {}
+            crate::sched::ChildSched::Idle if ok => {
+                stage = 2;
+                ok = libc::sched_setscheduler(0, libc::SCHED_IDLE, &sched_param) == 0;
+            }
+            crate::sched::ChildSched::Deadline(ref attr) if ok => {
+                // Deadline tasks may exec but not fork; see sched.rs.
+                stage = 5;
+                ok = crate::sys::sched::raw_sched_setattr(0, attr) == 0;
+            }
+            _ => {}
+        }
+        if ok {
+            stage = 3;
+            ok = libc::chdir(c.cwd) == 0;
+        }
+        if ok && let Some(sb) = c.sandbox {
+            // SAFETY: we are the child between clone3 and execve.
+            if let Err(st) = sb.apply_in_child() {
+                stage = st;
+                ok = false;
+            }
+        }
+        if ok {
+            stage = 4;
+            libc::execve(c.program, c.argv, c.envp);
+        }
+        let err = *libc::__errno_location();
+        let msg: [i32; 2] = [stage, err];
+        libc::write(c.status_fd, msg.as_ptr() as *const libc::c_void, 8);
+        libc::_exit(127)
+    }
+}
+
+/// `CLONE_INTO_CGROUP | CLONE_NEWIPC for /usr/bin/agent`: what a failed clone3 tried.
+fn clone_target(ns_flags: u64, program: &Path) -> String {
+    format!(
+        "CLONE_INTO_CGROUP{}{} for {}",
+        if ns_flags & libc::CLONE_NEWIPC as u64 != 0 {
+            " | CLONE_NEWIPC"
+        } else {
+            ""
+        },
+        if ns_flags & libc::CLONE_NEWNET as u64 != 0 {
+            " | CLONE_NEWNET"
+        } else {
+            ""
+        },
+        program.display()
+    )
+}
+
+/// The parent's side after clone3: EOF on the status pipe means the child exec'd; otherwise
+/// reap it and name the stage that failed.
+fn wait_exec(rd: OwnedFd, child: Child, cmd: &Command) -> Result<Child, SpawnError> {
     let mut buf = [0u8; 8];
     let mut file = std::fs::File::from(rd);
     let mut got = 0;
@@ -338,16 +345,12 @@ pub fn spawn_with_stdio(
         }
     }
     if got == 0 {
-        return Ok(Child { pid, pidfd });
+        return Ok(child);
     }
     let stage = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
     let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    // Reap the failed child (it _exit()s right after writing).
-    // SAFETY: `pidfd` is the valid pidfd of our child; `info` is a writable siginfo_t.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(3, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED);
-    }
+    // Reap the failed child (it _exit()s right after writing); the stage and errno are the news.
+    let _ = crate::sys::pidfd::pidfd_reap(child.pidfd.as_fd());
     let program = cmd.program.display().to_string();
     let (stage, target) = match stage {
         1 => ("redirect stdio to", cmd.log_file.display().to_string()),
@@ -368,6 +371,44 @@ pub fn spawn_with_stdio(
 mod tests {
     use super::*;
     use crate::sandbox::Namespaces;
+
+    /// A child that cannot chdir reports the stage and errno over the status pipe, and the
+    /// parent reaps it (`wait_exec`). Needs to clone into its own cgroup2 cgroup; skips if not.
+    #[test]
+    fn a_failed_exec_names_its_stage() {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let (Some(mount), Some(rel)) = (
+            crate::cgroup::cgroup2_mount(),
+            own.lines().find_map(|l| l.strip_prefix("0::")),
+        ) else {
+            eprintln!("skip: no cgroup2 mount or no cgroup2 membership");
+            return;
+        };
+        let Ok(dir) = std::fs::File::open(mount.join(rel.trim_start_matches('/'))) else {
+            eprintln!("skip: cannot open own cgroup under {}", mount.display());
+            return;
+        };
+        let logs = tempfile::tempdir().expect("tempdir");
+        let cmd = Command {
+            program: "/bin/true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: "/nonexistent/agentos-spawn-test".into(),
+            log_file: logs.path().join("log"),
+            sandbox: None,
+            sched: crate::sched::ChildSched::None,
+            inherit_fd: None,
+        };
+        match spawn(&cmd, &OwnedFd::from(dir)) {
+            Err(SpawnError::Child { stage, source, .. }) => {
+                assert_eq!(stage, "chdir to");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
+            }
+            Err(SpawnError::Syscall(e)) => eprintln!("skip: {e}"),
+            Err(e) => panic!("expected a chdir failure, got {e}"),
+            Ok(c) => panic!("a child without a working directory ran (pid {})", c.pid),
+        }
+    }
 
     #[test]
     fn namespace_flags_follow_the_sandbox() {

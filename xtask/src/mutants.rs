@@ -70,7 +70,10 @@ const TARGETS: &[Target] = &[
     Target {
         name: "seccomp-policy",
         package: "agentosd",
-        files: &["agentosd/src/sandbox/seccomp.rs"],
+        files: &[
+            "agentosd/src/sandbox/seccomp/mod.rs",
+            "agentosd/src/sandbox/seccomp/prefilter.rs",
+        ],
         re: None,
         tests: &["--lib", "--test", "escape"],
         short: false,

@@ -23,7 +23,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,7 +121,7 @@ pub fn identify(sock: BorrowedFd<'_>, agent: &AgentRef) -> Result<Identity, Refu
         ));
     };
     // Step 4: bind what /proc said to the process that connected.
-    match pidfd_cgroup_id(pidfd.as_fd()) {
+    match crate::sys::pidfd::pidfd_cgroup_id(pidfd.as_fd()) {
         Ok(id) => {
             let dir = if rel.is_empty() {
                 agent.cgroup_dir.clone()
@@ -185,57 +185,6 @@ fn peer_pidfd(sock: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     }
 }
 
-/// `struct pidfd_info` of `<linux/pidfd.h>`, first version (64 bytes, Linux 6.13).
-#[repr(C)]
-#[derive(Default)]
-struct PidfdInfo {
-    mask: u64,
-    cgroupid: u64,
-    pid: u32,
-    tgid: u32,
-    ppid: u32,
-    ruid: u32,
-    rgid: u32,
-    euid: u32,
-    egid: u32,
-    suid: u32,
-    sgid: u32,
-    fsuid: u32,
-    fsgid: u32,
-    exit_code: i32,
-}
-
-const PIDFD_INFO_CGROUPID: u64 = 1 << 2;
-/// `_IOWR(PIDFS_IOCTL_MAGIC=0xFF, 11, struct pidfd_info)` with the 64-byte struct.
-const PIDFD_GET_INFO: libc::c_ulong =
-    (3 << 30) | ((std::mem::size_of::<PidfdInfo>() as libc::c_ulong) << 16) | (0xFF << 8) | 11;
-
-/// The cgroup v2 id (the inode of its directory) of the live process behind `pidfd`
-/// (`PIDFD_GET_INFO`, Linux 6.13). ESRCH: the process is gone. Other errors: not supported.
-fn pidfd_cgroup_id(pidfd: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut info = PidfdInfo {
-        mask: PIDFD_INFO_CGROUPID,
-        ..Default::default()
-    };
-    // SAFETY: PIDFD_GET_INFO writes at most _IOC_SIZE(cmd) = size_of::<PidfdInfo>() bytes into
-    // `info`, a live, exclusively borrowed #[repr(C)] struct of that size; the fd is a valid
-    // borrowed pidfd for the duration of the call.
-    let rc = unsafe {
-        libc::ioctl(
-            pidfd.as_raw_fd(),
-            PIDFD_GET_INFO as _,
-            &mut info as *mut PidfdInfo,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if info.mask & PIDFD_INFO_CGROUPID == 0 {
-        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-    }
-    Ok(info.cgroupid)
-}
-
 /// The cgroup id (directory inode) of a cgroup directory.
 pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
     fs::metadata(dir).map(|m| m.ino())
@@ -269,12 +218,6 @@ mod tests {
     }
 
     #[test]
-    fn pidfd_info_layout_matches_the_kernel() {
-        assert_eq!(std::mem::size_of::<PidfdInfo>(), 64);
-        assert_eq!(PIDFD_GET_INFO, 0xC040_FF0B);
-    }
-
-    #[test]
     fn own_pidfd_reports_own_cgroup_id_or_is_unsupported() {
         let me = crate::sys::pidfd_open(std::process::id()).expect("pidfd_open(self)");
         let Some(mount) = crate::cgroup::cgroup2_mount() else {
@@ -283,7 +226,7 @@ mod tests {
         let Some(cg) = crate::cgroup::proc_cgroup("self") else {
             return;
         };
-        match pidfd_cgroup_id(me.as_fd()) {
+        match crate::sys::pidfd::pidfd_cgroup_id(me.as_fd()) {
             Ok(id) => {
                 let dir = mount.join(cg.trim_start_matches('/'));
                 assert_eq!(id, cgroup_id(&dir).expect("stat own cgroup"));

@@ -1,139 +1,18 @@
-//! Where cgroup2 is mounted, which layout the host uses, and which controllers reach the agents'
-//! root cgroup. Parsing is pure (tested on strings and temp dirs); the probe feeds it the files.
+//! The cgroup rows: the cgroup2 mount and layout (from `sys::mountinfo`), the agents' root and
+//! whether children can be made in it, which budget controllers reach it and why not, freeze,
+//! kill, pressure and `clone3(CLONE_INTO_CGROUP)` tried in a scratch child cgroup. The file
+//! parsing is pure (tested on strings and temp dirs).
 
-use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use nix::errno::Errno;
 
-/// The budget controllers an agent contract can ask for, in the order we report them.
-pub const BUDGET_CONTROLLERS: [&str; 5] = ["cpu", "memory", "pids", "io", "cpuset"];
-
-/// How cgroups are mounted on this host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CgroupLayout {
-    /// Pure cgroup v2 (`/sys/fs/cgroup` is cgroup2): what agentos is built for.
-    Unified,
-    /// cgroup v1 hierarchies hold (some) controllers; cgroup2 is mounted beside them
-    /// (systemd's `/sys/fs/cgroup/unified`).
-    Hybrid,
-    /// cgroup v1 only: no cgroup2 mount at all.
-    Legacy,
-    /// No cgroup filesystem is mounted.
-    None,
-}
-
-impl CgroupLayout {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CgroupLayout::Unified => "unified (pure v2)",
-            CgroupLayout::Hybrid => "hybrid (v1 + v2)",
-            CgroupLayout::Legacy => "legacy (v1 only)",
-            CgroupLayout::None => "none",
-        }
-    }
-}
-
-/// The cgroup mounts found in `/proc/self/mountinfo`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Mounts {
-    /// The cgroup2 mount to use (preferring `/sys/fs/cgroup`, then `/sys/fs/cgroup/unified`).
-    pub cgroup2: Option<PathBuf>,
-    /// cgroup v1 controller name → its mount point (`cpu` → `/sys/fs/cgroup/cpu`).
-    pub v1_controllers: BTreeMap<String, PathBuf>,
-    /// Whether any cgroup v1 hierarchy is mounted (named ones such as `name=systemd` included).
-    pub any_v1: bool,
-}
-
-impl Mounts {
-    pub fn layout(&self) -> CgroupLayout {
-        match (&self.cgroup2, self.any_v1) {
-            (Some(_), false) => CgroupLayout::Unified,
-            (Some(_), true) => CgroupLayout::Hybrid,
-            (None, true) => CgroupLayout::Legacy,
-            (None, false) => CgroupLayout::None,
-        }
-    }
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Parses `/proc/self/mountinfo` text.
-pub fn parse_mountinfo(text: &str) -> Mounts {
-    let mut mounts = Mounts::default();
-    let mut v2: Vec<PathBuf> = Vec::new();
-    for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let Some(mount_point) = left.split(' ').nth(4) else {
-            continue;
-        };
-        let mut r = right.split(' ');
-        let fstype = r.next().unwrap_or_default();
-        let _source = r.next();
-        let superopts = r.next().unwrap_or_default();
-        let mount_point = PathBuf::from(unescape(mount_point));
-        match fstype {
-            "cgroup2" => v2.push(mount_point),
-            "cgroup" => {
-                mounts.any_v1 = true;
-                for opt in superopts.split(',') {
-                    if KNOWN_V1_CONTROLLERS.contains(&opt) {
-                        mounts
-                            .v1_controllers
-                            .entry(opt.to_string())
-                            .or_insert_with(|| mount_point.clone());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    mounts.cgroup2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| v2.contains(p))
-        .or_else(|| v2.into_iter().next());
-    mounts
-}
-
-const KNOWN_V1_CONTROLLERS: [&str; 14] = [
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "memory",
-    "devices",
-    "freezer",
-    "net_cls",
-    "blkio",
-    "perf_event",
-    "net_prio",
-    "hugetlb",
-    "pids",
-    "rdma",
-    "misc",
-];
+use super::report::{CgroupInfo, Check, Feature, Status};
+use super::{ProbeOptions, io_errno};
+use crate::cgroup::BUDGET_CONTROLLERS;
+use crate::sys::clone::clone3_into_cgroup;
+use crate::sys::mountinfo::{self, CgroupLayout};
 
 /// The v1 name of a v2 controller (`io` was `blkio`).
 pub fn v1_name(controller: &str) -> &str {
@@ -228,51 +107,381 @@ impl Drop for Scratch {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The cgroup rows
+
+pub(super) fn probe_cgroups(opts: &ProbeOptions, rows: &mut Vec<Check>) -> CgroupInfo {
+    let read = mountinfo::read();
+    let mounts = read.as_ref().cloned().unwrap_or_default();
+    let layout = mounts.layout();
+    let root = opts.cgroup_root.clone().or_else(|| mounts.cgroup2.clone());
+    let mut info = CgroupInfo {
+        mount: mounts.cgroup2.clone(),
+        layout,
+        root: root.clone(),
+        controllers: Vec::new(),
+        subtree_control: Vec::new(),
+        v1_controllers: mounts.v1_controllers.clone(),
+    };
+
+    rows.push(cgroup2_row(&read, &mounts));
+
+    let Some(root) = root else {
+        for m in [
+            Feature::CgroupRoot,
+            Feature::CpuController,
+            Feature::MemoryController,
+            Feature::PidsController,
+            Feature::IoController,
+            Feature::CpusetController,
+            Feature::CgroupFreeze,
+            Feature::CgroupKill,
+            Feature::Clone3IntoCgroup,
+        ] {
+            rows.push(Check::new(
+                m,
+                Status::Unavailable,
+                "no cgroup2 hierarchy to put agents in",
+            ));
+        }
+        rows.push(probe_pressure(None));
+        return info;
+    };
+
+    let (root_row, on_cgroup2, scratch) = root_row(&root);
+    rows.push(root_row);
+
+    controller_rows(
+        &root,
+        on_cgroup2.as_ref().is_ok_and(|b| *b),
+        &mounts,
+        &mut info,
+        rows,
+    );
+
+    // freeze / kill: these files exist in every non-root cgroup of a kernel that has them.
+    // Only non-root cgroups have cgroup.type; below a hierarchy root, look in the scratch child.
+    let (probe_dir, where_) = if root.join("cgroup.type").exists() {
+        (Some(root.clone()), root.display().to_string())
+    } else {
+        (
+            scratch.as_ref().map(|s| s.path().to_path_buf()),
+            format!("a child of {}", root.display()),
+        )
+    };
+    for (m, file, since) in [
+        (Feature::CgroupFreeze, "cgroup.freeze", "5.2"),
+        (Feature::CgroupKill, "cgroup.kill", "5.14"),
+    ] {
+        rows.push(match &probe_dir {
+            Some(dir) if dir.join(file).exists() => Check::new(
+                m,
+                Status::Available,
+                format!("{file} present (checked in {where_})"),
+            ),
+            Some(_) => Check::new(
+                m,
+                Status::Unavailable,
+                format!("no {file} in {where_} (kernel older than {since})"),
+            ),
+            None => Check::new(
+                m,
+                Status::Error,
+                format!(
+                    "cannot tell: {} is a hierarchy root and no child cgroup could be made",
+                    root.display()
+                ),
+            ),
+        });
+    }
+
+    rows.push(probe_pressure(
+        probe_dir.as_deref().map(|d| (d, where_.as_str())),
+    ));
+    rows.push(probe_clone3(scratch.as_ref().map(|s| s.path())));
+    drop(scratch);
+    info
+}
+
+/// The cgroup v2 row: is a cgroup2 hierarchy mounted, and beside which v1 hierarchies.
+fn cgroup2_row(read: &std::io::Result<mountinfo::Mounts>, mounts: &mountinfo::Mounts) -> Check {
+    match (read, &mounts.cgroup2) {
+        (Err(e), _) => Check::new(
+            Feature::CgroupV2,
+            Status::Error,
+            format!("cannot read /proc/self/mountinfo: {}", io_errno(e)),
+        ),
+        (Ok(_), Some(m)) if mounts.layout() == CgroupLayout::Unified => Check::new(
+            Feature::CgroupV2,
+            Status::Available,
+            format!("cgroup2 at {} (unified hierarchy)", m.display()),
+        ),
+        (Ok(_), Some(m)) => {
+            let v1: Vec<&str> = mounts.v1_controllers.keys().map(String::as_str).collect();
+            Check::new(
+                Feature::CgroupV2,
+                Status::Available,
+                format!(
+                    "cgroup2 at {} (hybrid: cgroup v1 holds {}; boot with systemd.unified_cgroup_hierarchy=1)",
+                    m.display(),
+                    if v1.is_empty() {
+                        "named hierarchies".to_string()
+                    } else {
+                        v1.join(" ")
+                    }
+                ),
+            )
+        }
+        (Ok(_), None) => Check::new(
+            Feature::CgroupV2,
+            Status::Unavailable,
+            "no cgroup2 mount in /proc/self/mountinfo (mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1)",
+        ),
+    }
+}
+
+/// The agents' root: on cgroup2, and can we make children? Returns the row, the statfs answer,
+/// and the scratch child made to find out (kept for the freeze/kill/clone3 rows).
+fn root_row(root: &Path) -> (Check, nix::Result<bool>, Option<Scratch>) {
+    let on_cgroup2 = nix::sys::statfs::statfs(root)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+    let mut scratch = None;
+    let row = match on_cgroup2 {
+        Err(e) => Check::new(
+            Feature::CgroupRoot,
+            Status::Unavailable,
+            format!("{}: {e:?} (statfs)", root.display()),
+        ),
+        Ok(false) => Check::new(
+            Feature::CgroupRoot,
+            Status::Unavailable,
+            format!("{} is not on a cgroup2 filesystem", root.display()),
+        ),
+        Ok(true) => match Scratch::create(root) {
+            Ok(s) => {
+                scratch = Some(s);
+                Check::new(
+                    Feature::CgroupRoot,
+                    Status::Available,
+                    format!(
+                        "{}: cgroup2, child cgroups can be created (made and removed one)",
+                        root.display()
+                    ),
+                )
+            }
+            Err(e) => Check::new(
+                Feature::CgroupRoot,
+                match e.raw_os_error() {
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS) => Status::Unavailable,
+                    _ => Status::Error,
+                },
+                format!(
+                    "{}: mkdir of a child cgroup failed: {} (needs root, or a delegated cgroup: Delegate=yes)",
+                    root.display(),
+                    io_errno(&e)
+                ),
+            ),
+        },
+    };
+    (row, on_cgroup2, scratch)
+}
+
+/// One row per budget controller: in the root's `cgroup.controllers`, or why not.
+fn controller_rows(
+    root: &Path,
+    on_cgroup2: bool,
+    mounts: &mountinfo::Mounts,
+    info: &mut CgroupInfo,
+    rows: &mut Vec<Check>,
+) {
+    match read_controllers(root) {
+        Ok((controllers, subtree)) => {
+            info.controllers = controllers;
+            info.subtree_control = subtree;
+        }
+        Err(e) => {
+            for c in BUDGET_CONTROLLERS {
+                if let Some(m) = Feature::for_controller(c) {
+                    rows.push(Check::new(
+                        m,
+                        if on_cgroup2 {
+                            Status::Error
+                        } else {
+                            Status::Unavailable
+                        },
+                        format!(
+                            "cannot read {}/cgroup.controllers: {}",
+                            root.display(),
+                            io_errno(&e)
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if !rows.iter().any(|r| r.mechanism.controller().is_some()) {
+        let mount_controllers = mounts
+            .cgroup2
+            .as_deref()
+            .and_then(|m| read_controllers(m).ok())
+            .map(|(c, _)| c)
+            .unwrap_or_default();
+        for c in BUDGET_CONTROLLERS {
+            let Some(m) = Feature::for_controller(c) else {
+                continue;
+            };
+            rows.push(controller_row(m, c, root, info, mounts, &mount_controllers));
+        }
+    }
+}
+
+fn controller_row(
+    m: Feature,
+    c: &str,
+    root: &Path,
+    info: &CgroupInfo,
+    mounts: &mountinfo::Mounts,
+    mount_controllers: &[String],
+) -> Check {
+    if info.controllers.iter().any(|x| x == c) {
+        let enabled = info.subtree_control.iter().any(|x| x == c);
+        return Check::new(
+            m,
+            Status::Available,
+            format!(
+                "in {}/cgroup.controllers{}",
+                root.display(),
+                if enabled {
+                    ", enabled in cgroup.subtree_control"
+                } else {
+                    "; not yet in cgroup.subtree_control (agentosd enables it)"
+                }
+            ),
+        );
+    }
+    let why = if let Some(v1) = mounts.v1_controllers.get(v1_name(c)) {
+        format!(
+            "bound to cgroup v1 at {} (boot with systemd.unified_cgroup_hierarchy=1 / cgroup_no_v1=all)",
+            v1.display()
+        )
+    } else if mount_controllers.iter().any(|x| x == c) {
+        "not delegated: enable it in the parent's cgroup.subtree_control (systemd: Delegate=yes)"
+            .to_string()
+    } else if kernel_has_controller(c) {
+        "enabled in the kernel but not attached to the cgroup2 hierarchy".to_string()
+    } else {
+        "not in /proc/cgroups (kernel built without it, or disabled with cgroup_disable=)"
+            .to_string()
+    };
+    Check::new(
+        m,
+        Status::Unavailable,
+        format!("not in {}/cgroup.controllers: {why}", root.display()),
+    )
+}
+
+/// `/proc/cgroups` lists the controller as enabled.
+fn kernel_has_controller(c: &str) -> bool {
+    std::fs::read_to_string("/proc/cgroups").is_ok_and(|t| {
+        t.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&v1_name(c)) && f.get(3) == Some(&"1")
+        })
+    })
+}
+
+fn probe_pressure(dir: Option<(&Path, &str)>) -> Check {
+    if let Some((d, where_)) = dir
+        && d.join("cpu.pressure").exists()
+    {
+        return Check::new(
+            Feature::Pressure,
+            Status::Available,
+            format!("cpu/memory/io.pressure per cgroup (checked in {where_})"),
+        );
+    }
+    if Path::new("/proc/pressure/cpu").exists() {
+        Check::new(
+            Feature::Pressure,
+            Status::Available,
+            "/proc/pressure (system-wide only)",
+        )
+    } else {
+        Check::new(
+            Feature::Pressure,
+            Status::Unavailable,
+            "no /proc/pressure (kernel without CONFIG_PSI, or booted with psi=0)",
+        )
+    }
+}
+
+fn probe_clone3(scratch: Option<&Path>) -> Check {
+    let m = Feature::Clone3IntoCgroup;
+    if let Some(dir) = scratch {
+        match std::fs::File::open(dir) {
+            Ok(f) => {
+                return match clone3_into_cgroup(f.as_raw_fd()) {
+                    Ok(()) => Check::new(
+                        m,
+                        Status::Available,
+                        format!(
+                            "clone3(CLONE_INTO_CGROUP) started a child in a scratch child of {}",
+                            dir.parent().unwrap_or(dir).display()
+                        ),
+                    ),
+                    Err(e) => clone3_err(e),
+                };
+            }
+            Err(e) => {
+                return Check::new(
+                    m,
+                    Status::Error,
+                    format!("cannot open {}: {}", dir.display(), io_errno(&e)),
+                );
+            }
+        }
+    }
+    // No cgroup to try: a kernel that knows the flag rejects a closed fd with EBADF (a negative
+    // one would be EINVAL for everyone: the field must be <= INT_MAX).
+    match clone3_into_cgroup(RawFd::MAX) {
+        Err(Errno::EBADF) => Check::new(
+            m,
+            Status::Available,
+            "kernel accepts CLONE_INTO_CGROUP (EBADF for a bad fd; not tried for real: no scratch cgroup)",
+        ),
+        Ok(()) => Check::new(
+            m,
+            Status::Error,
+            "clone3 with cgroup fd -1 unexpectedly succeeded",
+        ),
+        Err(e) => clone3_err(e),
+    }
+}
+
+fn clone3_err(e: Errno) -> Check {
+    let m = Feature::Clone3IntoCgroup;
+    match e {
+        Errno::ENOSYS => Check::new(
+            m,
+            Status::Unavailable,
+            "clone3: ENOSYS (kernel older than 5.3)",
+        ),
+        Errno::EINVAL | Errno::E2BIG => Check::new(
+            m,
+            Status::Unavailable,
+            format!("clone3(CLONE_INTO_CGROUP): {e:?} (kernel older than 5.7)"),
+        ),
+        _ => Check::new(
+            m,
+            Status::Error,
+            format!("clone3(CLONE_INTO_CGROUP): {e:?}"),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HYBRID: &str = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-
-    const UNIFIED: &str = "\
-25 30 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
-99 25 0:23 / /tmp/with\\040space rw shared:4 - cgroup2 cgroup2 rw
-";
-
-    #[test]
-    fn hybrid_layout_finds_unified_and_v1_controllers() {
-        let m = parse_mountinfo(HYBRID);
-        assert_eq!(
-            m.cgroup2.as_deref(),
-            Some(Path::new("/sys/fs/cgroup/unified"))
-        );
-        assert_eq!(m.layout(), CgroupLayout::Hybrid);
-        assert_eq!(m.v1_controllers["cpu"], Path::new("/sys/fs/cgroup/cpu"));
-        assert_eq!(
-            m.v1_controllers[v1_name("io")],
-            Path::new("/sys/fs/cgroup/blkio")
-        );
-        assert!(!m.v1_controllers.contains_key("name=systemd"));
-    }
-
-    #[test]
-    fn unified_layout_prefers_sys_fs_cgroup_and_unescapes() {
-        let m = parse_mountinfo(UNIFIED);
-        assert_eq!(m.cgroup2.as_deref(), Some(Path::new("/sys/fs/cgroup")));
-        assert_eq!(m.layout(), CgroupLayout::Unified);
-        assert!(m.v1_controllers.is_empty());
-        assert_eq!(unescape("/tmp/with\\040space"), "/tmp/with space");
-        assert_eq!(parse_mountinfo("").layout(), CgroupLayout::None);
-    }
 
     #[test]
     fn stale_scratch_dirs_of_dead_processes_are_removed() {

@@ -43,7 +43,7 @@ fn report() -> HostReport {
     probe(&ProbeOptions::default())
 }
 
-fn assert_status(r: &HostReport, m: Mechanism, want: Status) {
+fn assert_status(r: &HostReport, m: Feature, want: Status) {
     let c = r.check(m).expect("every mechanism has a row");
     assert_eq!(c.status, want, "{}", c.summary());
 }
@@ -51,8 +51,8 @@ fn assert_status(r: &HostReport, m: Mechanism, want: Status) {
 #[test]
 fn every_mechanism_has_exactly_one_row_in_order() {
     let r = report();
-    let got: Vec<Mechanism> = r.checks.iter().map(|c| c.mechanism).collect();
-    assert_eq!(got, Mechanism::ALL.to_vec());
+    let got: Vec<Feature> = r.checks.iter().map(|c| c.mechanism).collect();
+    assert_eq!(got, Feature::ALL.to_vec());
     for c in &r.checks {
         assert!(!c.detail.is_empty(), "{:?} has no detail", c.mechanism);
         assert!(
@@ -113,31 +113,31 @@ fn fake_cgroup_root_reports_controllers_from_its_files() {
     assert_eq!(r.cgroup.controllers, ["cpu", "memory", "pids"]);
     assert_eq!(r.cgroup.subtree_control, ["memory"]);
     assert_eq!(r.missing_budgets(), ["io", "cpuset"]);
-    assert!(r.has(Mechanism::CpuController));
+    assert!(r.has(Feature::CpuController));
     assert!(
-        r.check(Mechanism::CpuController)
+        r.check(Feature::CpuController)
             .expect("row")
             .detail
             .contains("agentosd enables it")
     );
     assert!(
-        r.check(Mechanism::MemoryController)
+        r.check(Feature::MemoryController)
             .expect("row")
             .detail
             .contains("enabled in cgroup.subtree_control")
     );
-    assert_status(&r, Mechanism::CgroupFreeze, Status::Available);
-    assert_status(&r, Mechanism::CgroupKill, Status::Unavailable);
+    assert_status(&r, Feature::CgroupFreeze, Status::Available);
+    assert_status(&r, Feature::CgroupKill, Status::Unavailable);
     // A tmpfs directory is not a place for agents.
-    assert_status(&r, Mechanism::CgroupRoot, Status::Unavailable);
+    assert_status(&r, Feature::CgroupRoot, Status::Unavailable);
     assert!(
-        r.check(Mechanism::CgroupRoot)
+        r.check(Feature::CgroupRoot)
             .expect("row")
             .detail
             .contains("not on a cgroup2 filesystem")
     );
-    assert!(r.why_missing(Mechanism::IoController).is_some());
-    assert_eq!(r.why_missing(Mechanism::CpuController), None);
+    assert!(r.why_missing(Feature::IoController).is_some());
+    assert_eq!(r.why_missing(Feature::CpuController), None);
 }
 
 #[test]
@@ -146,9 +146,9 @@ fn missing_root_reports_every_controller_unavailable() {
         cgroup_root: Some(PathBuf::from("/nonexistent/agentos-probe-test")),
     });
     assert_eq!(r.missing_budgets(), BUDGET_CONTROLLERS);
-    assert_status(&r, Mechanism::CgroupRoot, Status::Unavailable);
+    assert_status(&r, Feature::CgroupRoot, Status::Unavailable);
     assert!(
-        r.check(Mechanism::CgroupRoot)
+        r.check(Feature::CgroupRoot)
             .expect("row")
             .detail
             .contains("ENOENT")
@@ -156,9 +156,69 @@ fn missing_root_reports_every_controller_unavailable() {
 }
 
 #[test]
+fn check_and_supervisor_mean_the_same_budget_controllers() {
+    // One list: the probe's controller rows are exactly the supervisor's budget controllers.
+    let rows: Vec<&str> = Feature::ALL.iter().filter_map(|m| m.controller()).collect();
+    assert_eq!(rows, crate::cgroup::BUDGET_CONTROLLERS);
+    assert_eq!(BUDGET_CONTROLLERS, crate::cgroup::BUDGET_CONTROLLERS);
+    // And one rule: what `agentosd check` calls missing under a root whose cgroup.controllers
+    // lists cpu, memory and pids is what the supervisor calls missing when its agents cgroup
+    // has those three enabled.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    std::fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").expect("write");
+    std::fs::write(root.join("cgroup.subtree_control"), "cpu memory pids\n").expect("write");
+    let r = probe(&ProbeOptions {
+        cgroup_root: Some(root.to_path_buf()),
+    });
+    assert_eq!(
+        r.missing_budgets(),
+        crate::cgroup::missing_budgets(&r.cgroup.subtree_control)
+    );
+    assert_eq!(r.missing_budgets(), ["io", "cpuset"]);
+    assert_eq!(
+        crate::cgroup::missing_budgets::<&str>(&[]),
+        crate::cgroup::BUDGET_CONTROLLERS
+    );
+}
+
+#[test]
+fn every_contract_mechanism_is_offered_by_exactly_one_row() {
+    let mut rows = Vec::new();
+    for m in contracts::Mechanism::ALL {
+        let f = Feature::for_mechanism(m);
+        assert_eq!(f.mechanism(), Some(m), "{f} offers {}", m.as_str());
+        rows.push(f);
+    }
+    rows.sort();
+    rows.dedup();
+    assert_eq!(rows.len(), contracts::Mechanism::ALL.len());
+    // The offer holds a mechanism exactly when its row is available.
+    let mut r = probe(&ProbeOptions {
+        cgroup_root: Some(PathBuf::from("/nonexistent/agentos-probe-test")),
+    });
+    for c in &mut r.checks {
+        c.status = if matches!(c.mechanism, Feature::Landlock | Feature::BpfCgroupSockAddr) {
+            Status::Available
+        } else {
+            Status::Unavailable
+        };
+    }
+    let offered: Vec<_> = r.offer().mechanisms.into_iter().collect();
+    assert_eq!(
+        offered,
+        [
+            contracts::Mechanism::Landlock,
+            contracts::Mechanism::CgroupBpf
+        ]
+    );
+    assert_eq!(crate::audit_trail::host_offer(&r), r.offer());
+}
+
+#[test]
 fn summary_names_mechanism_status_and_detail() {
     let c = Check::new(
-        Mechanism::BpfLsm,
+        Feature::BpfLsm,
         Status::Unavailable,
         "BPF_PROG_LOAD BPF_PROG_TYPE_LSM: EPERM — kernel lockdown or lsm= lacks bpf",
     );
@@ -166,11 +226,8 @@ fn summary_names_mechanism_status_and_detail() {
         c.summary(),
         "bpf lsm: unavailable (BPF_PROG_LOAD BPF_PROG_TYPE_LSM: EPERM — kernel lockdown or lsm= lacks bpf)"
     );
-    assert_eq!(
-        Mechanism::for_controller("io"),
-        Some(Mechanism::IoController)
-    );
-    assert_eq!(Mechanism::for_controller("hugetlb"), None);
+    assert_eq!(Feature::for_controller("io"), Some(Feature::IoController));
+    assert_eq!(Feature::for_controller("hugetlb"), None);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,24 +245,24 @@ fn host_unprivileged_checks_match_measured_facts() {
         );
         return;
     }
-    assert_status(&r, Mechanism::Landlock, Status::Available);
+    assert_status(&r, Feature::Landlock, Status::Available);
     assert!(
         r.landlock_abi.is_some_and(|v| v >= 7),
         "landlock ABI {:?}",
         r.landlock_abi
     );
-    assert_status(&r, Mechanism::Seccomp, Status::Available);
-    assert_status(&r, Mechanism::SeccompUserNotif, Status::Available);
-    assert_status(&r, Mechanism::IoUring, Status::Available);
-    assert_status(&r, Mechanism::Pidfd, Status::Available);
-    assert_status(&r, Mechanism::Btf, Status::Available);
+    assert_status(&r, Feature::Seccomp, Status::Available);
+    assert_status(&r, Feature::SeccompUserNotif, Status::Available);
+    assert_status(&r, Feature::IoUring, Status::Available);
+    assert_status(&r, Feature::Pidfd, Status::Available);
+    assert_status(&r, Feature::Btf, Status::Available);
     assert!(r.btf);
-    assert_status(&r, Mechanism::CgroupV2, Status::Available);
+    assert_status(&r, Feature::CgroupV2, Status::Available);
     if m == Machine::GuestVm {
-        assert_status(&r, Mechanism::SchedExt, Status::Available);
+        assert_status(&r, Feature::SchedExt, Status::Available);
     } else {
-        assert_status(&r, Mechanism::SchedExt, Status::Unavailable);
-        let d = &r.check(Mechanism::SchedExt).expect("row").detail;
+        assert_status(&r, Feature::SchedExt, Status::Unavailable);
+        let d = &r.check(Feature::SchedExt).expect("row").detail;
         assert!(d.contains("CONFIG_SCHED_CLASS_EXT"), "{d}");
     }
 }
@@ -228,23 +285,23 @@ fn host_privileged_checks_match_measured_facts() {
     eprintln!("{}", r.render_table());
     assert!(r.privileged);
     for mech in [
-        Mechanism::CgroupRoot,
-        Mechanism::CgroupFreeze,
-        Mechanism::CgroupKill,
-        Mechanism::Pressure,
-        Mechanism::Clone3IntoCgroup,
-        Mechanism::SchedDeadline,
-        Mechanism::BpfTracepoint,
-        Mechanism::BpfRawTracepoint,
-        Mechanism::BpfTpBtf,
-        Mechanism::BpfCgroupSockAddr,
-        Mechanism::BpfCgroupSkb,
-        Mechanism::BpfRingbuf,
+        Feature::CgroupRoot,
+        Feature::CgroupFreeze,
+        Feature::CgroupKill,
+        Feature::Pressure,
+        Feature::Clone3IntoCgroup,
+        Feature::SchedDeadline,
+        Feature::BpfTracepoint,
+        Feature::BpfRawTracepoint,
+        Feature::BpfTpBtf,
+        Feature::BpfCgroupSockAddr,
+        Feature::BpfCgroupSkb,
+        Feature::BpfRingbuf,
     ] {
         assert_status(&r, mech, Status::Available);
     }
     assert!(
-        r.check(Mechanism::Clone3IntoCgroup)
+        r.check(Feature::Clone3IntoCgroup)
             .expect("row")
             .detail
             .contains("started a child"),
@@ -257,7 +314,7 @@ fn host_privileged_checks_match_measured_facts() {
                 r.missing_budgets(),
                 ["cpu", "memory", "pids", "io", "cpuset"]
             );
-            let d = &r.check(Mechanism::CpuController).expect("row").detail;
+            let d = &r.check(Feature::CpuController).expect("row").detail;
             assert!(
                 d.contains("bound to cgroup v1 at /sys/fs/cgroup/cpu"),
                 "{d}"
@@ -271,20 +328,20 @@ fn host_privileged_checks_match_measured_facts() {
     }
     match m {
         Machine::DevHost | Machine::PureV2Locked => {
-            for mech in [Mechanism::BpfLsm, Mechanism::BpfFentry] {
+            for mech in [Feature::BpfLsm, Feature::BpfFentry] {
                 assert_status(&r, mech, Status::Unavailable);
                 let d = &r.check(mech).expect("row").detail;
                 assert!(d.contains(": EPERM — "), "{d}");
             }
-            let lsm = r.why_missing(Mechanism::BpfLsm).expect("lsm is missing");
+            let lsm = r.why_missing(Feature::BpfLsm).expect("lsm is missing");
             assert!(
                 lsm.starts_with("bpf lsm: unavailable (BPF_PROG_LOAD BPF_PROG_TYPE_LSM"),
                 "{lsm}"
             );
         }
         Machine::GuestVm => {
-            assert_status(&r, Mechanism::BpfLsm, Status::Available);
-            assert_status(&r, Mechanism::BpfFentry, Status::Available);
+            assert_status(&r, Feature::BpfLsm, Status::Available);
+            assert_status(&r, Feature::BpfFentry, Status::Available);
         }
         Machine::Unknown => {}
     }

@@ -290,18 +290,7 @@ pub fn build_with(
 
 /// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0, VERSION)`), or `None`.
 pub fn kernel_abi() -> Option<u32> {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag the kernel only
-    // returns the ABI number; no memory is read or written.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    (r > 0).then_some(r as u32)
+    crate::sys::landlock::abi_version().ok().filter(|v| *v > 0)
 }
 
 #[cfg(test)]

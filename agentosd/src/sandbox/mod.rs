@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use contracts::{Contract, Mechanism};
 
+use crate::sys::{self, creds};
+
 /// First child stage number used by the sandbox (spawn.rs uses 1-4 and reports these through
 /// [`stage_name`]).
 pub const STAGE_SETGROUPS: i32 = 10;
@@ -227,7 +229,7 @@ pub fn prepare(
     }
     let namespaces = Namespaces::for_grants(&grants);
     // Socket rules per contract: inet sockets only with a network grant, listen() only with
-    // net.bind (seccomp.rs).
+    // net.bind (seccomp/).
     let seccomp = seccomp::compiled_for(seccomp::NetShape::for_grants(
         !grants.net_connect.is_empty(),
         !grants.net_bind.is_empty(),
@@ -244,36 +246,12 @@ pub fn prepare(
     })
 }
 
-const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
-/// Log the filter's non-allow actions to the audit subsystem (those listed in
-/// `/proc/sys/kernel/seccomp/actions_logged`); see enforce/kaudit.rs.
-const SECCOMP_FILTER_FLAG_LOG: libc::c_uint = 1 << 1;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 impl PreparedSandbox {
     /// Apply everything in the freshly cloned child. Only async-signal-safe system calls on
     /// memory prepared before the clone: no allocation, no locks. Returns the failing stage;
     /// the errno is left in `errno` for the caller to report.
     ///
-    /// The credential calls are raw system calls, not glibc's `setgroups`/`setres[ug]id`:
-    /// those apply POSIX process-wide semantics by signalling every thread glibc believes
-    /// exists (`__nptl_setxid`), and after a raw `clone3` from the multi-threaded daemon that
-    /// list still names the parent's threads, so the child could wait forever for them. The
-    /// child has exactly one thread, so the per-thread kernel call is the whole effect.
+    /// The credential calls are raw per-thread system calls (`sys::creds` says why not glibc's).
     ///
     /// Order: groups and gid first (needs CAP_SETGID), then the bounding set (needs
     /// CAP_SETPCAP, gone after setuid), then the uid (which clears permitted/effective), then
@@ -286,10 +264,10 @@ impl PreparedSandbox {
         // SAFETY: plain system calls on values and on buffers owned by `self`, which the
         // child's copy of the address space keeps alive until execve.
         unsafe {
-            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {
+            if creds::drop_groups() != 0 {
                 return Err(STAGE_SETGROUPS);
             }
-            if libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid) != 0 {
+            if creds::set_gid(self.gid) != 0 {
                 return Err(STAGE_SETRESGID);
             }
             libc::prctl(
@@ -306,48 +284,33 @@ impl PreparedSandbox {
                     return Err(STAGE_CAPBSET);
                 }
             }
-            if libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) != 0 {
+            if creds::set_uid(self.uid) != 0 {
                 return Err(STAGE_SETRESUID);
             }
-            let mut hdr = CapHeader {
-                version: LINUX_CAPABILITY_VERSION_3,
-                pid: 0,
-            };
-            let data = [CapData {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            }; 2];
-            if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
+            if creds::clear_caps() != 0 {
                 return Err(STAGE_CAPSET);
             }
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(STAGE_NO_NEW_PRIVS);
             }
             if let Some(fd) = &self.landlock
-                && libc::syscall(
-                    libc::SYS_landlock_restrict_self,
-                    fd.as_raw_fd(),
-                    landlock::restrict_flags(),
-                ) != 0
+                && sys::landlock::restrict_self(fd.as_raw_fd(), landlock::restrict_flags()) != 0
             {
                 return Err(STAGE_LANDLOCK);
             }
             for (i, prog) in self.seccomp.iter().enumerate() {
                 // The first program is the deny-list (`seccomp::FILTERS[0]`): its EPERMs are
                 // logged. Not the others: `clone3` → ENOSYS happens at every fork.
-                let flags = if i == 0 { SECCOMP_FILTER_FLAG_LOG } else { 0 };
+                let flags = if i == 0 {
+                    sys::seccomp::SECCOMP_FILTER_FLAG_LOG
+                } else {
+                    0
+                };
                 let fprog = libc::sock_fprog {
                     len: prog.len() as u16,
                     filter: prog.as_ptr() as *mut libc::sock_filter,
                 };
-                if libc::syscall(
-                    libc::SYS_seccomp,
-                    SECCOMP_SET_MODE_FILTER,
-                    flags,
-                    &fprog as *const libc::sock_fprog,
-                ) != 0
-                {
+                if sys::seccomp::set_mode_filter(flags, &fprog) != 0 {
                     return Err(STAGE_SECCOMP);
                 }
             }

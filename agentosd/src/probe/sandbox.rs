@@ -1,0 +1,158 @@
+//! The sandboxing rows: the Landlock ABI, seccomp (modes, actions, user notification), and
+//! whether the kernel's audit subsystem records the denials of both.
+
+use nix::errno::Errno;
+
+use super::report::{Check, Feature, Status};
+use crate::sys::{landlock, seccomp};
+
+pub(super) fn probe_landlock() -> (Check, Option<u32>) {
+    let m = Feature::Landlock;
+    match landlock::abi_version() {
+        Ok(abi) => {
+            let features = match abi {
+                0 => "",
+                1..=3 => "filesystem rules",
+                4..=5 => "filesystem and TCP bind/connect rules",
+                _ => "filesystem, TCP bind/connect rules, signal and abstract-socket scoping",
+            };
+            (
+                Check::new(
+                    m,
+                    Status::Available,
+                    format!(
+                        "landlock_create_ruleset(LANDLOCK_CREATE_RULESET_VERSION): ABI {abi} ({features})"
+                    ),
+                ),
+                Some(abi),
+            )
+        }
+        Err(Errno::ENOSYS) => (
+            Check::new(
+                m,
+                Status::Unavailable,
+                "landlock_create_ruleset: ENOSYS — kernel built without CONFIG_SECURITY_LANDLOCK",
+            ),
+            None,
+        ),
+        Err(Errno::EOPNOTSUPP) => (
+            Check::new(
+                m,
+                Status::Unavailable,
+                "landlock_create_ruleset: EOPNOTSUPP — built in but not enabled: add landlock to lsm= on the kernel command line",
+            ),
+            None,
+        ),
+        Err(e) => (
+            Check::new(m, Status::Error, format!("landlock_create_ruleset: {e:?}")),
+            None,
+        ),
+    }
+}
+
+/// Whether Landlock and seccomp denials of agents reach the audit trail: the audit netlink
+/// multicast group is readable, the kernel logs Landlock denials (ABI 7, audit enabled) and
+/// seccomp errno actions (`actions_logged`).
+pub(super) fn probe_kernel_audit() -> Check {
+    use crate::enforce::kaudit;
+    let m = Feature::KernelAudit;
+    if let Err(e) = kaudit::open_readlog() {
+        return Check::new(
+            m,
+            Status::Unavailable,
+            format!("{e}: Landlock and seccomp denials of agents are not recorded"),
+        );
+    }
+    let gaps = kaudit::gaps();
+    if gaps.is_empty() {
+        Check::new(
+            m,
+            Status::Available,
+            "audit netlink readable (AUDIT_NLGRP_READLOG); Landlock (ABI 7, audit enabled) and seccomp (errno in actions_logged) denials are logged",
+        )
+    } else {
+        Check::new(
+            m,
+            Status::Unavailable,
+            format!("audit netlink readable, but {}", gaps.join("; ")),
+        )
+    }
+}
+
+pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
+    let mode = match seccomp::mode() {
+        Ok(0) => "this process is not filtered".to_string(),
+        Ok(2) => "this process already runs under a seccomp filter".to_string(),
+        Ok(n) => format!("PR_GET_SECCOMP = {n}"),
+        Err(e) => format!("PR_GET_SECCOMP: {e:?}"),
+    };
+    let actions = [
+        ("errno", seccomp::SECCOMP_RET_ERRNO),
+        ("kill_process", seccomp::SECCOMP_RET_KILL_PROCESS),
+        ("log", seccomp::SECCOMP_RET_LOG),
+    ];
+    let mut ok = Vec::new();
+    let mut missing = Vec::new();
+    let mut fatal = None;
+    for (name, action) in actions {
+        match seccomp::action_avail(action) {
+            Ok(()) => ok.push(name),
+            Err(Errno::EOPNOTSUPP) => missing.push(name),
+            Err(e) => {
+                fatal = Some(e);
+                break;
+            }
+        }
+    }
+    rows.push(match fatal {
+        Some(Errno::ENOSYS | Errno::EINVAL) => Check::new(
+            Feature::Seccomp,
+            Status::Unavailable,
+            format!(
+                "seccomp(SECCOMP_GET_ACTION_AVAIL): {:?} — kernel without CONFIG_SECCOMP_FILTER (or older than 4.14)",
+                fatal.unwrap_or(Errno::ENOSYS)
+            ),
+        ),
+        Some(e) => Check::new(
+            Feature::Seccomp,
+            Status::Error,
+            format!("seccomp(SECCOMP_GET_ACTION_AVAIL): {e:?}"),
+        ),
+        None if missing.contains(&"errno") || missing.contains(&"kill_process") => Check::new(
+            Feature::Seccomp,
+            Status::Unavailable,
+            format!("filter actions missing: {}; {mode}", missing.join(", ")),
+        ),
+        None => Check::new(
+            Feature::Seccomp,
+            Status::Available,
+            format!(
+                "filter mode, actions {} available{}; {mode}",
+                ok.join(", "),
+                if missing.is_empty() { String::new() } else { format!(" ({} missing)", missing.join(", ")) }
+            ),
+        ),
+    });
+
+    rows.push(
+        match (
+            seccomp::action_avail(seccomp::SECCOMP_RET_USER_NOTIF),
+            seccomp::notif_sizes(),
+        ) {
+            (Ok(()), Ok((n, r, d))) => Check::new(
+                Feature::SeccompUserNotif,
+                Status::Available,
+                format!("SECCOMP_RET_USER_NOTIF available (notif {n} / resp {r} / data {d} bytes)"),
+            ),
+            (Err(e), _) | (_, Err(e)) => Check::new(
+                Feature::SeccompUserNotif,
+                if matches!(e, Errno::EOPNOTSUPP | Errno::EINVAL | Errno::ENOSYS) {
+                    Status::Unavailable
+                } else {
+                    Status::Error
+                },
+                format!("SECCOMP_RET_USER_NOTIF: {e:?} (kernel older than 5.0)"),
+            ),
+        },
+    );
+}
