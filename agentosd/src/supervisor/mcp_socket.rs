@@ -28,7 +28,7 @@ pub struct AgentSocket {
 
 /// `RUN_DIR/agents/<tenant>`, each 0711 whatever the umask (systemd's UMask=0027 would make
 /// them 0750): an agent's uid may walk to its own socket but list nobody's.
-fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
+pub(super) fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
     // On fds from RUN_DIR down (safe_fs): no link in `agents/<tenant>` is followed.
     let e = |e: crate::safe_fs::SafeFsError| e.to_string();
     let root = crate::safe_fs::Dir::open_root(run_dir).map_err(e)?;
@@ -65,7 +65,7 @@ impl Supervisor {
         })
     }
 
-    fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
+    pub(super) fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
         let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
         // The agent is the processes in its `main` leaf (and below): its tools and MCP servers
         // live beside it in `tools/`, under the same budgets, and must not pass as the agent
@@ -158,7 +158,7 @@ impl Supervisor {
         if !agent.state().is_active() {
             return Err(format!("agent {agent_id} is {}", agent.state().as_str()));
         }
-        let contract = super::agent_contract(&agent)
+        let contract = super::start::agent_contract(&agent)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| {
                 format!("agent {agent_id} was started without a contract, so it has no tools")

@@ -1,0 +1,354 @@
+//! The registry of agents and their lifecycle: start into a cgroup, watch the main process
+//! through its pidfd, restart per policy with backoff, freeze/thaw through `cgroup.freeze`, stop
+//! with SIGTERM then `cgroup.kill`, persist every change, and re-adopt running agents after a
+//! daemon restart.
+//!
+//! Concurrency: one short `std::sync::Mutex` per agent for its data, one `tokio::sync::Mutex`
+//! per agent that serialises operations (start, stop, freeze, the restart logic), and one tokio
+//! task per running main process that waits on its pidfd (no thread per agent).
+
+mod adopt;
+mod agent;
+mod agents_dir;
+mod audit;
+mod class;
+mod denials;
+mod enforce;
+mod error;
+mod exit;
+mod freeze;
+mod kill;
+mod mcp_socket;
+mod services;
+mod start;
+mod stop;
+mod tool_hooks;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::warn;
+
+use crate::cgroup::{self, Cgroup};
+use crate::logs;
+use crate::spec::AgentSpec;
+use crate::state::Store;
+use crate::sys;
+use agent::Inner;
+pub use agent::{Agent, AgentStatus};
+pub use class::plan_budgets;
+pub use error::Error;
+pub use mcp_socket::{AgentSocket, McpHooks};
+
+/// The lifecycle states, named like systemd's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Starting,
+    Running,
+    Freezing,
+    Frozen,
+    Thawing,
+    Stopping,
+    /// Waiting out the backoff before a restart (systemd's `activating (auto-restart)`).
+    Restarting,
+    /// Stopped by the operator (or never started).
+    Inactive,
+    /// The main process exited with status 0 and no restart is due.
+    Exited,
+    /// Exited unsuccessfully, gave up restarting, or could not be started.
+    Failed,
+}
+
+impl State {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Freezing => "freezing",
+            State::Frozen => "frozen",
+            State::Thawing => "thawing",
+            State::Stopping => "stopping",
+            State::Restarting => "restarting",
+            State::Inactive => "inactive",
+            State::Exited => "exited",
+            State::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        Some(match s {
+            "starting" => State::Starting,
+            "running" => State::Running,
+            "freezing" => State::Freezing,
+            "frozen" => State::Frozen,
+            "thawing" => State::Thawing,
+            "stopping" => State::Stopping,
+            "restarting" => State::Restarting,
+            "inactive" => State::Inactive,
+            "exited" => State::Exited,
+            "failed" => State::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Whether processes may exist (or are about to).
+    pub fn is_active(&self) -> bool {
+        !matches!(self, State::Inactive | State::Exited | State::Failed)
+    }
+}
+
+/// Changes the D-Bus layer turns into objects and signals.
+#[derive(Debug, Clone)]
+pub enum Event {
+    New(Arc<Agent>),
+    Changed(Arc<Agent>),
+    Removed { id: String, object_path: String },
+}
+
+/// Daemon-wide settings the supervisor needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The cgroup the daemon owns; agents live under `ROOT/agents/<tenant>/<name>`.
+    pub cgroup_root: PathBuf,
+    pub state_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub agents_dir: PathBuf,
+    /// How long after SIGTERM before `cgroup.kill`.
+    pub stop_timeout: Duration,
+    /// How long to wait for `cgroup.events` to confirm a freeze or thaw.
+    pub freeze_timeout: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The registry of agents.
+pub struct Supervisor {
+    cfg: Config,
+    store: Store,
+    root: Cgroup,
+    agents_cg: Cgroup,
+    cgroup_mount: PathBuf,
+    agents: Mutex<BTreeMap<String, Arc<Agent>>>,
+    events: UnboundedSender<Event>,
+    boot_id: String,
+    /// Admitted HRT reservations (see sched.rs).
+    admission: crate::sched::Admission,
+    /// The audit trail (set by the daemon; absent in library tests). See supervisor_hooks.rs.
+    audit: std::sync::OnceLock<Arc<crate::audit_trail::AuditTrail>>,
+    /// What this host offers contract bindings (for the binding hash in audit records).
+    offer: std::sync::OnceLock<contracts::HostOffer>,
+    /// cgroup BPF network enforcement, or why it is unavailable (set by the daemon).
+    net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
+    /// BPF LSM filesystem scopes, or why they are unavailable (set by the daemon).
+    fs: std::sync::OnceLock<Result<Arc<crate::enforce::fs::FsEnforcer>, String>>,
+    /// Per-agent syscall counts when the operator enabled them, or why they are off.
+    sysc: std::sync::OnceLock<Result<Arc<crate::enforce::sysc::SyscCounter>, String>>,
+    /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
+    scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
+    /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
+    mcp: std::sync::OnceLock<McpHooks>,
+    /// Agent id → kernel denials reported since the daemon started, whatever refused them
+    /// (cgroup BPF, BPF LSM, Landlock, seccomp). See supervisor_hooks.rs.
+    denials: Mutex<BTreeMap<String, u64>>,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+impl Supervisor {
+    /// Set up the cgroup layout under the configured root (which must exist and be cgroup2).
+    pub fn new(cfg: Config, events: UnboundedSender<Event>) -> Result<Arc<Self>, Error> {
+        let root = Cgroup::new(&cfg.cgroup_root);
+        root.create()?;
+        if !cgroup::is_cgroup2(root.path())? {
+            return Err(Error::Kernel(format!(
+                "{} is not on a cgroup2 file system; pass --cgroup-root under the cgroup2 mount",
+                root.path().display()
+            )));
+        }
+        let agents_cg = root.child("agents");
+        agents_cg.create()?;
+        // Best effort: controllers that can be enabled are; the rest is reported per agent.
+        root.enable_subtree(cgroup::BUDGET_CONTROLLERS);
+        agents_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
+        root.enable_subtree(&["cpuset"]);
+        agents_cg.enable_subtree(&["cpuset"]);
+        let cgroup_mount =
+            cgroup::cgroup2_mount().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
+        Ok(Arc::new(Supervisor {
+            store: Store::new(&cfg.state_dir),
+            cfg,
+            root,
+            agents_cg,
+            cgroup_mount,
+            agents: Mutex::new(BTreeMap::new()),
+            events,
+            boot_id: sys::boot_id(),
+            admission: crate::sched::Admission::default(),
+            audit: std::sync::OnceLock::new(),
+            offer: std::sync::OnceLock::new(),
+            net: std::sync::OnceLock::new(),
+            fs: std::sync::OnceLock::new(),
+            sysc: std::sync::OnceLock::new(),
+            scx: std::sync::OnceLock::new(),
+            mcp: std::sync::OnceLock::new(),
+            denials: Mutex::default(),
+        }))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn root(&self) -> &Cgroup {
+        &self.root
+    }
+
+    pub fn cgroup_mount(&self) -> &Path {
+        &self.cgroup_mount
+    }
+
+    /// Budget controllers that agents cannot get under this root.
+    pub fn missing_controllers(&self) -> Vec<String> {
+        let have = self.agents_cg.subtree_control().unwrap_or_default();
+        cgroup::BUDGET_CONTROLLERS
+            .iter()
+            .filter(|c| !have.iter().any(|h| h == *c))
+            .map(|c| c.to_string())
+            .collect()
+    }
+
+    fn emit(&self, ev: Event) {
+        let _ = self.events.send(ev);
+    }
+
+    fn changed(&self, agent: &Arc<Agent>) {
+        self.persist(agent);
+        self.emit(Event::Changed(agent.clone()));
+    }
+
+    fn persist(&self, agent: &Agent) {
+        let _g = lock(&agent.persist_lock);
+        if lock(&agent.inner).removed {
+            return;
+        }
+        let rec = agent.record();
+        if let Err(e) = self.store.save(&rec) {
+            warn!(agent = %agent.id, "cannot persist state: {e}");
+        }
+    }
+
+    pub fn agents(&self) -> Vec<Arc<Agent>> {
+        lock(&self.agents).values().cloned().collect()
+    }
+
+    /// Find an agent by `tenant/name`, or by `name` when only one tenant has it.
+    pub fn find(&self, key: &str) -> Result<Arc<Agent>, Error> {
+        let agents = lock(&self.agents);
+        if let Some(a) = agents.get(key) {
+            return Ok(a.clone());
+        }
+        if let Some(a) = agents.values().find(|a| a.object_path == key) {
+            return Ok(a.clone());
+        }
+        let matches: Vec<_> = agents.values().filter(|a| a.name == key).collect();
+        match matches.len() {
+            1 => Ok(matches[0].clone()),
+            0 => Err(Error::NoSuchAgent(key.to_string())),
+            _ => Err(Error::NoSuchAgent(format!(
+                "{key} is ambiguous: {}; use TENANT/NAME",
+                matches
+                    .iter()
+                    .map(|a| a.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    pub fn status_of(&self, agent: &Agent) -> AgentStatus {
+        let mut st = agent.status(&self.cgroup_mount);
+        st.denials = self.kernel_denials(&agent.id);
+        st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
+        st
+    }
+
+    fn new_agent(&self, spec: AgentSpec, contract: String, origin: String, enabled: bool) -> Agent {
+        let cg = cgroup::agent_cgroup(&self.root, &spec.tenant, &spec.name);
+        Agent {
+            id: spec.id(),
+            tenant: spec.tenant.clone(),
+            name: spec.name.clone(),
+            object_path: crate::spec::agent_object_path(&spec.tenant, &spec.name),
+            log_path: logs::log_path(&self.cfg.log_dir, &spec.tenant, &spec.name),
+            overruns: Arc::default(),
+            cgroup: cg,
+            inner: Mutex::new(Inner {
+                spec,
+                contract,
+                origin,
+                enabled,
+                state: State::Inactive,
+                result: String::new(),
+                main_pid: None,
+                main_start_time: None,
+                pidfd: None,
+                restarts: 0,
+                exit_status: None,
+                started_at_us: 0,
+                boot_id: self.boot_id.clone(),
+                generation: 0,
+                unenforced: Vec::new(),
+                notes: Vec::new(),
+                removed: false,
+            }),
+            op: tokio::sync::Mutex::new(()),
+            persist_lock: Mutex::new(()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_roundtrip() {
+        for s in [
+            State::Starting,
+            State::Running,
+            State::Freezing,
+            State::Frozen,
+            State::Thawing,
+            State::Stopping,
+            State::Restarting,
+            State::Inactive,
+            State::Exited,
+            State::Failed,
+        ] {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+        assert!(State::Frozen.is_active());
+        assert!(!State::Failed.is_active());
+    }
+}
