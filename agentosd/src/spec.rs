@@ -159,6 +159,25 @@ impl AgentSpec {
     pub fn id(&self) -> String {
         format!("{}/{}", self.tenant, self.name)
     }
+
+    /// The latency class, typed (`None` when the contract names none, or for a record whose
+    /// text is not one of `HRT`, `SRT`, `DT`).
+    pub fn latency(&self) -> Option<contracts::LatencyClass> {
+        match self.latency_class.as_str() {
+            "HRT" => Some(contracts::LatencyClass::Hrt),
+            "SRT" => Some(contracts::LatencyClass::Srt),
+            "DT" => Some(contracts::LatencyClass::Dt),
+            _ => None,
+        }
+    }
+
+    /// The HRT reservation this agent is admitted with: its deadline, when it is HRT and has one.
+    pub fn deadline(&self) -> Option<&crate::sched::Deadline> {
+        match self.latency() {
+            Some(contracts::LatencyClass::Hrt) => self.sched.deadline.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Escape one label for a D-Bus object path like systemd's `bus_label_escape`: every byte

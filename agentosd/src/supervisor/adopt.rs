@@ -4,10 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::lifecycle::{self, Readopt};
+use super::mechanism::{RunCtx, adopt_all};
+use super::start::agent_contract;
 use super::{Agent, Event, State, Supervisor, lock, plan_budgets};
 use crate::cgroup::{self, Cgroup};
 use crate::logs;
-use crate::spec::RestartPolicy;
+use crate::state::AgentRecord;
 use crate::sys::{self, ExitStatus};
 
 impl Supervisor {
@@ -61,166 +64,196 @@ impl Supervisor {
         let (records, errors) = self.store.load_all();
         let mut report: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         for rec in records {
-            let agent = Arc::new(self.new_agent(
-                rec.spec.clone(),
-                rec.contract.clone(),
-                rec.origin.clone(),
-                rec.enabled,
+            report.extend(self.readopt_one(rec).await);
+        }
+        report
+    }
+
+    /// Register one persisted agent and conclude what its record and the host say.
+    async fn readopt_one(self: &Arc<Self>, rec: AgentRecord) -> Vec<String> {
+        let mut report = Vec::new();
+        let agent = Arc::new(self.new_agent(
+            rec.spec.clone(),
+            rec.contract.clone(),
+            rec.origin.clone(),
+            rec.enabled,
+        ));
+        if agent.cgroup.path() != rec.cgroup {
+            report.push(format!(
+                "{}: recorded cgroup {} is not under this daemon's root {}; adopting in the new place",
+                agent.id,
+                rec.cgroup.display(),
+                self.root.path().display()
             ));
-            if agent.cgroup.path() != rec.cgroup {
-                report.push(format!(
-                    "{}: recorded cgroup {} is not under this daemon's root {}; adopting in the new place",
-                    agent.id,
-                    rec.cgroup.display(),
-                    self.root.path().display()
-                ));
+        }
+        let prev = State::parse(&rec.state).unwrap_or_else(|| {
+            report.push(format!(
+                "{}: recorded state {:?} is not a state this daemon knows; taken as failed",
+                agent.id, rec.state
+            ));
+            State::Failed
+        });
+        {
+            let mut i = lock(&agent.inner);
+            i.state = prev;
+            i.result = rec.result.clone();
+            i.restarts = rec.restarts;
+            i.exit_status = rec.exit_status;
+            i.started_at_us = rec.started_at_us;
+            i.boot_id = rec.boot_id.clone();
+        }
+        lock(&self.agents).insert(agent.id.clone(), agent.clone());
+        self.emit(Event::New(agent.clone()));
+        if !prev.is_active() {
+            return report;
+        }
+        let rebooted = rec.boot_id != self.boot_id;
+        let alive = rec.main_pid.and_then(|pid| {
+            let same = !rebooted
+                && sys::process_start_time(pid) == rec.main_start_time
+                && rec.main_start_time.is_some()
+                // `main` (this layout) or the agent's cgroup itself (the layout before
+                // tools moved under their agent).
+                && agent.cgroup.subtree_procs().contains(&pid);
+            if !same {
+                return None;
             }
-            let prev = State::parse(&rec.state).unwrap_or(State::Failed);
-            {
-                let mut i = lock(&agent.inner);
-                i.state = prev;
-                i.result = rec.result.clone();
-                i.restarts = rec.restarts;
-                i.exit_status = rec.exit_status;
-                i.started_at_us = rec.started_at_us;
-                i.boot_id = rec.boot_id.clone();
+            sys::pidfd_open(pid).ok().map(|fd| (pid, fd))
+        });
+        let found = lifecycle::Found {
+            alive: alive.is_some(),
+            frozen: alive.is_some() && agent.cgroup.events().map(|e| e.frozen).unwrap_or(false),
+            rebooted,
+        };
+        let (restart, restarts) = (&rec.spec.restart, rec.restarts);
+        match (lifecycle::readopt(prev, restart, restarts, found), alive) {
+            (Readopt::Keep, _) => {}
+            (Readopt::Adopt { state, then_stop }, Some((pid, fd))) => {
+                let main_start_time = rec.main_start_time;
+                report.extend(
+                    self.adopt_running(&agent, state, pid, fd, main_start_time)
+                        .await,
+                );
+                if then_stop {
+                    let _ = self.stop(&agent).await;
+                }
             }
-            lock(&self.agents).insert(agent.id.clone(), agent.clone());
-            self.emit(Event::New(agent.clone()));
-            if !prev.is_active() {
-                continue;
+            (
+                Readopt::Lost {
+                    state,
+                    result,
+                    restart,
+                },
+                _,
+            ) => {
+                report.extend(self.adopt_lost(&agent, state, result, restart).await);
             }
-            let alive = rec.main_pid.and_then(|pid| {
-                let same = rec.boot_id == self.boot_id
-                    && sys::process_start_time(pid) == rec.main_start_time
-                    && rec.main_start_time.is_some()
-                    // `main` (this layout) or the agent's cgroup itself (the layout before
-                    // tools moved under their agent).
-                    && agent.cgroup.subtree_procs().contains(&pid);
-                if !same {
-                    return None;
-                }
-                sys::pidfd_open(pid).ok().map(|fd| (pid, fd))
-            });
-            match alive {
-                Some((pid, fd)) if prev != State::Restarting => {
-                    let pidfd = Arc::new(fd);
-                    let frozen = agent.cgroup.events().map(|e| e.frozen).unwrap_or(false);
-                    let generation = {
-                        let mut i = lock(&agent.inner);
-                        i.generation += 1;
-                        i.state = if frozen {
-                            State::Frozen
-                        } else {
-                            State::Running
-                        };
-                        i.main_pid = Some(pid);
-                        i.main_start_time = rec.main_start_time;
-                        i.pidfd = Some(pidfd.clone());
-                        // Not persisted: recompute what this cgroup cannot enforce.
-                        i.unenforced = plan_budgets(
-                            &agent.cgroup.controllers().unwrap_or_default(),
-                            &rec.spec.budgets,
-                        )
-                        .1;
-                        i.notes = vec!["re-adopted after a daemon restart".to_string()];
-                        i.generation
-                    };
-                    report.push(format!("{}: re-adopted main process PID {pid}", agent.id));
-                    self.audit_readopted(&agent, pid).await;
-                    let main = agent.main_cgroup();
-                    if let Err(e) = main.create_in_existing() {
-                        report.push(format!("{}: {e}", agent.id));
-                    }
-                    if let Err(e) = self.net_prepare(&agent, &main).await {
-                        report.push(format!("{}: network policy: {e}", agent.id));
-                    }
-                    let layout = self.adopt_layout(&agent, &main).await;
-                    report.extend(layout.iter().map(|n| format!("{}: {n}", agent.id)));
-                    if let Some(note) =
-                        self.scx_register(&agent, &agent.cgroup, &rec.spec.latency_class)
-                    {
-                        report.push(format!("{}: {note}", agent.id));
-                    }
-                    if let Some(note) = self.mcp_relisten(&agent) {
-                        report.push(format!("{}: {note}", agent.id));
-                    }
-                    if let (Some(d), "HRT") =
-                        (&rec.spec.sched.deadline, rec.spec.latency_class.as_str())
-                    {
-                        // It runs already: count its reservation, and say when it overloads.
-                        if let Err(e) = self.admission.admit(&agent.id, d, &rec.spec.sched.cpuset) {
-                            report.push(format!("{}: re-adopted over the bound: {e}", agent.id));
-                        }
-                        self.monitor_overruns(agent.clone(), generation, pid);
-                    }
-                    logs::append_note(
-                        &agent.log_path,
-                        &format!("re-adopted main process PID {pid}"),
-                    );
-                    self.changed(&agent);
-                    self.watch(agent.clone(), generation, pidfd);
-                    if prev == State::Stopping {
-                        let _ = self.stop(&agent).await;
-                    }
-                }
-                _ => {
-                    // Dead (or never got past its backoff) while the daemon was away.
-                    self.kill_and_wait(&agent).await;
-                    let _ = self.remove_cgroup(&agent).await;
-                    self.net_clear(&agent);
-                    self.scx_forget(&agent);
-                    self.mcp_forget(&agent);
-                    let (restart, state_msg) = {
-                        let mut i = lock(&agent.inner);
-                        i.main_pid = None;
-                        i.exit_status = Some(ExitStatus::Unknown);
-                        let rebooted = rec.boot_id != self.boot_id;
-                        let restart = match i.spec.restart.policy {
-                            RestartPolicy::No => false,
-                            _ => {
-                                i.restarts < i.spec.restart.limit
-                                    && prev != State::Stopping
-                                    && !rebooted
-                            }
-                        };
-                        i.state = if prev == State::Stopping || rebooted {
-                            State::Inactive
-                        } else {
-                            State::Failed
-                        };
-                        // After a reboot only agents from the agents directory come back (they
-                        // are started by load_agents_dir), like enabled vs. transient units.
-                        i.result = if rebooted {
-                            "not running after a reboot".into()
-                        } else {
-                            "main process exited while agentosd was not running (status unknown)"
-                                .into()
-                        };
-                        if restart {
-                            i.restarts += 1;
-                        }
-                        (restart, i.result.clone())
-                    };
-                    report.push(format!("{}: {state_msg}", agent.id));
-                    self.audit_event(
-                        &agent,
-                        "lost",
-                        None,
-                        serde_json::json!({
-                            "result": state_msg,
-                            "state": agent.state().as_str(),
-                            "will_restart": restart,
-                        }),
-                    );
-                    self.changed(&agent);
-                    if restart {
-                        let _op = agent.op.lock().await;
-                        if let Err(e) = self.launch(&agent).await {
-                            report.push(format!("{}: restart failed: {e}", agent.id));
-                        }
-                    }
-                }
+            (Readopt::Adopt { .. }, None) => unreachable!("adopted only when found alive"),
+        }
+        report
+    }
+
+    /// Take a running main process back: its per-run mechanisms again, the cgroup layout, a
+    /// watcher.
+    async fn adopt_running(
+        self: &Arc<Self>,
+        agent: &Arc<Agent>,
+        state: State,
+        pid: u32,
+        fd: std::os::fd::OwnedFd,
+        main_start_time: Option<u64>,
+    ) -> Vec<String> {
+        let pidfd = Arc::new(fd);
+        let spec = agent.spec();
+        let generation = {
+            let mut i = lock(&agent.inner);
+            i.generation += 1;
+            i.state = state;
+            i.main_pid = Some(pid);
+            i.main_start_time = main_start_time;
+            i.pidfd = Some(pidfd.clone());
+            // Not persisted: recompute what this cgroup cannot enforce.
+            i.unenforced = plan_budgets(
+                &agent.cgroup.controllers().unwrap_or_default(),
+                &spec.budgets,
+            )
+            .1;
+            i.notes = vec!["re-adopted after a daemon restart".to_string()];
+            i.generation
+        };
+        let mut report = vec![format!("re-adopted main process PID {pid}")];
+        self.audit_readopted(agent, pid).await;
+        let main = agent.main_cgroup();
+        if let Err(e) = main.create_in_existing() {
+            report.push(e.to_string());
+        }
+        // Its policies keyed by `main` before its processes move there.
+        let contract = match agent_contract(agent) {
+            Ok(c) => c,
+            Err(e) => {
+                report.push(format!("contract: {e}"));
+                None
+            }
+        };
+        let run = RunCtx {
+            agent,
+            spec: &spec,
+            contract: contract.as_ref(),
+            main: &main,
+        };
+        report.extend(adopt_all(&self.mechanisms(), &run).await);
+        report.extend(self.adopt_layout(agent, &main).await);
+        if spec.deadline().is_some() {
+            self.monitor_overruns(agent.clone(), generation, pid);
+        }
+        logs::append_note(
+            &agent.log_path,
+            &format!("re-adopted main process PID {pid}"),
+        );
+        self.changed(agent);
+        self.watch(agent.clone(), generation, pidfd);
+        report
+            .into_iter()
+            .map(|n| format!("{}: {n}", agent.id))
+            .collect()
+    }
+
+    /// The agent died (or never got past its backoff) while the daemon was away: end what is
+    /// left of its run, enter `state`, restart it when the policy says so.
+    async fn adopt_lost(
+        self: &Arc<Self>,
+        agent: &Arc<Agent>,
+        state: State,
+        result: String,
+        restart: bool,
+    ) -> Vec<String> {
+        let _ = self.teardown(agent).await;
+        {
+            let mut i = lock(&agent.inner);
+            i.main_pid = None;
+            i.exit_status = Some(ExitStatus::Unknown);
+            i.state = state;
+            i.result = result.clone();
+            if restart {
+                i.restarts += 1;
+            }
+        }
+        let mut report = vec![format!("{}: {result}", agent.id)];
+        self.audit_event(
+            agent,
+            "lost",
+            None,
+            serde_json::json!({
+                "result": result,
+                "state": state.as_str(),
+                "will_restart": restart,
+            }),
+        );
+        self.changed(agent);
+        if restart {
+            let _op = agent.op.lock().await;
+            if let Err(e) = self.launch(agent).await {
+                report.push(format!("{}: restart failed: {e}", agent.id));
             }
         }
         report

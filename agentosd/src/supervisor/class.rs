@@ -1,47 +1,24 @@
 //! Budgets and the latency class applied to a fresh agent cgroup: cgroup files, HRT admission,
 //! cpuset pinning, and the sched_ext class map.
 
+use super::mechanism::{Mechanism, Prepared, RunCtx};
 use super::{Agent, Error, Supervisor};
 use crate::cgroup::{self, Cgroup};
 use crate::spec::AgentSpec;
 
 impl Supervisor {
-    /// Put the agent's cgroup `cg` into scx_agentos's class map (a note for status), if loaded.
-    pub(super) fn scx_register(&self, agent: &Agent, cg: &Cgroup, latency: &str) -> Option<String> {
-        self.scx
-            .get()
-            .and_then(|s| s.register(&agent.id, cg.path(), latency))
-    }
-
-    /// Take the agent's cgroup out of scx_agentos's class map.
-    pub(super) fn scx_forget(&self, agent: &Agent) {
-        if let Some(s) = self.scx.get() {
-            s.forget(&agent.id);
-        }
-    }
-
-    /// Admit (HRT) and apply the latency class to the fresh cgroup `cg`; returns what the child
-    /// does before execve, the notes and the unenforced list extended by the class's.
+    /// Apply the latency class to the fresh cgroup `cg` (`cpu`: what HRT admission reserved,
+    /// see [`HrtAdmission`]); returns what the child does before execve, the notes and the
+    /// unenforced list extended by the class's.
     pub(super) fn apply_class(
         &self,
         agent: &Agent,
         spec: &AgentSpec,
         cg: &Cgroup,
         available: &[String],
+        cpu: Option<u32>,
         mut unenforced: Vec<String>,
     ) -> Result<(crate::sched::ChildSched, Vec<String>, Vec<String>), Error> {
-        let hrt = spec.latency_class == "HRT";
-        let cpu = match (&spec.sched.deadline, hrt) {
-            (Some(d), true) => Some(
-                self.admission
-                    .admit(&agent.id, d, &spec.sched.cpuset)
-                    .inspect_err(|_| {
-                        let _ = cg.remove();
-                    })
-                    .map_err(Error::Unschedulable)?,
-            ),
-            _ => None,
-        };
         agent.overruns.reset();
         let plan = crate::sched::plan(
             &spec.latency_class,
@@ -154,6 +131,83 @@ pub fn plan_budgets(
             .filter_map(Result::err),
     );
     (to_write, unenforced)
+}
+
+/// The agent's class in scx_agentos's map (SRT/DT under sched_ext), before its first process.
+pub(super) struct ScxClass<'s>(pub &'s Supervisor);
+
+impl ScxClass<'_> {
+    /// Put the agent's cgroup into the class map (a note for status), if scx_agentos is loaded.
+    fn register(&self, run: &RunCtx<'_>) -> Option<String> {
+        let scx = self.0.scx.get()?;
+        scx.register(
+            &run.agent.id,
+            run.agent.cgroup.path(),
+            &run.spec.latency_class,
+        )
+    }
+}
+
+impl Mechanism for ScxClass<'_> {
+    fn name(&self) -> &'static str {
+        "scx"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        out.notes.extend(self.register(run));
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        self.register(run).into_iter().collect()
+    }
+
+    fn release(&self, agent_id: &str) {
+        if let Some(s) = self.0.scx.get() {
+            s.forget(agent_id);
+        }
+    }
+}
+
+/// An HRT agent's reservation in the admission set (see sched.rs): the CPU its deadline task
+/// runs on.
+pub(super) struct HrtAdmission<'s>(pub &'s Supervisor);
+
+impl Mechanism for HrtAdmission<'_> {
+    fn name(&self) -> &'static str {
+        "admission"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        if let Some(d) = run.spec.deadline() {
+            let cpu = self
+                .0
+                .admission
+                .admit(&run.agent.id, d, &run.spec.sched.cpuset)
+                .map_err(Error::Unschedulable)?;
+            out.cpu = Some(cpu);
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        // It runs already: count its reservation, and say when it overloads.
+        let Some(d) = run.spec.deadline() else {
+            return vec![];
+        };
+        match self
+            .0
+            .admission
+            .admit(&run.agent.id, d, &run.spec.sched.cpuset)
+        {
+            Ok(_) => vec![],
+            Err(e) => vec![format!("re-adopted over the bound: {e}")],
+        }
+    }
+
+    fn release(&self, agent_id: &str) {
+        self.0.admission.release(agent_id);
+    }
 }
 
 #[cfg(test)]

@@ -1,44 +1,23 @@
 //! The kernel enforcement of a run keyed by its cgroup: BPF LSM filesystem scopes, cgroup BPF
 //! network destinations, syscall counts.
 
+use super::mechanism::{Boxed, Mechanism, Prepared, RunCtx, RunMechanism};
 use super::{Agent, Error, Supervisor};
 use crate::cgroup::Cgroup;
 use crate::enforce::fs;
 use crate::enforce::net;
 
 impl Supervisor {
-    /// Fill the agent's kernel policies keyed by the id of `cg` (which must exist) before its
-    /// first process: the BPF LSM filesystem scopes ([`Self::fs_prepare`]) and the network
-    /// destinations. Returns notes for `agentctl status`.
-    pub(super) async fn net_prepare(
-        &self,
-        agent: &Agent,
-        cg: &Cgroup,
-    ) -> Result<Vec<String>, Error> {
-        let mut notes = self.fs_prepare(agent, cg)?;
-        match self.net_policy_prepare(agent, cg).await {
-            Ok(n) => notes.extend(n),
-            Err(e) => {
-                if let Ok(f) = self.fs() {
-                    f.clear(&agent.id);
-                }
-                return Err(e);
-            }
-        }
-        if let Ok(c) = self.sysc()
-            && let Err(e) = c.add(&agent.id, cgroup_id(cg.path()))
-        {
-            notes.push(format!("syscall counts: {e}"));
-        }
-        Ok(notes)
-    }
-
     /// Fill the agent's prefixes for `lsm/file_open` and `lsm/bprm_check_security` from the
     /// same plan its Landlock ruleset is built from (`sandbox::Grants::plan`). Without BPF LSM,
     /// refuses an agent whose contract requires `bpf_lsm`; otherwise notes that Landlock alone
     /// enforces the scopes.
-    pub(super) fn fs_prepare(&self, agent: &Agent, cg: &Cgroup) -> Result<Vec<String>, Error> {
-        let contract = super::start::agent_contract(agent)?;
+    fn fs_prepare(
+        &self,
+        agent: &Agent,
+        cg: &Cgroup,
+        contract: Option<&contracts::Contract>,
+    ) -> Result<Vec<String>, Error> {
         let enforcer = match self.fs() {
             Ok(f) => f.clone(),
             Err(why) => {
@@ -59,7 +38,6 @@ impl Supervisor {
         let home =
             crate::sandbox::identity::home_dir(&self.cfg.state_dir, &agent.tenant, &agent.name);
         let grants = contract
-            .as_ref()
             .map(|c| crate::sandbox::Grants::from_contract(c, &home))
             .unwrap_or_default();
         let plan = grants
@@ -98,13 +76,13 @@ impl Supervisor {
     /// Fill agent's entry in the BPF policy map from its contract's `net.connect` and `net.bind`
     /// grants (host names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
     /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
-    pub(super) async fn net_policy_prepare(
+    async fn net_policy_prepare(
         &self,
         agent: &Agent,
         cg: &Cgroup,
+        contract: Option<&contracts::Contract>,
     ) -> Result<Vec<String>, Error> {
-        let contract = super::start::agent_contract(agent)?;
-        let required = contract.as_ref().is_some_and(|c| {
+        let required = contract.is_some_and(|c| {
             c.must()
                 .mechanisms
                 .contains(&contracts::Mechanism::CgroupBpf)
@@ -157,19 +135,6 @@ impl Supervisor {
         notes.extend(policy.notes.iter().map(|n| format!("network: {n}")));
         Ok(notes)
     }
-
-    /// Forget the agent's entries in the BPF policy maps (its cgroup is gone).
-    pub(super) fn net_clear(&self, agent: &Agent) {
-        if let Ok(n) = self.net() {
-            n.clear(&agent.id);
-        }
-        if let Ok(f) = self.fs() {
-            f.clear(&agent.id);
-        }
-        if let Ok(c) = self.sysc() {
-            c.remove(&agent.id);
-        }
-    }
 }
 
 /// The cgroup id of a cgroup2 directory: its inode number (what `bpf_get_current_cgroup_id()`
@@ -177,4 +142,109 @@ impl Supervisor {
 pub(super) fn cgroup_id(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0)
+}
+
+/// BPF LSM filesystem scopes (`lsm/file_open`, `lsm/bprm_check_security`) keyed by `main`.
+pub(super) struct FsScopes<'s>(pub &'s Supervisor);
+
+impl Mechanism for FsScopes<'_> {
+    fn name(&self) -> &'static str {
+        "fs"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        let notes = self.0.fs_prepare(run.agent, run.main, run.contract)?;
+        out.notes.extend(notes);
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        let r = self.0.fs_prepare(run.agent, run.main, run.contract);
+        r.err()
+            .map(|e| format!("filesystem policy: {e}"))
+            .into_iter()
+            .collect()
+    }
+
+    fn release(&self, agent_id: &str) {
+        if let Ok(f) = self.0.fs() {
+            f.clear(agent_id);
+        }
+    }
+}
+
+/// The cgroup BPF network policy (`net.connect`, `net.bind`) keyed by `main`.
+pub(super) struct NetPolicy<'s>(pub &'s Supervisor);
+
+impl RunMechanism for NetPolicy<'_> {
+    fn name(&self) -> &'static str {
+        "net"
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        run: &'a RunCtx<'a>,
+        out: &'a mut Prepared,
+    ) -> Boxed<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let notes = self
+                .0
+                .net_policy_prepare(run.agent, run.main, run.contract)
+                .await?;
+            out.notes.extend(notes);
+            Ok(())
+        })
+    }
+
+    fn adopt<'a>(&'a self, run: &'a RunCtx<'a>) -> Boxed<'a, Vec<String>> {
+        Box::pin(async move {
+            let r = self
+                .0
+                .net_policy_prepare(run.agent, run.main, run.contract)
+                .await;
+            r.err()
+                .map(|e| format!("network policy: {e}"))
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn release(&self, agent_id: &str) {
+        if let Ok(n) = self.0.net() {
+            n.clear(agent_id);
+        }
+    }
+}
+
+/// Per-agent syscall counts (`agentosd --syscall-counts`) keyed by `main`.
+pub(super) struct SyscCounts<'s>(pub &'s Supervisor);
+
+impl SyscCounts<'_> {
+    /// A note when counting cannot start (never a refusal: counts are for the operator).
+    fn add(&self, run: &RunCtx<'_>) -> Option<String> {
+        let c = self.0.sysc().ok()?;
+        let e = c.add(&run.agent.id, cgroup_id(run.main.path())).err()?;
+        Some(format!("syscall counts: {e}"))
+    }
+}
+
+impl Mechanism for SyscCounts<'_> {
+    fn name(&self) -> &'static str {
+        "sysc"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        out.notes.extend(self.add(run));
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        self.add(run).into_iter().collect()
+    }
+
+    fn release(&self, agent_id: &str) {
+        if let Ok(c) = self.0.sysc() {
+            c.remove(agent_id);
+        }
+    }
 }

@@ -8,9 +8,8 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
-use super::{Agent, State, Supervisor, lock};
+use super::{Agent, State, Supervisor, lifecycle, lock};
 use crate::logs;
-use crate::spec::RestartPolicy;
 use crate::sys::{self, ExitStatus};
 
 impl Supervisor {
@@ -36,130 +35,91 @@ impl Supervisor {
         });
     }
 
-    pub(super) async fn watch_loop(
+    async fn watch_loop(self: Arc<Self>, agent: Arc<Agent>, generation: u64, pidfd: Arc<OwnedFd>) {
+        let status = wait_exit(&pidfd).await;
+        let pid = {
+            let mut i = lock(&agent.inner);
+            let pid = i.main_pid;
+            if i.pidfd.as_ref().is_some_and(|p| Arc::ptr_eq(p, &pidfd)) {
+                i.exit_status = Some(status);
+                i.main_pid = None;
+                i.main_start_time = None;
+                i.pidfd = None;
+            }
+            pid
+        };
+        drop(pidfd);
+        logs::append_note(
+            &agent.log_path,
+            &format!(
+                "main process PID {} exited, {}",
+                pid.unwrap_or(0),
+                status.describe()
+            ),
+        );
+        let op = agent.op.lock().await;
+        let outcome = {
+            // Each run has a fresh cgroup, so any OOM kill counted there is this run's.
+            let oom = agent.cgroup.oom_kills() > 0;
+            let mut i = lock(&agent.inner);
+            if i.generation != generation {
+                // An operator action (stop, restart, kill…) owns what happens next.
+                drop(i);
+                self.persist(&agent);
+                return;
+            }
+            let outcome = lifecycle::on_exit(&i.spec.restart, i.restarts, status, oom);
+            i.state = outcome.state;
+            i.result = outcome.result.clone();
+            outcome
+        };
+        // The main process is gone: nothing else of this run may stay.
+        let _ = self.teardown(&agent).await;
+        self.audit_exit(&agent, pid, &status);
+        let Some(delay) = outcome.restart_after else {
+            info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
+            self.changed(&agent);
+            return;
+        };
+        self.changed(&agent);
+        drop(op);
+        self.restart_after(agent, generation, delay, outcome.restart_no)
+            .await;
+    }
+
+    /// The restart policy's restart: after the backoff (or a wake-up by `start`), unless an
+    /// operator action came first.
+    async fn restart_after(
         self: Arc<Self>,
         agent: Arc<Agent>,
         generation: u64,
-        pidfd: Arc<OwnedFd>,
+        delay: Duration,
+        restart_no: u32,
     ) {
-        {
-            let status = wait_exit(&pidfd).await;
-            let pid = {
-                let mut i = lock(&agent.inner);
-                let pid = i.main_pid;
-                if i.pidfd.as_ref().is_some_and(|p| Arc::ptr_eq(p, &pidfd)) {
-                    i.exit_status = Some(status);
-                    i.main_pid = None;
-                    i.main_start_time = None;
-                    i.pidfd = None;
-                }
-                pid
-            };
-            drop(pidfd);
-            logs::append_note(
-                &agent.log_path,
-                &format!(
-                    "main process PID {} exited, {}",
-                    pid.unwrap_or(0),
-                    status.describe()
-                ),
-            );
-            let op = agent.op.lock().await;
-            let (delay, restart_no) = {
-                let mut i = lock(&agent.inner);
-                if i.generation != generation {
-                    // An operator action (stop, restart, kill…) owns what happens next.
-                    drop(i);
-                    self.persist(&agent);
-                    return;
-                }
-                let failed = !status.success();
-                // Each run has a fresh cgroup, so any OOM kill counted there is this run's.
-                let oom = agent.cgroup.oom_kills() > 0;
-                let what = if oom {
-                    format!("oom-kill, {}", status.describe())
-                } else {
-                    status.describe()
-                };
-                let restart = match i.spec.restart.policy {
-                    RestartPolicy::No => false,
-                    RestartPolicy::OnFailure => failed,
-                    RestartPolicy::Always => true,
-                };
-                if restart && i.restarts >= i.spec.restart.limit {
-                    i.state = State::Failed;
-                    i.result = format!(
-                        "start-limit-hit: gave up after {} restarts ({what})",
-                        i.restarts
-                    );
-                    (None, 0)
-                } else if restart {
-                    let n = i.restarts;
-                    i.state = State::Restarting;
-                    i.result = format!("auto-restart after {what}");
-                    (
-                        Some(Duration::from_millis(i.spec.restart.delay_ms(n))),
-                        n + 1,
-                    )
-                } else {
-                    i.state = if failed { State::Failed } else { State::Exited };
-                    i.result = if failed && oom {
-                        "oom-kill".to_string()
-                    } else if failed {
-                        match status {
-                            ExitStatus::Exited(_) => "exit-code".to_string(),
-                            ExitStatus::Signaled(_) => "signal".to_string(),
-                            ExitStatus::Unknown => {
-                                "exited while re-adopted, status unknown".to_string()
-                            }
-                        }
-                    } else {
-                        "success".to_string()
-                    };
-                    (None, 0)
-                }
-            };
-            // The main process is gone: nothing else of this run may stay (like systemd's
-            // KillMode=control-group). The cgroup goes too; a restart makes a fresh one.
-            self.kill_and_wait(&agent).await;
-            self.admission.release(&agent.id);
-            let _ = self.remove_cgroup(&agent).await;
-            self.net_clear(&agent);
-            self.scx_forget(&agent);
-            self.mcp_forget(&agent);
-            self.audit_exit(&agent, pid, &status);
-            let Some(delay) = delay else {
-                info!(agent = %agent.id, state = agent.state().as_str(), "main process exited");
-                self.changed(&agent);
-                return;
-            };
-            self.changed(&agent);
-            drop(op);
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = agent.wake.notified() => {}
-            }
-            let _op = agent.op.lock().await;
-            {
-                let mut i = lock(&agent.inner);
-                if i.generation != generation || i.state != State::Restarting {
-                    return;
-                }
-                i.restarts = restart_no;
-            }
-            logs::append_note(
-                &agent.log_path,
-                &format!("restart {restart_no} of {}", agent.id),
-            );
-            self.audit_event(
-                &agent,
-                "restarted",
-                None,
-                serde_json::json!({"restart": restart_no, "by": "restart policy"}),
-            );
-            // launch() starts a new watcher; this one ends.
-            let _ = self.launch(&agent).await;
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = agent.wake.notified() => {}
         }
+        let _op = agent.op.lock().await;
+        {
+            let mut i = lock(&agent.inner);
+            if i.generation != generation || i.state != State::Restarting {
+                return;
+            }
+            i.restarts = restart_no;
+        }
+        logs::append_note(
+            &agent.log_path,
+            &format!("restart {restart_no} of {}", agent.id),
+        );
+        self.audit_event(
+            &agent,
+            "restarted",
+            None,
+            serde_json::json!({"restart": restart_no, "by": "restart policy"}),
+        );
+        // launch() starts a new watcher; this one ends.
+        let _ = self.launch(&agent).await;
     }
 }
 

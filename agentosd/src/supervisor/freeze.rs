@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Agent, Error, Event, State, Supervisor, lock};
+use super::{Agent, Error, Event, State, Supervisor, lifecycle, lock};
 
 impl Supervisor {
     /// Freeze the agent's cgroup and wait for `cgroup.events` to say `frozen 1`.
@@ -22,34 +22,19 @@ impl Supervisor {
         let _op = agent.op.lock().await;
         {
             let mut i = lock(&agent.inner);
-            let ok_from = if frozen {
-                State::Running
-            } else {
-                State::Frozen
-            };
-            if i.state
-                == if frozen {
-                    State::Frozen
-                } else {
-                    State::Running
+            match lifecycle::freeze_transition(i.state, frozen) {
+                Ok(None) => return Ok(()),
+                Ok(Some(via)) => i.state = via,
+                Err(ok_from) => {
+                    return Err(Error::InvalidState(format!(
+                        "agent {} is {}; only a {} agent can be {}",
+                        agent.id,
+                        i.state.as_str(),
+                        ok_from.as_str(),
+                        if frozen { "frozen" } else { "thawed" }
+                    )));
                 }
-            {
-                return Ok(());
             }
-            if i.state != ok_from {
-                return Err(Error::InvalidState(format!(
-                    "agent {} is {}; only a {} agent can be {}",
-                    agent.id,
-                    i.state.as_str(),
-                    ok_from.as_str(),
-                    if frozen { "frozen" } else { "thawed" }
-                )));
-            }
-            i.state = if frozen {
-                State::Freezing
-            } else {
-                State::Thawing
-            };
         }
         self.emit(Event::Changed(agent.clone()));
         let res = async {
@@ -71,10 +56,7 @@ impl Supervisor {
         {
             let mut i = lock(&agent.inner);
             if i.state == State::Freezing || i.state == State::Thawing {
-                i.state = match (&res, frozen) {
-                    (Ok(()), true) | (Err(_), false) => State::Frozen,
-                    (Ok(()), false) | (Err(_), true) => State::Running,
-                };
+                i.state = lifecycle::freeze_settled(frozen, res.is_ok());
             }
         }
         if res.is_err() && frozen {

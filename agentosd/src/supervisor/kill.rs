@@ -3,7 +3,7 @@
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use super::{Agent, Error, Supervisor, lock};
+use super::{Agent, Error, Supervisor, lifecycle, lock};
 use crate::sys;
 
 impl Supervisor {
@@ -14,7 +14,7 @@ impl Supervisor {
             let i = lock(&agent.inner);
             (i.state, i.pidfd.clone())
         };
-        if !state.is_active() {
+        if !lifecycle::may_signal(state) {
             return Err(Error::InvalidState(format!(
                 "agent {} is {}: no processes to signal",
                 agent.id,

@@ -6,6 +6,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::mechanism::{Mechanism, Prepared, RunCtx};
 use super::{Agent, Error, Supervisor};
 use crate::ipc::{AgentRef, IpcServer};
 use crate::mcp::{CallerCtx, McpService, Policy};
@@ -139,14 +140,14 @@ impl Supervisor {
 
     /// The agent stopped: close its socket and connections, withdraw its consent requests and
     /// stop its tool servers.
-    pub(super) fn mcp_forget(&self, agent: &Agent) {
+    pub(super) fn mcp_forget(&self, agent_id: &str) {
         let Some(m) = self.mcp.get() else {
             return;
         };
-        m.ipc.forget(&agent.id);
-        m.service.consents().withdraw_agent(&agent.id);
+        m.ipc.forget(agent_id);
+        m.service.consents().withdraw_agent(agent_id);
         let tools = m.service.tools().clone();
-        let id = agent.id.clone();
+        let id = agent_id.to_string();
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             h.spawn(async move { tools.forget(&id).await });
         }
@@ -172,5 +173,37 @@ impl Supervisor {
             policy: Policy::from_contract(&contract),
             caller: crate::tools::Caller::from_contract(&contract, &home, uid, uid),
         })
+    }
+}
+
+/// The agent's MCP socket: listening at its path and an inherited connection, made before its
+/// first process (`AGENTOS_SOCKET`, `AGENTOS_SOCKET_FD`); closed with its tool servers and consent
+/// requests when the run ends.
+pub(super) struct McpSocket<'s>(pub &'s Supervisor);
+
+impl Mechanism for McpSocket<'_> {
+    fn name(&self) -> &'static str {
+        "mcp"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        if let Some(s) = self.0.mcp_open(run.agent)? {
+            out.env
+                .push(("AGENTOS_SOCKET".into(), s.path.display().to_string()));
+            out.env.push((
+                "AGENTOS_SOCKET_FD".into(),
+                std::os::fd::AsRawFd::as_raw_fd(&s.inherited).to_string(),
+            ));
+            out.inherit_fd = Some(s.inherited);
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        self.0.mcp_relisten(run.agent).into_iter().collect()
+    }
+
+    fn release(&self, agent_id: &str) {
+        self.0.mcp_forget(agent_id);
     }
 }

@@ -18,7 +18,9 @@ mod error;
 mod exit;
 mod freeze;
 mod kill;
+mod lifecycle;
 mod mcp_socket;
+mod mechanism;
 mod services;
 mod start;
 mod stop;
@@ -194,15 +196,26 @@ impl Supervisor {
         agents_cg.enable_subtree(&["cpuset"]);
         let cgroup_mount =
             cgroup::cgroup2_mount().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
-        Ok(Arc::new(Supervisor {
+        Ok(Self::assemble(cfg, events, cgroup_mount, sys::boot_id()))
+    }
+
+    /// The registry over `cfg.cgroup_root` (made and checked by the caller), with no agents.
+    fn assemble(
+        cfg: Config,
+        events: UnboundedSender<Event>,
+        cgroup_mount: PathBuf,
+        boot_id: String,
+    ) -> Arc<Self> {
+        let root = Cgroup::new(&cfg.cgroup_root);
+        Arc::new(Supervisor {
             store: Store::new(&cfg.state_dir),
             cfg,
+            agents_cg: root.child("agents"),
             root,
-            agents_cg,
             cgroup_mount,
             agents: Mutex::new(BTreeMap::new()),
             events,
-            boot_id: sys::boot_id(),
+            boot_id,
             admission: crate::sched::Admission::default(),
             audit: std::sync::OnceLock::new(),
             offer: std::sync::OnceLock::new(),
@@ -212,7 +225,23 @@ impl Supervisor {
             scx: std::sync::OnceLock::new(),
             mcp: std::sync::OnceLock::new(),
             denials: Mutex::default(),
-        }))
+        })
+    }
+
+    /// A supervisor over a root that is never created (no cgroup is touched): for unit tests of
+    /// what does not reach the kernel.
+    #[cfg(test)]
+    pub(crate) fn for_test(events: UnboundedSender<Event>) -> Arc<Self> {
+        let base = std::env::temp_dir().join("agentosd-unit-no-such-cgroup");
+        let cfg = Config {
+            cgroup_root: base.join("root"),
+            state_dir: base.join("state"),
+            log_dir: base.join("logs"),
+            agents_dir: base.join("agents"),
+            stop_timeout: Duration::from_secs(1),
+            freeze_timeout: Duration::from_secs(1),
+        };
+        Self::assemble(cfg, events, base, String::new())
     }
 
     pub fn config(&self) -> &Config {

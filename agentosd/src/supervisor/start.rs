@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::{Agent, Error, Event, State, Supervisor, lock, now_us, plan_budgets};
+use super::enforce::cgroup_id;
+use super::mechanism::{RunCtx, prepare_all};
+use super::{Agent, Error, Event, State, Supervisor, lifecycle, lock, now_us, plan_budgets};
 use crate::cgroup;
 use crate::logs;
 use crate::spawn::{self, SpawnError};
@@ -89,7 +91,7 @@ impl Supervisor {
                 )));
             }
         }
-        if let (Some(d), "HRT") = (&spec.sched.deadline, spec.latency_class.as_str()) {
+        if let Some(d) = spec.deadline() {
             // Refuse an unschedulable agent before anything exists; launch() admits it.
             self.admission
                 .check(&id, d, &spec.sched.cpuset)
@@ -120,7 +122,7 @@ impl Supervisor {
         let op = agent.op.lock().await;
         if !is_new {
             let mut i = lock(&agent.inner);
-            if i.state.is_active() {
+            if !lifecycle::may_start(i.state) {
                 return Err(Error::AlreadyExists(format!(
                     "agent {id} is already {} (PID {}); stop it first or use restart",
                     i.state.as_str(),
@@ -146,7 +148,7 @@ impl Supervisor {
         let _op = agent.op.lock().await;
         {
             let mut i = lock(&agent.inner);
-            if i.state.is_active() {
+            if !lifecycle::may_start(i.state) {
                 return Err(Error::AlreadyExists(format!(
                     "agent {} is already {}",
                     agent.id,
@@ -158,8 +160,8 @@ impl Supervisor {
         self.launch(agent).await
     }
 
-    /// Create the cgroup, apply budgets, spawn the main process, start watching it. Caller holds
-    /// the op lock.
+    /// Create the cgroup, prepare the run's mechanisms, apply budgets, spawn the main process,
+    /// start watching it. Caller holds the op lock.
     pub(super) async fn launch(self: &Arc<Self>, agent: &Arc<Agent>) -> Result<(), Error> {
         let (spec, generation) = {
             let mut i = lock(&agent.inner);
@@ -176,50 +178,13 @@ impl Supervisor {
         };
         match spawned {
             Ok((child, unenforced, notes)) => {
-                let pidfd = Arc::new(child.pidfd);
-                {
-                    let mut i = lock(&agent.inner);
-                    i.state = State::Running;
-                    i.main_pid = Some(child.pid);
-                    i.main_start_time = sys::process_start_time(child.pid);
-                    i.pidfd = Some(pidfd.clone());
-                    i.started_at_us = now_us();
-                    i.boot_id = self.boot_id.clone();
-                    i.unenforced = unenforced;
-                    i.notes = notes;
-                }
-                logs::append_note(
-                    &agent.log_path,
-                    &format!("started {}, main process PID {}", agent.id, child.pid),
-                );
-                info!(agent = %agent.id, pid = child.pid, "started");
-                self.audit_event(
-                    agent,
-                    "started",
-                    Some(audit::Decision::Allow),
-                    serde_json::json!({
-                        "pid": child.pid,
-                        "cgroup": agent.cgroup.path().display().to_string(),
-                        "cgroup_id": super::enforce::cgroup_id(agent.cgroup.path()),
-                        "main_cgroup_id": super::enforce::cgroup_id(agent.main_cgroup().path()),
-                    }),
-                );
-                self.changed(agent);
-                if spec.sched.deadline.is_some() && spec.latency_class == "HRT" {
-                    self.monitor_overruns(agent.clone(), generation, child.pid);
-                }
-                self.watch(agent.clone(), generation, pidfd);
+                self.started(agent, &spec, generation, child, unenforced, notes);
                 Ok(())
             }
             Err(e) => {
-                self.admission.release(&agent.id);
                 // A failed start leaves nothing: whatever the agent or a tool started is
                 // killed with the whole subtree, then the cgroup tree goes.
-                self.kill_and_wait(agent).await;
-                let _ = self.remove_cgroup(agent).await;
-                self.net_clear(agent);
-                self.scx_forget(agent);
-                self.mcp_forget(agent);
+                let _ = self.teardown(agent).await;
                 {
                     let mut i = lock(&agent.inner);
                     i.state = State::Failed;
@@ -241,14 +206,54 @@ impl Supervisor {
         }
     }
 
-    pub(super) async fn prepare_and_spawn(
-        &self,
-        agent: &Agent,
+    /// The main process of a run exists: record it, and watch it.
+    fn started(
+        self: &Arc<Self>,
+        agent: &Arc<Agent>,
         spec: &AgentSpec,
-    ) -> Result<(spawn::Child, Vec<String>, Vec<String>), Error> {
-        let Some(exec) = spec.exec.clone() else {
-            return Err(Error::InvalidContract(format!("{} has no exec", agent.id)));
-        };
+        generation: u64,
+        child: spawn::Child,
+        unenforced: Vec<String>,
+        notes: Vec<String>,
+    ) {
+        let pidfd = Arc::new(child.pidfd);
+        {
+            let mut i = lock(&agent.inner);
+            i.state = State::Running;
+            i.main_pid = Some(child.pid);
+            i.main_start_time = sys::process_start_time(child.pid);
+            i.pidfd = Some(pidfd.clone());
+            i.started_at_us = now_us();
+            i.boot_id = self.boot_id.clone();
+            i.unenforced = unenforced;
+            i.notes = notes;
+        }
+        logs::append_note(
+            &agent.log_path,
+            &format!("started {}, main process PID {}", agent.id, child.pid),
+        );
+        info!(agent = %agent.id, pid = child.pid, "started");
+        self.audit_event(
+            agent,
+            "started",
+            Some(audit::Decision::Allow),
+            serde_json::json!({
+                "pid": child.pid,
+                "cgroup": agent.cgroup.path().display().to_string(),
+                "cgroup_id": cgroup_id(agent.cgroup.path()),
+                "main_cgroup_id": cgroup_id(agent.main_cgroup().path()),
+            }),
+        );
+        self.changed(agent);
+        if spec.deadline().is_some() {
+            self.monitor_overruns(agent.clone(), generation, child.pid);
+        }
+        self.watch(agent.clone(), generation, pidfd);
+    }
+
+    /// A fresh cgroup tree for the run: the tenant's (with the controllers this daemon uses),
+    /// the agent's (never two generations in one), and `main` in it.
+    async fn fresh_cgroup(&self, agent: &Agent, spec: &AgentSpec) -> Result<(), Error> {
         let tenant_cg = self.agents_cg.child(&spec.tenant);
         if !tenant_cg.exists() {
             tenant_cg.create()?;
@@ -275,20 +280,22 @@ impl Supervisor {
         }
         cg.create()?;
         // The agent's own processes in a leaf of their own, its tools beside it in `tools/`:
-        // the budgets below are set on `cg` and cover both (no-internal-process rule).
-        let main = agent.main_cgroup();
-        main.create_in_existing()?;
+        // the budgets are set on `cg` and cover both (no-internal-process rule).
+        agent.main_cgroup().create_in_existing()?;
         cg.enable_subtree(cgroup::AGENT_CHILD_CONTROLLERS);
-        // Network policy in the BPF map before the first process exists, keyed by the leaf the
-        // agent's processes run in (bpf_get_current_cgroup_id()).
-        let net_notes = self.net_prepare(agent, &main).await?;
-        // The class in scx_agentos's map before the first process exists too.
-        let scx_note = self.scx_register(agent, cg, &spec.latency_class);
-        // Budgets.
-        let available = cg.controllers().unwrap_or_default();
-        let (to_write, unenforced) = plan_budgets(&available, &spec.budgets);
+        Ok(())
+    }
+
+    /// Write the budgets to the agent's cgroup; returns what cannot be enforced here (an error
+    /// when the contract requires its budgets).
+    fn write_budgets(
+        &self,
+        agent: &Agent,
+        spec: &AgentSpec,
+        available: &[String],
+    ) -> Result<Vec<String>, Error> {
+        let (to_write, unenforced) = plan_budgets(available, &spec.budgets);
         if spec.budgets.must && !unenforced.is_empty() {
-            let _ = cg.remove();
             return Err(Error::Unenforceable(format!(
                 "agent {} requires its budgets (must) but this cgroup cannot enforce: {}; \
                  the cgroup2 controllers are missing under {} (run `agentosd check`)",
@@ -298,15 +305,43 @@ impl Supervisor {
             )));
         }
         for (file, value) in to_write {
-            cg.set(file, &value)?;
+            agent.cgroup.set(file, &value)?;
         }
-        let (child_sched, notes, unenforced) =
-            self.apply_class(agent, spec, cg, &available, unenforced)?;
-        let sandbox = sandbox_for(&self.cfg.state_dir, agent)?;
-        let mut notes = notes;
+        Ok(unenforced)
+    }
+
+    /// Everything before the first process, then the spawn into `main`: returns the child, what
+    /// is not enforced and the notes for status.
+    pub(super) async fn prepare_and_spawn(
+        &self,
+        agent: &Agent,
+        spec: &AgentSpec,
+    ) -> Result<(spawn::Child, Vec<String>, Vec<String>), Error> {
+        let Some(exec) = spec.exec.clone() else {
+            return Err(Error::InvalidContract(format!("{} has no exec", agent.id)));
+        };
+        // Parsed once for this run; a text that no longer parses is refused (never less
+        // enforcement than it declared).
+        let contract = agent_contract(agent)?;
+        self.fresh_cgroup(agent, spec).await?;
+        let main = agent.main_cgroup();
+        // Kernel policies (keyed by `main`), the class map, the HRT reservation and the MCP
+        // socket, all before the first process exists.
+        let run = RunCtx {
+            agent,
+            spec,
+            contract: contract.as_ref(),
+            main: &main,
+        };
+        let prepared = prepare_all(&self.mechanisms(), &run).await?;
+        let cg = &agent.cgroup;
+        let available = cg.controllers().unwrap_or_default();
+        let unenforced = self.write_budgets(agent, spec, &available)?;
+        let (child_sched, mut notes, unenforced) =
+            self.apply_class(agent, spec, cg, &available, prepared.cpu, unenforced)?;
+        let sandbox = sandbox_for(&self.cfg.state_dir, agent, contract.as_ref())?;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
-        notes.extend(net_notes);
-        notes.extend(scx_note);
+        notes.extend(prepared.notes);
         // Command.
         let mut env: BTreeMap<String, String> = BTreeMap::new();
         env.insert("PATH".into(), DEFAULT_PATH.into());
@@ -318,14 +353,7 @@ impl Supervisor {
             env.insert(k.clone(), v.clone());
         }
         // After the contract's env: an agent cannot be pointed at another socket.
-        let socket = self.mcp_open(agent)?;
-        if let Some(s) = &socket {
-            env.insert("AGENTOS_SOCKET".into(), s.path.display().to_string());
-            env.insert(
-                "AGENTOS_SOCKET_FD".into(),
-                std::os::fd::AsRawFd::as_raw_fd(&s.inherited).to_string(),
-            );
-        }
+        env.extend(prepared.env);
         let path = env.get("PATH").cloned().unwrap_or_default();
         let program = spawn::resolve_command(&exec.command, &path)
             .map_err(|e| Error::ExecFailed(format!("agent {}: {e}", agent.id)))?;
@@ -340,7 +368,7 @@ impl Supervisor {
             log_file: agent.log_path.clone(),
             sched: child_sched,
             sandbox: Some(sandbox),
-            inherit_fd: socket.map(|s| s.inherited),
+            inherit_fd: prepared.inherit_fd,
         };
         logs::append_note(
             &agent.log_path,
@@ -384,13 +412,11 @@ pub(super) fn agent_contract(agent: &Agent) -> Result<Option<contracts::Contract
 pub(super) fn sandbox_for(
     state_dir: &Path,
     agent: &Agent,
+    contract: Option<&contracts::Contract>,
 ) -> Result<crate::sandbox::PreparedSandbox, Error> {
-    let contract = agent_contract(agent)?;
-    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract.as_ref()).map_err(|e| {
-        match e {
-            crate::sandbox::SandboxError::Unenforceable(m) => Error::Unenforceable(m),
-            other => Error::Kernel(format!("agent {}: sandbox: {other}", agent.id)),
-        }
+    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract).map_err(|e| match e {
+        crate::sandbox::SandboxError::Unenforceable(m) => Error::Unenforceable(m),
+        other => Error::Kernel(format!("agent {}: sandbox: {other}", agent.id)),
     })
 }
 

@@ -130,11 +130,7 @@ impl Supervisor {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let rm = self.remove_cgroup(agent).await;
-        self.net_clear(agent);
-        self.scx_forget(agent);
-        self.mcp_forget(agent);
-        self.admission.release(&agent.id);
+        let rm = self.teardown(agent).await;
         {
             let mut i = lock(&agent.inner);
             i.state = final_state;
