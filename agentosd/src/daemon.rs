@@ -160,7 +160,8 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     );
     let consents = std::sync::Arc::new(crate::mcp::consent::Consents::new(opts.consent_timeout));
     let service = crate::mcp::McpService::new(
-        sup.clone(),
+        sup.mcp_callers(),
+        sup.audit_trail().cloned(),
         tools,
         consents,
         crate::mcp::SessionLimits {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::mechanism::{Mechanism, Prepared, RunCtx};
 use super::{Agent, Error, Supervisor};
 use crate::ipc::{AgentRef, IpcServer};
-use crate::mcp::{CallerCtx, McpService, Policy};
+use crate::mcp::{CallerCtx, Callers, McpService, Policy};
 use crate::sandbox::identity;
 
 /// What the daemon set up for tool calls (see [`Supervisor::set_mcp`]).
@@ -153,6 +153,12 @@ impl Supervisor {
         }
     }
 
+    /// The gate's view of the registry (see [`Callers`]): a weak handle, so the MCP service
+    /// the supervisor holds does not hold the supervisor (no `Arc` cycle).
+    pub fn mcp_callers(self: &Arc<Self>) -> Arc<dyn Callers> {
+        Arc::new(CallersOf(Arc::downgrade(self)))
+    }
+
     /// Who is calling, for the gate: from the agent's contract, read once per connection.
     pub fn mcp_caller(&self, agent_id: &str) -> Result<CallerCtx, String> {
         let agent = self.find(agent_id).map_err(|e| e.to_string())?;
@@ -205,5 +211,18 @@ impl Mechanism for McpSocket<'_> {
 
     fn release(&self, agent_id: &str) {
         self.0.mcp_forget(agent_id);
+    }
+}
+
+/// [`Callers`] answered by the supervisor while it lives.
+struct CallersOf(std::sync::Weak<Supervisor>);
+
+impl Callers for CallersOf {
+    fn caller(&self, agent_id: &str) -> Result<CallerCtx, String> {
+        let sup = self
+            .0
+            .upgrade()
+            .ok_or_else(|| "agentosd is shutting down".to_string())?;
+        sup.mcp_caller(agent_id)
     }
 }
