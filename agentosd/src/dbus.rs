@@ -46,18 +46,20 @@ pub enum ApiError {
     AccessDenied(String),
 }
 
+/// The one place a supervisor error becomes text: its kind names the D-Bus error.
 impl From<supervisor::Error> for ApiError {
     fn from(e: supervisor::Error) -> Self {
-        use supervisor::Error as E;
-        match e {
-            E::NoSuchAgent(m) => ApiError::NoSuchAgent(format!("no such agent: {m}")),
-            E::InvalidContract(m) => ApiError::InvalidContract(m),
-            E::AlreadyExists(m) => ApiError::AlreadyExists(m),
-            E::InvalidState(m) => ApiError::InvalidState(m),
-            E::Kernel(m) => ApiError::Kernel(m),
-            E::Unenforceable(m) => ApiError::Unenforceable(m),
-            E::ExecFailed(m) => ApiError::ExecFailed(m),
-            E::Unschedulable(m) => ApiError::Unschedulable(m),
+        use supervisor::ErrorKind as K;
+        let m = e.to_string();
+        match e.kind() {
+            K::NoSuchAgent => ApiError::NoSuchAgent(m),
+            K::InvalidContract => ApiError::InvalidContract(m),
+            K::AlreadyExists => ApiError::AlreadyExists(m),
+            K::InvalidState => ApiError::InvalidState(m),
+            K::Kernel => ApiError::Kernel(m),
+            K::Unenforceable => ApiError::Unenforceable(m),
+            K::ExecFailed => ApiError::ExecFailed(m),
+            K::Unschedulable => ApiError::Unschedulable(m),
         }
     }
 }

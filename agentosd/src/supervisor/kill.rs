@@ -26,8 +26,7 @@ impl Supervisor {
                 let fd = pidfd.ok_or_else(|| {
                     Error::InvalidState(format!("agent {} has no main process", agent.id))
                 })?;
-                sys::pidfd_send_signal(fd.as_fd(), signal)
-                    .map_err(|e| Error::Kernel(e.to_string()))?;
+                sys::pidfd_send_signal(fd.as_fd(), signal)?;
             }
             "all" | "" => {
                 if signal == libc::SIGKILL {

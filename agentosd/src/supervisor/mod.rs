@@ -43,7 +43,7 @@ use crate::sys;
 use agent::Inner;
 pub use agent::{Agent, AgentStatus};
 pub use class::plan_budgets;
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 pub use mcp_socket::{AgentSocket, McpHooks};
 
 /// The lifecycle states, named like systemd's.

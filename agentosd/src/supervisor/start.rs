@@ -26,7 +26,7 @@ impl Supervisor {
         enabled: bool,
     ) -> Result<Arc<Agent>, Error> {
         let contract = contracts::parse_contract(text, origin)
-            .map_err(|e| Error::InvalidContract(e.to_string()))
+            .map_err(Error::from)
             .inspect_err(|e| self.audit_refused("", "", origin, e))?;
         let spec = AgentSpec::from_contract(&contract);
         self.start_spec(spec, text.to_string(), origin.to_string(), enabled)
@@ -383,7 +383,7 @@ impl Supervisor {
                 SpawnError::Child { .. } | SpawnError::NotFound { .. } => {
                     Error::ExecFailed(format!("agent {id}: {e}"))
                 }
-                other => Error::Kernel(format!("agent {id}: {other}")),
+                source => Error::Spawn { agent: id, source },
             })?;
         Ok((child, unenforced, notes))
     }
@@ -401,9 +401,7 @@ pub(super) fn agent_contract(agent: &Agent) -> Result<Option<contracts::Contract
     if text.trim().is_empty() {
         return Ok(None);
     }
-    contracts::parse_contract(&text, &origin)
-        .map(Some)
-        .map_err(|e| Error::InvalidContract(e.to_string()))
+    Ok(Some(contracts::parse_contract(&text, &origin)?))
 }
 
 /// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a
@@ -414,9 +412,11 @@ pub(super) fn sandbox_for(
     agent: &Agent,
     contract: Option<&contracts::Contract>,
 ) -> Result<crate::sandbox::PreparedSandbox, Error> {
-    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract).map_err(|e| match e {
-        crate::sandbox::SandboxError::Unenforceable(m) => Error::Unenforceable(m),
-        other => Error::Kernel(format!("agent {}: sandbox: {other}", agent.id)),
+    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract).map_err(|source| {
+        Error::Sandbox {
+            agent: agent.id.clone(),
+            source,
+        }
     })
 }
 
