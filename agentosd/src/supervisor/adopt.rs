@@ -198,7 +198,7 @@ impl Supervisor {
         let run = RunCtx {
             agent,
             spec: &spec,
-            contract: contract.as_ref(),
+            contract: contract.as_deref(),
             main: &main,
         };
         report.extend(adopt_all(&self.mechanisms(), &run).await);

@@ -53,6 +53,9 @@ pub struct AgentStatus {
 pub(super) struct Inner {
     pub(super) spec: AgentSpec,
     pub(super) contract: String,
+    /// `contract` parsed, once, when it was set; `None` for an agent started from a bare spec
+    /// or a text that does not parse (see [`super::start::agent_contract`]).
+    pub(super) parsed: Option<Arc<contracts::Contract>>,
     pub(super) origin: String,
     pub(super) enabled: bool,
     pub(super) state: State,
@@ -162,7 +165,7 @@ impl Agent {
                     exit_status: i.exit_status.map(|s| s.describe()).unwrap_or_default(),
                     unenforced_budgets: i.unenforced.clone(),
                     notes: i.notes.clone(),
-                    deadline_misses: (i.spec.latency_class == "HRT")
+                    deadline_misses: (i.spec.latency() == Some(contracts::LatencyClass::Hrt))
                         .then(|| self.overruns.misses()),
                     denials: 0,
                     syscalls: None,

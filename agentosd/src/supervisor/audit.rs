@@ -39,16 +39,9 @@ impl Supervisor {
     /// Bind the agent's contract against the host offer, remember the binding hash for its
     /// records, and return the detail fields that describe it.
     pub(super) fn bind_for_audit(&self, t: &AuditTrail, agent: &Agent) -> Value {
-        let (text, origin) = {
-            let i = lock(&agent.inner);
-            (i.contract.clone(), i.origin.clone())
-        };
+        let origin = lock(&agent.inner).origin.clone();
         let mut detail = json!({"origin": origin});
-        let parsed = if text.trim().is_empty() {
-            None
-        } else {
-            contracts::parse_contract(&text, &origin).ok()
-        };
+        let parsed = super::start::agent_contract(agent).ok().flatten();
         let mut hash = None;
         if let Some(c) = &parsed {
             detail["contract_sha256"] = json!(c.sha256());

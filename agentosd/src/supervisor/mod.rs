@@ -130,6 +130,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A contract text parsed for the agent to carry; `None` when empty or when it does not parse
+/// (whoever needs it then gets the parse error, see [`start::agent_contract`]).
+fn parse_once(text: &str, origin: &str) -> Option<Arc<contracts::Contract>> {
+    if text.trim().is_empty() {
+        return None;
+    }
+    contracts::parse_contract(text, origin).ok().map(Arc::new)
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -333,6 +342,7 @@ impl Supervisor {
             cgroup: cg,
             inner: Mutex::new(Inner {
                 spec,
+                parsed: parse_once(&contract, &origin),
                 contract,
                 origin,
                 enabled,

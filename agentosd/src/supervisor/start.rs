@@ -130,6 +130,7 @@ impl Supervisor {
                 )));
             }
             i.spec = spec;
+            i.parsed = super::parse_once(&contract, &origin);
             i.contract = contract;
             i.origin = origin;
             i.enabled |= enabled;
@@ -330,7 +331,7 @@ impl Supervisor {
         let run = RunCtx {
             agent,
             spec,
-            contract: contract.as_ref(),
+            contract: contract.as_deref(),
             main: &main,
         };
         let prepared = prepare_all(&self.mechanisms(), &run).await?;
@@ -339,7 +340,7 @@ impl Supervisor {
         let unenforced = self.write_budgets(agent, spec, &available)?;
         let (child_sched, mut notes, unenforced) =
             self.apply_class(agent, spec, cg, &available, prepared.cpu, unenforced)?;
-        let sandbox = sandbox_for(&self.cfg.state_dir, agent, contract.as_ref())?;
+        let sandbox = sandbox_for(&self.cfg.state_dir, agent, contract.as_deref())?;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
         notes.extend(prepared.notes);
         // Command.
@@ -391,17 +392,21 @@ impl Supervisor {
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The agent's contract, parsed again from the text it was started with; `None` for an agent
-/// started from a bare spec. A text that no longer parses is an error (never less enforcement).
-pub(super) fn agent_contract(agent: &Agent) -> Result<Option<contracts::Contract>, Error> {
-    let (text, origin) = {
-        let i = lock(&agent.inner);
-        (i.contract.clone(), i.origin.clone())
-    };
-    if text.trim().is_empty() {
+/// The agent's contract, parsed once when it was set; `None` for an agent started from a bare
+/// spec. A text that does not parse is an error (never less enforcement).
+pub(super) fn agent_contract(agent: &Agent) -> Result<Option<Arc<contracts::Contract>>, Error> {
+    let i = lock(&agent.inner);
+    if let Some(c) = &i.parsed {
+        return Ok(Some(c.clone()));
+    }
+    if i.contract.trim().is_empty() {
         return Ok(None);
     }
-    Ok(Some(contracts::parse_contract(&text, &origin)?))
+    // Kept as text because it did not parse: say why.
+    Ok(Some(Arc::new(contracts::parse_contract(
+        &i.contract,
+        &i.origin,
+    )?)))
 }
 
 /// The agent's sandbox from its contract's capabilities (sandbox.rs). An agent started from a
