@@ -201,29 +201,29 @@ pub async fn run(opts: Options) -> Result<()> {
         stop_timeout: opts.stop_timeout,
         freeze_timeout: Duration::from_secs(5),
     };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sup = Supervisor::new(cfg, tx).map_err(anyhow::Error::msg)?;
+    // The cgroup layout first: the network enforcer attaches to `agents/`.
+    Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;
     // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
     // agents go back into the class map).
     let scx = crate::scx::start(opts.sched_ext);
-    if let Some(s) = &scx {
-        sup.set_scx(s.clone());
-    }
     let report = crate::probe::probe(&crate::probe::ProbeOptions {
         cgroup_root: Some(root.clone()),
     });
     let trail = open_audit(&opts);
-    sup.set_audit(trail.clone());
-    sup.set_host_offer(crate::audit_trail::host_offer(&report));
-    sup.set_net(setup_net(
-        &root.join("agents"),
-        opts.bpf_pin_dir.as_deref(),
-        &report,
-    ));
-    sup.set_fs(crate::enforce::fs::setup());
-    if opts.syscall_counts {
-        sup.set_sysc(crate::enforce::sysc::setup());
-    }
+    let services = crate::supervisor::Services {
+        audit: Some(trail.clone()),
+        offer: crate::audit_trail::host_offer(&report),
+        net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
+        fs: crate::enforce::fs::setup(),
+        sysc: if opts.syscall_counts {
+            crate::enforce::sysc::setup()
+        } else {
+            crate::supervisor::Services::default().sysc
+        },
+        scx: scx.clone(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     setup_mcp(&sup, &opts, &root);

@@ -17,7 +17,7 @@ impl Supervisor {
         decision: Option<Decision>,
         detail: Value,
     ) {
-        if let Some(t) = self.audit.get() {
+        if let Some(t) = self.audit_trail() {
             t.submit(t.lifecycle(&agent.tenant, &agent.name, event, decision, detail));
         }
     }
@@ -25,7 +25,7 @@ impl Supervisor {
     /// A start refused before anything ran (bad contract, unenforceable, unschedulable, already
     /// running…).
     pub(super) fn audit_refused(&self, tenant: &str, name: &str, origin: &str, e: &Error) {
-        if let Some(t) = self.audit.get() {
+        if let Some(t) = self.audit_trail() {
             t.submit(t.lifecycle(
                 tenant,
                 name,
@@ -45,7 +45,7 @@ impl Supervisor {
         let mut hash = None;
         if let Some(c) = &parsed {
             detail["contract_sha256"] = json!(c.sha256());
-            let offer = self.offer.get().cloned().unwrap_or_default();
+            let offer = self.services.offer.clone();
             match crate::audit_trail::binding_hash(c, &offer) {
                 Ok(h) => hash = Some(h),
                 Err(why) => detail["binding"] = json!(format!("not bound: {why}")),
@@ -85,7 +85,7 @@ impl Supervisor {
 
     /// A running agent found again after a daemon restart.
     pub(super) async fn audit_readopted(&self, agent: &Agent, pid: u32) {
-        let Some(t) = self.audit.get() else {
+        let Some(t) = self.audit_trail() else {
             return;
         };
         let mut detail = self.bind_for_audit(t, agent);
@@ -99,7 +99,7 @@ impl Supervisor {
     /// and make the `start` decision durable. When the trail cannot be written the start is
     /// refused: nothing runs that the audit trail does not know about (fail closed).
     pub(super) async fn audit_start(&self, agent: &Agent) -> Result<(), Error> {
-        let Some(t) = self.audit.get() else {
+        let Some(t) = self.audit_trail() else {
             return Ok(());
         };
         let restarts = lock(&agent.inner).restarts;

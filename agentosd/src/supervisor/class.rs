@@ -139,7 +139,7 @@ pub(super) struct ScxClass<'s>(pub &'s Supervisor);
 impl ScxClass<'_> {
     /// Put the agent's cgroup into the class map (a note for status), if scx_agentos is loaded.
     fn register(&self, run: &RunCtx<'_>) -> Option<String> {
-        let scx = self.0.scx.get()?;
+        let scx = self.0.scx()?;
         scx.register(
             &run.agent.id,
             run.agent.cgroup.path(),
@@ -163,7 +163,7 @@ impl Mechanism for ScxClass<'_> {
     }
 
     fn release(&self, agent_id: &str) {
-        if let Some(s) = self.0.scx.get() {
+        if let Some(s) = self.0.scx() {
             s.forget(agent_id);
         }
     }

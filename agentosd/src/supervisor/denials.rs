@@ -24,7 +24,7 @@ impl Supervisor {
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} {} of {} ({}, EACCES)", d.syscall, d.access, d.path, d.hook
         );
-        let Some(t) = self.audit.get() else {
+        let Some(t) = self.audit_trail() else {
             return;
         };
         let rec = t
@@ -75,7 +75,7 @@ impl Supervisor {
             let (mut seen_net, mut seen_fs, mut seen_queue) = (0u64, 0u64, 0u64);
             loop {
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                let trail = sup.audit.get();
+                let trail = sup.audit_trail();
                 if let Some(t) = trail {
                     report_queue_drops(t, &mut seen_queue);
                 }
@@ -104,7 +104,7 @@ impl Supervisor {
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} to {}:{} ({}, EPERM)", d.syscall, d.addr, d.port, d.hook
         );
-        let Some(t) = self.audit.get() else {
+        let Some(t) = self.audit_trail() else {
             return;
         };
         let rec = t
@@ -178,7 +178,7 @@ impl Supervisor {
     }
 
     pub(super) fn audit_kernel_output(&self, o: Result<kaudit::Output, kaudit::Loss>) {
-        let Some(t) = self.audit.get() else {
+        let Some(t) = self.audit_trail() else {
             return;
         };
         let (d, who) = match o {

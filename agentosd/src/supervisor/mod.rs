@@ -45,6 +45,7 @@ pub use agent::{Agent, AgentStatus};
 pub use class::plan_budgets;
 pub use error::{Error, ErrorKind};
 pub use mcp_socket::{AgentSocket, McpHooks};
+pub use services::Services;
 
 /// The lifecycle states, named like systemd's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -158,18 +159,8 @@ pub struct Supervisor {
     boot_id: String,
     /// Admitted HRT reservations (see sched.rs).
     admission: crate::sched::Admission,
-    /// The audit trail (set by the daemon; absent in library tests). See supervisor_hooks.rs.
-    audit: std::sync::OnceLock<Arc<crate::audit_trail::AuditTrail>>,
-    /// What this host offers contract bindings (for the binding hash in audit records).
-    offer: std::sync::OnceLock<contracts::HostOffer>,
-    /// cgroup BPF network enforcement, or why it is unavailable (set by the daemon).
-    net: std::sync::OnceLock<Result<Arc<crate::enforce::net::NetEnforcer>, String>>,
-    /// BPF LSM filesystem scopes, or why they are unavailable (set by the daemon).
-    fs: std::sync::OnceLock<Result<Arc<crate::enforce::fs::FsEnforcer>, String>>,
-    /// Per-agent syscall counts when the operator enabled them, or why they are off.
-    sysc: std::sync::OnceLock<Result<Arc<crate::enforce::sysc::SyscCounter>, String>>,
-    /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
-    scx: std::sync::OnceLock<Arc<crate::scx::Scx>>,
+    /// The daemon-wide services (services.rs).
+    services: Services,
     /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
     mcp: std::sync::OnceLock<McpHooks>,
     /// Agent id → kernel denials reported since the daemon started, whatever refused them
@@ -186,8 +177,32 @@ impl std::fmt::Debug for Supervisor {
 }
 
 impl Supervisor {
-    /// Set up the cgroup layout under the configured root (which must exist and be cgroup2).
+    /// Set up the cgroup layout under the configured root (which must exist and be cgroup2),
+    /// with no services (library tests; the daemon uses [`Supervisor::with_services`]).
     pub fn new(cfg: Config, events: UnboundedSender<Event>) -> Result<Arc<Self>, Error> {
+        Self::with_services(cfg, Services::default(), events)
+    }
+
+    /// Set up the cgroup layout (see [`Supervisor::prepare_root`]) and the registry over it,
+    /// using `services`.
+    pub fn with_services(
+        cfg: Config,
+        services: Services,
+        events: UnboundedSender<Event>,
+    ) -> Result<Arc<Self>, Error> {
+        let cgroup_mount = Self::prepare_root(&cfg)?;
+        Ok(Self::assemble(
+            cfg,
+            services,
+            events,
+            cgroup_mount,
+            sys::boot_id(),
+        ))
+    }
+
+    /// Make the daemon's cgroup root and `agents/` under it with the budget controllers, before
+    /// anything attaches there (the daemon's network enforcer does); returns the cgroup2 mount.
+    pub fn prepare_root(cfg: &Config) -> Result<PathBuf, Error> {
         let root = Cgroup::new(&cfg.cgroup_root);
         root.create()?;
         if !cgroup::is_cgroup2(root.path())? {
@@ -203,14 +218,13 @@ impl Supervisor {
         agents_cg.enable_subtree(cgroup::BUDGET_CONTROLLERS);
         root.enable_subtree(&["cpuset"]);
         agents_cg.enable_subtree(&["cpuset"]);
-        let cgroup_mount =
-            cgroup::cgroup2_mount().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"));
-        Ok(Self::assemble(cfg, events, cgroup_mount, sys::boot_id()))
+        Ok(cgroup::cgroup2_mount().unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")))
     }
 
     /// The registry over `cfg.cgroup_root` (made and checked by the caller), with no agents.
     fn assemble(
         cfg: Config,
+        services: Services,
         events: UnboundedSender<Event>,
         cgroup_mount: PathBuf,
         boot_id: String,
@@ -226,12 +240,7 @@ impl Supervisor {
             events,
             boot_id,
             admission: crate::sched::Admission::default(),
-            audit: std::sync::OnceLock::new(),
-            offer: std::sync::OnceLock::new(),
-            net: std::sync::OnceLock::new(),
-            fs: std::sync::OnceLock::new(),
-            sysc: std::sync::OnceLock::new(),
-            scx: std::sync::OnceLock::new(),
+            services,
             mcp: std::sync::OnceLock::new(),
             denials: Mutex::default(),
         })
@@ -250,7 +259,7 @@ impl Supervisor {
             stop_timeout: Duration::from_secs(1),
             freeze_timeout: Duration::from_secs(1),
         };
-        Self::assemble(cfg, events, base, String::new())
+        Self::assemble(cfg, Services::default(), events, base, String::new())
     }
 
     pub fn config(&self) -> &Config {

@@ -1,5 +1,6 @@
-//! The daemon-wide services the supervisor uses (audit trail, host offer, the BPF enforcers,
-//! the syscall counter, sched_ext), set once by the daemon at start.
+//! The daemon-wide services the supervisor uses (audit trail, host offer, the BPF enforcers, the
+//! syscall counter, sched_ext), built by the daemon and passed in at construction
+//! ([`Supervisor::with_services`]).
 
 use std::sync::Arc;
 
@@ -9,68 +10,71 @@ use crate::enforce::fs::FsEnforcer;
 use crate::enforce::net::NetEnforcer;
 use crate::enforce::sysc::SyscCounter;
 
-impl Supervisor {
-    /// Classify SRT/DT agents with `scx` from now on (the daemon sets it once, before readopt).
-    pub fn set_scx(&self, scx: Arc<crate::scx::Scx>) {
-        let _ = self.scx.set(scx);
+/// What the supervisor is given to work with; the default is none of them (library tests),
+/// each absent one with the reason status reports.
+pub struct Services {
+    /// Every lifecycle record goes here (see audit.rs).
+    pub audit: Option<Arc<AuditTrail>>,
+    /// What this host offers contract bindings (for the binding hash in audit records).
+    pub offer: contracts::HostOffer,
+    /// cgroup BPF network enforcement, or why it is unavailable.
+    pub net: Result<Arc<NetEnforcer>, String>,
+    /// BPF LSM filesystem scopes, or why they are unavailable.
+    pub fs: Result<Arc<FsEnforcer>, String>,
+    /// Per-agent syscall counts when the operator enabled them, or why they are off.
+    pub sysc: Result<Arc<SyscCounter>, String>,
+    /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
+    pub scx: Option<Arc<crate::scx::Scx>>,
+}
+
+impl Default for Services {
+    fn default() -> Self {
+        Services {
+            audit: None,
+            offer: contracts::HostOffer::default(),
+            net: Err("not set up by the daemon".into()),
+            fs: Err("not set up by the daemon".into()),
+            sysc: Err("not enabled (agentosd --syscall-counts)".into()),
+            scx: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("audit", &self.audit.is_some())
+            .field("net", &self.net.as_ref().err())
+            .field("fs", &self.fs.as_ref().err())
+            .field("sysc", &self.sysc.as_ref().err())
+            .field("scx", &self.scx.is_some())
+            .finish()
     }
 }
 
 impl Supervisor {
-    /// Use `trail` for every lifecycle record from now on (the daemon sets it once at start).
-    pub fn set_audit(&self, trail: Arc<AuditTrail>) {
-        let _ = self.audit.set(trail);
-    }
-
-    /// What the host offers contract bindings (from the start-up probe).
-    pub fn set_host_offer(&self, offer: contracts::HostOffer) {
-        let _ = self.offer.set(offer);
-    }
-
     /// The audit trail, when the daemon opened one.
     pub fn audit_trail(&self) -> Option<&Arc<AuditTrail>> {
-        self.audit.get()
-    }
-
-    /// Use `net` for the agents' network policies (or record why there is none).
-    pub fn set_net(&self, net: Result<Arc<NetEnforcer>, String>) {
-        let _ = self.net.set(net);
+        self.services.audit.as_ref()
     }
 
     /// The network enforcer, or why there is none.
     pub fn net(&self) -> Result<&Arc<NetEnforcer>, String> {
-        match self.net.get() {
-            Some(Ok(n)) => Ok(n),
-            Some(Err(why)) => Err(why.clone()),
-            None => Err("not set up by the daemon".into()),
-        }
-    }
-
-    /// Use `fs` for the agents' BPF LSM filesystem scopes (or record why there is none).
-    pub fn set_fs(&self, fs: Result<Arc<FsEnforcer>, String>) {
-        let _ = self.fs.set(fs);
+        self.services.net.as_ref().map_err(Clone::clone)
     }
 
     /// The BPF LSM filesystem enforcer, or why there is none.
     pub fn fs(&self) -> Result<&Arc<FsEnforcer>, String> {
-        match self.fs.get() {
-            Some(Ok(f)) => Ok(f),
-            Some(Err(why)) => Err(why.clone()),
-            None => Err("not set up by the daemon".into()),
-        }
-    }
-
-    /// Count the agents' syscalls with `sysc` (`--syscall-counts`), or record why not.
-    pub fn set_sysc(&self, sysc: Result<Arc<SyscCounter>, String>) {
-        let _ = self.sysc.set(sysc);
+        self.services.fs.as_ref().map_err(Clone::clone)
     }
 
     /// The syscall counter, or why there is none (off unless the operator enabled it).
     pub fn sysc(&self) -> Result<&Arc<SyscCounter>, String> {
-        match self.sysc.get() {
-            Some(Ok(c)) => Ok(c),
-            Some(Err(why)) => Err(why.clone()),
-            None => Err("not enabled (agentosd --syscall-counts)".into()),
-        }
+        self.services.sysc.as_ref().map_err(Clone::clone)
+    }
+
+    /// scx_agentos, when the daemon loaded it.
+    pub(super) fn scx(&self) -> Option<&Arc<crate::scx::Scx>> {
+        self.services.scx.as_ref()
     }
 }
