@@ -187,71 +187,9 @@ pub async fn run(opts: Options) -> Result<()> {
             .with_context(|| format!("creating cgroup root {}", root.display()))?;
         leave_root(&root)?;
     }
-    let log_dir = opts
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| opts.state_dir.join("logs"));
-    std::fs::create_dir_all(&opts.state_dir)
-        .with_context(|| format!("creating state directory {}", opts.state_dir.display()))?;
-    let cfg = Config {
-        cgroup_root: root.clone(),
-        state_dir: opts.state_dir.clone(),
-        log_dir,
-        agents_dir: opts.agents_dir.clone(),
-        stop_timeout: opts.stop_timeout,
-        freeze_timeout: Duration::from_secs(5),
-    };
-    // The cgroup layout first: the network enforcer attaches to `agents/`.
-    Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;
-    // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
-    // agents go back into the class map).
-    let scx = crate::scx::start(opts.sched_ext);
-    let report = crate::probe::probe(&crate::probe::ProbeOptions {
-        cgroup_root: Some(root.clone()),
-    });
-    let trail = open_audit(&opts);
-    let services = crate::supervisor::Services {
-        audit: Some(trail.clone()),
-        offer: crate::audit_trail::host_offer(&report),
-        net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
-        fs: crate::enforce::fs::setup(),
-        sysc: if opts.syscall_counts {
-            crate::enforce::sysc::setup()
-        } else {
-            crate::supervisor::Services::default().sysc
-        },
-        scx: scx.clone(),
-    };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
-    sup.spawn_denial_reader();
-    sup.spawn_kernel_audit_reader();
-    setup_mcp(&sup, &opts, &root);
+    let (sup, rx, trail, scx, report) = build_supervisor(&opts, &root)?;
     let missing = sup.missing_controllers();
-    if missing.is_empty() {
-        info!(
-            "cgroup root {}: budgets enforced ({})",
-            root.display(),
-            crate::cgroup::BUDGET_CONTROLLERS.join(", ")
-        );
-    } else {
-        warn!(
-            "cgroup root {}: controllers {} are not available here, so these budgets are NOT enforced: {}",
-            root.display(),
-            missing.join(", "),
-            missing
-                .iter()
-                .map(|c| match c.as_str() {
-                    "cpu" => "compute.cpu (cpu.max)",
-                    "memory" => "compute.mem (memory.max/memory.high)",
-                    "pids" => "compute.pids (pids.max)",
-                    "io" => "compute.io (io.max)",
-                    _ => "?",
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
+    report_budgets(&root, &missing);
 
     for line in sup.readopt().await {
         info!("{line}");
@@ -468,6 +406,90 @@ fn setup_net(
             );
             Err(e.to_string())
         }
+    }
+}
+
+/// What the daemon runs on: the supervisor with its services (the audit trail, the BPF
+/// enforcers, the syscall counter, scx_agentos) and the MCP service, the host report.
+type Built = (
+    std::sync::Arc<Supervisor>,
+    tokio::sync::mpsc::UnboundedReceiver<crate::supervisor::Event>,
+    std::sync::Arc<crate::audit_trail::AuditTrail>,
+    Option<std::sync::Arc<crate::scx::Scx>>,
+    crate::probe::HostReport,
+);
+
+/// Build the services in order, then the supervisor over them, then its readers and the MCP
+/// service (which needs the supervisor).
+fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
+    let log_dir = opts
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join("logs"));
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("creating state directory {}", opts.state_dir.display()))?;
+    let cfg = Config {
+        cgroup_root: root.to_path_buf(),
+        state_dir: opts.state_dir.clone(),
+        log_dir,
+        agents_dir: opts.agents_dir.clone(),
+        stop_timeout: opts.stop_timeout,
+        freeze_timeout: Duration::from_secs(5),
+    };
+    // The cgroup layout first: the network enforcer attaches to `agents/`.
+    Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;
+    // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
+    // agents go back into the class map).
+    let scx = crate::scx::start(opts.sched_ext);
+    let report = crate::probe::probe(&crate::probe::ProbeOptions {
+        cgroup_root: Some(root.to_path_buf()),
+    });
+    let trail = open_audit(opts);
+    let services = crate::supervisor::Services {
+        audit: Some(trail.clone()),
+        offer: crate::audit_trail::host_offer(&report),
+        net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
+        fs: crate::enforce::fs::setup(),
+        sysc: if opts.syscall_counts {
+            crate::enforce::sysc::setup()
+        } else {
+            crate::supervisor::Services::default().sysc
+        },
+        scx: scx.clone(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
+    sup.spawn_denial_reader();
+    sup.spawn_kernel_audit_reader();
+    setup_mcp(&sup, opts, root);
+    Ok((sup, rx, trail, scx, report))
+}
+
+/// Say which budgets this cgroup root cannot enforce (or that all are).
+fn report_budgets(root: &Path, missing: &[String]) {
+    if missing.is_empty() {
+        info!(
+            "cgroup root {}: budgets enforced ({})",
+            root.display(),
+            crate::cgroup::BUDGET_CONTROLLERS.join(", ")
+        );
+    } else {
+        warn!(
+            "cgroup root {}: controllers {} are not available here, so these budgets are NOT enforced: {}",
+            root.display(),
+            missing.join(", "),
+            missing
+                .iter()
+                .map(|c| match c.as_str() {
+                    "cpu" => "compute.cpu (cpu.max)",
+                    "memory" => "compute.mem (memory.max/memory.high)",
+                    "pids" => "compute.pids (pids.max)",
+                    "io" => "compute.io (io.max)",
+                    _ => "?",
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
 }
 
