@@ -1,6 +1,7 @@
 //! The supervisor's errors. Each has a kind ([`ErrorKind`]), which names its
 //! `org.agentos1.Error.*` on the bus; the text is made once, where dbus.rs maps it.
 
+use super::mcp_socket::SocketError;
 use crate::cgroup::CgroupError;
 use crate::sandbox::SandboxError;
 use crate::spawn::SpawnError;
@@ -42,6 +43,13 @@ pub enum Error {
         #[source]
         source: SandboxError,
     },
+    /// The agent's MCP socket could not be made.
+    #[error("{}", socket_text(agent, source))]
+    McpSocket {
+        agent: String,
+        #[source]
+        source: SocketError,
+    },
     #[error("{0}")]
     Unenforceable(String),
     #[error("{0}")]
@@ -49,6 +57,15 @@ pub enum Error {
     /// HRT admission refused the reservation (the message has the numbers).
     #[error("{0}")]
     Unschedulable(String),
+}
+
+fn socket_text(agent: &str, e: &SocketError) -> String {
+    match e {
+        SocketError::Listen { .. } | SocketError::Pair(_) => {
+            format!("agent {agent}: MCP socket {e}")
+        }
+        other => format!("agent {agent}: MCP socket: {other}"),
+    }
 }
 
 fn sandbox_text(agent: &str, e: &SandboxError) -> String {
@@ -78,9 +95,11 @@ impl Error {
             Error::InvalidContract(_) | Error::Contract(_) => ErrorKind::InvalidContract,
             Error::AlreadyExists(_) => ErrorKind::AlreadyExists,
             Error::InvalidState(_) => ErrorKind::InvalidState,
-            Error::Kernel(_) | Error::Syscall(_) | Error::Cgroup(_) | Error::Spawn { .. } => {
-                ErrorKind::Kernel
-            }
+            Error::Kernel(_)
+            | Error::Syscall(_)
+            | Error::Cgroup(_)
+            | Error::Spawn { .. }
+            | Error::McpSocket { .. } => ErrorKind::Kernel,
             Error::Sandbox {
                 source: SandboxError::Unenforceable(_),
                 ..

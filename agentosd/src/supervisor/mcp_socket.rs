@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::mechanism::{Mechanism, Prepared, RunCtx};
 use super::{Agent, Error, Supervisor};
-use crate::ipc::{AgentRef, IpcServer};
+use crate::ipc::{AgentRef, IpcError, IpcServer};
 use crate::mcp::{CallerCtx, Callers, McpService, Policy};
 use crate::sandbox::identity;
 
@@ -27,21 +27,39 @@ pub struct AgentSocket {
     pub inherited: OwnedFd,
 }
 
+/// Why an agent's MCP socket could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    #[error(transparent)]
+    Dir(#[from] crate::safe_fs::SafeFsError),
+    #[error("cgroup {} is not under the cgroup2 mount {}", cgroup.display(), mount.display())]
+    NotUnderMount { cgroup: PathBuf, mount: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: IpcError,
+    },
+    #[error("pair: {0}")]
+    Pair(#[source] IpcError),
+}
+
 /// `RUN_DIR/agents/<tenant>`, each 0711 whatever the umask (systemd's UMask=0027 would make
 /// them 0750): an agent's uid may walk to its own socket but list nobody's.
-pub(super) fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
+pub(super) fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), SocketError> {
     // On fds from RUN_DIR down (safe_fs): no link in `agents/<tenant>` is followed.
-    let e = |e: crate::safe_fs::SafeFsError| e.to_string();
-    let root = crate::safe_fs::Dir::open_root(run_dir).map_err(e)?;
+    let root = crate::safe_fs::Dir::open_root(run_dir)?;
     // RUN_DIR itself only needs o+x; leave a stricter or wider mode the operator chose.
-    let mode = root.stat().map_err(e)?.st_mode & 0o7777;
+    let mode = root.stat()?.st_mode & 0o7777;
     if mode | 0o011 != mode {
-        root.chmod(mode | 0o011).map_err(e)?;
+        root.chmod(mode | 0o011)?;
     }
-    let agents = root.mkdir("agents", 0o711).map_err(e)?;
-    agents.chmod(0o711).map_err(e)?;
-    let tenant_dir = agents.mkdir(tenant, 0o711).map_err(e)?;
-    tenant_dir.chmod(0o711).map_err(e)?;
+    let agents = root.mkdir("agents", 0o711)?;
+    agents.chmod(0o711)?;
+    let tenant_dir = agents.mkdir(tenant, 0o711)?;
+    tenant_dir.chmod(0o711)?;
     Ok(())
 }
 
@@ -66,8 +84,8 @@ impl Supervisor {
         })
     }
 
-    pub(super) fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
-        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
+    pub(super) fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, SocketError> {
+        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id)?;
         // The agent is the processes in its `main` leaf (and below): its tools and MCP servers
         // live beside it in `tools/`, under the same budgets, and must not pass as the agent
         // on its socket.
@@ -76,12 +94,9 @@ impl Supervisor {
             .path()
             .strip_prefix(&self.cgroup_mount)
             .map(|p| PathBuf::from("/").join(p))
-            .map_err(|_| {
-                format!(
-                    "cgroup {} is not under the cgroup2 mount {}",
-                    main.path().display(),
-                    self.cgroup_mount.display()
-                )
+            .map_err(|_| SocketError::NotUnderMount {
+                cgroup: main.path().to_path_buf(),
+                mount: self.cgroup_mount.clone(),
             })?;
         Ok(AgentRef {
             id: agent.id.clone(),
@@ -101,22 +116,22 @@ impl Supervisor {
         let Some(path) = self.socket_path(&agent.tenant, &agent.name) else {
             return Ok(None);
         };
-        let r = self
-            .agent_ref(agent)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
-        socket_dirs(&m.run_dir, &agent.tenant)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
-        m.ipc.listen(&r, &path).map_err(|e| {
-            Error::Kernel(format!(
-                "agent {}: MCP socket {}: {e}",
-                agent.id,
-                path.display()
-            ))
+        let socket_error = |source| Error::McpSocket {
+            agent: agent.id.clone(),
+            source,
+        };
+        let r = self.agent_ref(agent).map_err(socket_error)?;
+        socket_dirs(&m.run_dir, &agent.tenant).map_err(socket_error)?;
+        m.ipc.listen(&r, &path).map_err(|source| {
+            socket_error(SocketError::Listen {
+                path: path.clone(),
+                source,
+            })
         })?;
         let inherited = m
             .ipc
             .pair(&r)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket pair: {e}", agent.id)))?;
+            .map_err(|e| socket_error(SocketError::Pair(e)))?;
         Ok(Some(AgentSocket { path, inherited }))
     }
 
