@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::lifecycle::{self, Readopt};
 use super::mechanism::{RunCtx, adopt_all};
 use super::start::agent_contract;
-use super::{Agent, Event, State, Supervisor, lock, plan_budgets};
+use super::{Agent, ContractText, Event, State, Supervisor, lock, plan_budgets};
 use crate::cgroup::{self, Cgroup};
 use crate::logs;
 use crate::state::AgentRecord;
@@ -72,12 +72,8 @@ impl Supervisor {
     /// Register one persisted agent and conclude what its record and the host say.
     async fn readopt_one(self: &Arc<Self>, rec: AgentRecord) -> Vec<String> {
         let mut report = Vec::new();
-        let agent = Arc::new(self.new_agent(
-            rec.spec.clone(),
-            rec.contract.clone(),
-            rec.origin.clone(),
-            rec.enabled,
-        ));
+        let contract = ContractText::new(rec.contract.clone(), rec.origin.clone());
+        let agent = Arc::new(self.new_agent(rec.spec.clone(), contract, rec.enabled));
         if agent.cgroup.path() != rec.cgroup {
             report.push(format!(
                 "{}: recorded cgroup {} is not under this daemon's root {}; adopting in the new place",

@@ -260,7 +260,8 @@ pub(super) mod tests {
             budgets: Default::default(),
             sched: Default::default(),
         };
-        let agent = sup.new_agent(spec.clone(), String::new(), "test".into(), false);
+        let text = super::super::ContractText::new(String::new(), "test".into());
+        let agent = sup.new_agent(spec.clone(), text, false);
         let main = agent.main_cgroup();
         f(&RunCtx {
             agent: &agent,

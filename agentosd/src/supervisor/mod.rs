@@ -131,6 +131,27 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// An agent's contract as it carries it: the text it was started from (persisted), where the
+/// text came from (a file path or `dbus`), and the text parsed once.
+#[derive(Debug, Clone)]
+pub(crate) struct ContractText {
+    pub text: String,
+    pub origin: String,
+    pub parsed: Option<Arc<contracts::Contract>>,
+}
+
+impl ContractText {
+    /// Parse `text` once (see [`parse_once`]).
+    fn new(text: String, origin: String) -> Self {
+        let parsed = parse_once(&text, &origin);
+        ContractText {
+            text,
+            origin,
+            parsed,
+        }
+    }
+}
+
 /// A contract text parsed for the agent to carry; `None` when empty or when it does not parse
 /// (whoever needs it then gets the parse error, see [`start::agent_contract`]).
 fn parse_once(text: &str, origin: &str) -> Option<Arc<contracts::Contract>> {
@@ -339,7 +360,7 @@ impl Supervisor {
         st
     }
 
-    fn new_agent(&self, spec: AgentSpec, contract: String, origin: String, enabled: bool) -> Agent {
+    fn new_agent(&self, spec: AgentSpec, contract: ContractText, enabled: bool) -> Agent {
         let cg = cgroup::agent_cgroup(&self.root, &spec.tenant, &spec.name);
         Agent {
             id: spec.id(),
@@ -351,9 +372,9 @@ impl Supervisor {
             cgroup: cg,
             inner: Mutex::new(Inner {
                 spec,
-                parsed: parse_once(&contract, &origin),
-                contract,
-                origin,
+                parsed: contract.parsed,
+                contract: contract.text,
+                origin: contract.origin,
                 enabled,
                 state: State::Inactive,
                 result: String::new(),

@@ -10,7 +10,9 @@ use tracing::{info, warn};
 
 use super::enforce::cgroup_id;
 use super::mechanism::{RunCtx, prepare_all};
-use super::{Agent, Error, Event, State, Supervisor, lifecycle, lock, now_us, plan_budgets};
+use super::{
+    Agent, ContractText, Error, Event, State, Supervisor, lifecycle, lock, now_us, plan_budgets,
+};
 use crate::cgroup;
 use crate::logs;
 use crate::spawn::{self, SpawnError};
@@ -29,8 +31,12 @@ impl Supervisor {
             .map_err(Error::from)
             .inspect_err(|e| self.audit_refused("", "", origin, e))?;
         let spec = AgentSpec::from_contract(&contract);
-        self.start_spec(spec, text.to_string(), origin.to_string(), enabled)
-            .await
+        let text = ContractText {
+            text: text.to_string(),
+            origin: origin.to_string(),
+            parsed: Some(Arc::new(contract)),
+        };
+        self.start_with(spec, text, enabled).await
     }
 
     /// Start an agent from its spec. An agent with the same id that is still active is an
@@ -42,10 +48,22 @@ impl Supervisor {
         origin: String,
         enabled: bool,
     ) -> Result<Arc<Agent>, Error> {
-        let (tenant, name, from) = (spec.tenant.clone(), spec.name.clone(), origin.clone());
+        self.start_with(spec, ContractText::new(contract, origin), enabled)
+            .await
+    }
+
+    /// [`Self::start_spec`] with the contract already parsed.
+    async fn start_with(
+        self: &Arc<Self>,
+        spec: AgentSpec,
+        contract: ContractText,
+        enabled: bool,
+    ) -> Result<Arc<Agent>, Error> {
+        let (tenant, name) = (spec.tenant.clone(), spec.name.clone());
+        let from = contract.origin.clone();
         let mut launched = false;
         let r = self
-            .start_spec_inner(spec, contract, origin, enabled, &mut launched)
+            .start_spec_inner(spec, contract, enabled, &mut launched)
             .await;
         if let (Err(e), false) = (&r, launched) {
             // launch() records its own outcome; this is a refusal before anything ran.
@@ -57,11 +75,11 @@ impl Supervisor {
     pub(super) async fn start_spec_inner(
         self: &Arc<Self>,
         spec: AgentSpec,
-        contract: String,
-        origin: String,
+        contract: ContractText,
         enabled: bool,
         launched: &mut bool,
     ) -> Result<Arc<Agent>, Error> {
+        let origin = contract.origin.clone();
         check_name(&spec.tenant, "tenant")?;
         check_name(&spec.name, "name")?;
         if spec.exec.is_none() {
@@ -108,12 +126,7 @@ impl Supervisor {
                             "object path {path} of {id} is taken by another agent"
                         )));
                     }
-                    let a = Arc::new(self.new_agent(
-                        spec.clone(),
-                        contract.clone(),
-                        origin.clone(),
-                        enabled,
-                    ));
+                    let a = Arc::new(self.new_agent(spec.clone(), contract.clone(), enabled));
                     agents.insert(id.clone(), a.clone());
                     (a, true)
                 }
@@ -130,9 +143,9 @@ impl Supervisor {
                 )));
             }
             i.spec = spec;
-            i.parsed = super::parse_once(&contract, &origin);
-            i.contract = contract;
-            i.origin = origin;
+            i.parsed = contract.parsed;
+            i.contract = contract.text;
+            i.origin = contract.origin;
             i.enabled |= enabled;
             i.restarts = 0;
         } else {
