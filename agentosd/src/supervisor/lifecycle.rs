@@ -227,11 +227,12 @@ mod tests {
     fn readoption_from_record_and_host() {
         use RestartPolicy::*;
         use State::*;
-        let found = |alive, frozen, rebooted| Found {
-            alive,
-            frozen,
-            rebooted,
-        };
+        // Found on the host: (alive, frozen, rebooted).
+        const ALIVE: Found = Found { alive: true, frozen: false, rebooted: false };
+        const ALIVE_FROZEN: Found = Found { alive: true, frozen: true, rebooted: false };
+        const GONE: Found = Found { alive: false, frozen: false, rebooted: false };
+        const REBOOTED: Found = Found { alive: false, frozen: false, rebooted: true };
+        let adopt = |state, then_stop| Readopt::Adopt { state, then_stop };
         let lost = |state, rebooted: bool, restart| Readopt::Lost {
             state,
             result: if rebooted {
@@ -241,139 +242,32 @@ mod tests {
             },
             restart,
         };
+        // (recorded state, policy, restarts so far with limit 5, found) → conclusion
         let table: Vec<(State, RestartPolicy, u32, Found, Readopt)> = vec![
             // Inactive records stay as they are, whatever the host shows.
-            (
-                Inactive,
-                Always,
-                0,
-                found(true, false, false),
-                Readopt::Keep,
-            ),
-            (Exited, Always, 0, found(false, false, false), Readopt::Keep),
-            (
-                Failed,
-                OnFailure,
-                0,
-                found(false, false, true),
-                Readopt::Keep,
-            ),
-            // Alive: taken back, frozen if its cgroup is.
-            (
-                Running,
-                No,
-                0,
-                found(true, false, false),
-                Readopt::Adopt {
-                    state: Running,
-                    then_stop: false,
-                },
-            ),
-            (
-                Running,
-                No,
-                0,
-                found(true, true, false),
-                Readopt::Adopt {
-                    state: Frozen,
-                    then_stop: false,
-                },
-            ),
-            (
-                Frozen,
-                No,
-                0,
-                found(true, true, false),
-                Readopt::Adopt {
-                    state: Frozen,
-                    then_stop: false,
-                },
-            ),
-            (
-                Starting,
-                No,
-                0,
-                found(true, false, false),
-                Readopt::Adopt {
-                    state: Running,
-                    then_stop: false,
-                },
-            ),
-            (
-                Stopping,
-                Always,
-                0,
-                found(true, false, false),
-                Readopt::Adopt {
-                    state: Running,
-                    then_stop: true,
-                },
-            ),
+            (Inactive, Always, 0, ALIVE, Readopt::Keep),
+            (Exited, Always, 0, GONE, Readopt::Keep),
+            (Failed, OnFailure, 0, REBOOTED, Readopt::Keep),
+            // Alive: taken back, frozen if its cgroup is; a stop in progress goes on.
+            (Running, No, 0, ALIVE, adopt(Running, false)),
+            (Running, No, 0, ALIVE_FROZEN, adopt(Frozen, false)),
+            (Frozen, No, 0, ALIVE_FROZEN, adopt(Frozen, false)),
+            (Starting, No, 0, ALIVE, adopt(Running, false)),
+            (Stopping, Always, 0, ALIVE, adopt(Running, true)),
             // Alive but recorded in its backoff: the run is over, restart per policy.
-            (
-                Restarting,
-                Always,
-                1,
-                found(true, false, false),
-                lost(Failed, false, true),
-            ),
-            // Gone.
-            (
-                Running,
-                No,
-                0,
-                found(false, false, false),
-                lost(Failed, false, false),
-            ),
-            (
-                Running,
-                OnFailure,
-                0,
-                found(false, false, false),
-                lost(Failed, false, true),
-            ),
-            (
-                Running,
-                Always,
-                4,
-                found(false, false, false),
-                lost(Failed, false, true),
-            ),
-            (
-                Running,
-                Always,
-                5,
-                found(false, false, false),
-                lost(Failed, false, false),
-            ),
-            (
-                Stopping,
-                Always,
-                0,
-                found(false, false, false),
-                lost(Inactive, false, false),
-            ),
-            (
-                Running,
-                Always,
-                0,
-                found(false, false, true),
-                lost(Inactive, true, false),
-            ),
-            (
-                Restarting,
-                OnFailure,
-                0,
-                found(false, false, true),
-                lost(Inactive, true, false),
-            ),
+            (Restarting, Always, 1, ALIVE, lost(Failed, false, true)),
+            // Gone while the daemon was away.
+            (Running, No, 0, GONE, lost(Failed, false, false)),
+            (Running, OnFailure, 0, GONE, lost(Failed, false, true)),
+            (Running, Always, 4, GONE, lost(Failed, false, true)),
+            (Running, Always, 5, GONE, lost(Failed, false, false)),
+            (Stopping, Always, 0, GONE, lost(Inactive, false, false)),
+            // After a reboot: inactive, never restarted here (the agents directory starts them).
+            (Running, Always, 0, REBOOTED, lost(Inactive, true, false)),
+            (Restarting, OnFailure, 0, REBOOTED, lost(Inactive, true, false)),
         ];
         for (i, (prev, p, n, f, want)) in table.into_iter().enumerate() {
-            assert_eq!(
-                readopt(prev, &policy(p, 5), n, f),
-                want,
-                "row {i}: {prev:?} {p:?} {n} {f:?}"
-            );
+            assert_eq!(readopt(prev, &policy(p, 5), n, f), want, "row {i}: {prev:?} {p:?} {n} {f:?}");
         }
     }
 
