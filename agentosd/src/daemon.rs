@@ -204,49 +204,7 @@ pub async fn run(opts: Options) -> Result<()> {
         }
     }
 
-    let (policy, unknown) = crate::authz::Policy::from_rules(&opts.authz)
-        .map_err(anyhow::Error::msg)?
-        .resolve();
-    if !unknown.is_empty() {
-        tracing::warn!(
-            "authorization rules name {} that do not exist here: those rules match nobody",
-            unknown.join(", ")
-        );
-    }
-    let manager = Manager {
-        authz: std::sync::Arc::new(policy),
-        sup: sup.clone(),
-        host_report_json: report.to_json(),
-        missing_budgets: missing,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-    };
-    let builder = match &opts.bus_address {
-        Some(a) => zbus::connection::Builder::address(a.as_str()),
-        None => zbus::connection::Builder::system(),
-    };
-    let conn = builder
-        .serve_at(MANAGER_PATH, manager)
-        .build()
-        .await
-        .with_context(|| match &opts.bus_address {
-            Some(a) => format!("connecting to the D-Bus at {a}"),
-            None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
-        })?;
-    for a in sup.agents() {
-        dbus::register_agent(conn.object_server(), &sup, &a).await;
-    }
-    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
-    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
-    let reply = conn
-        .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
-        .await
-        .with_context(|| format!("requesting the bus name {SERVICE}"))?;
-    if !matches!(
-        reply,
-        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner
-    ) {
-        bail!("the bus name {SERVICE} is owned by another process (is agentosd already running?)");
-    }
+    let conn = serve_bus(&opts, &sup, &report, missing, rx).await?;
 
     for line in sup.load_agents_dir().await {
         info!("{line}");
@@ -292,6 +250,75 @@ pub async fn run(opts: Options) -> Result<()> {
             bail!("lost the D-Bus connection ({e}); exiting, agents keep running");
         }
     }
+    shut_down(&opts, &sup, &trail, scx.as_ref()).await;
+    drop(conn);
+    Ok(())
+}
+
+/// Serve the manager and the agents' objects on the bus, forward the supervisor's events, and
+/// take the bus name.
+async fn serve_bus(
+    opts: &Options,
+    sup: &std::sync::Arc<Supervisor>,
+    report: &crate::probe::HostReport,
+    missing: Vec<String>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<crate::supervisor::Event>,
+) -> Result<zbus::Connection> {
+    let (policy, unknown) = crate::authz::Policy::from_rules(&opts.authz)
+        .map_err(anyhow::Error::msg)?
+        .resolve();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            "authorization rules name {} that do not exist here: those rules match nobody",
+            unknown.join(", ")
+        );
+    }
+    let manager = Manager {
+        authz: std::sync::Arc::new(policy),
+        sup: sup.clone(),
+        host_report_json: report.to_json(),
+        missing_budgets: missing,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let builder = match &opts.bus_address {
+        Some(a) => zbus::connection::Builder::address(a.as_str()),
+        None => zbus::connection::Builder::system(),
+    };
+    let conn = builder
+        .serve_at(MANAGER_PATH, manager)
+        .build()
+        .await
+        .with_context(|| match &opts.bus_address {
+            Some(a) => format!("connecting to the D-Bus at {a}"),
+            None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
+        })?;
+    for a in sup.agents() {
+        dbus::register_agent(conn.object_server(), sup, &a).await;
+    }
+    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
+    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
+    let reply = conn
+        .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
+        .await
+        .with_context(|| format!("requesting the bus name {SERVICE}"))?;
+    if !matches!(
+        reply,
+        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner
+    ) {
+        bail!("the bus name {SERVICE} is owned by another process (is agentosd already running?)");
+    }
+
+    Ok(conn)
+}
+
+/// After SIGTERM/SIGINT: stop the agents if asked, the tool servers and sockets, record the
+/// stop, unload scx_agentos.
+async fn shut_down(
+    opts: &Options,
+    sup: &std::sync::Arc<Supervisor>,
+    trail: &crate::audit_trail::AuditTrail,
+    scx: Option<&std::sync::Arc<crate::scx::Scx>>,
+) {
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     }
@@ -324,11 +351,9 @@ pub async fn run(opts: Options) -> Result<()> {
         warn!("{e}");
     }
     // The kernel returns every task (agents included) to the fair class.
-    if let Some(s) = &scx {
+    if let Some(s) = scx {
         s.unload();
     }
-    drop(conn);
-    Ok(())
 }
 
 /// Load the cgroup BPF network programs and attach them to `agents` (the daemon's own
