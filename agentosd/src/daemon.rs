@@ -163,7 +163,8 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     );
     let consents = std::sync::Arc::new(crate::mcp::consent::Consents::new(opts.consent_timeout));
     let service = crate::mcp::McpService::new(
-        sup.clone(),
+        sup.mcp_callers(),
+        sup.audit_trail().cloned(),
         tools,
         consents,
         crate::mcp::SessionLimits {
@@ -189,65 +190,9 @@ pub async fn run(opts: Options) -> Result<()> {
             .with_context(|| format!("creating cgroup root {}", root.display()))?;
         leave_root(&root)?;
     }
-    let log_dir = opts
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| opts.state_dir.join("logs"));
-    std::fs::create_dir_all(&opts.state_dir)
-        .with_context(|| format!("creating state directory {}", opts.state_dir.display()))?;
-    let cfg = Config {
-        cgroup_root: root.clone(),
-        state_dir: opts.state_dir.clone(),
-        log_dir,
-        agents_dir: opts.agents_dir.clone(),
-        stop_timeout: opts.stop_timeout,
-        freeze_timeout: Duration::from_secs(5),
-    };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let sup = Supervisor::new(cfg, tx).map_err(anyhow::Error::msg)?;
-    // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
-    // agents go back into the class map).
-    let scx = crate::scx::start(opts.sched_ext);
-    if let Some(s) = &scx {
-        sup.set_scx(s.clone());
-    }
-    let report = crate::probe::probe(&crate::probe::ProbeOptions {
-        cgroup_root: Some(root.clone()),
-    });
-    let trail = open_audit(&opts);
-    sup.set_audit(trail.clone());
-    sup.set_host_offer(crate::audit_trail::host_offer(&report));
-    sup.set_net(setup_net(
-        &root.join("agents"),
-        opts.bpf_pin_dir.as_deref(),
-        &report,
-    ));
-    sup.set_fs(crate::enforce::fs::setup());
-    if opts.syscall_counts {
-        sup.set_sysc(crate::enforce::sysc::setup());
-    }
-    sup.spawn_denial_reader();
-    sup.spawn_kernel_audit_reader();
-    setup_mcp(&sup, &opts, &root);
+    let (sup, rx, trail, scx, report) = build_supervisor(&opts, &root)?;
     let missing = sup.missing_controllers();
-    if missing.is_empty() {
-        info!(
-            "cgroup root {}: budgets enforced ({})",
-            root.display(),
-            crate::cgroup::BUDGET_CONTROLLERS.join(", ")
-        );
-    } else {
-        warn!(
-            "cgroup root {}: controllers {} are not available here, so these budgets are NOT enforced: {}",
-            root.display(),
-            missing.join(", "),
-            missing
-                .iter()
-                .map(|c| crate::cgroup::budget_description(c))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
+    report_budgets(&root, &missing);
 
     for line in sup.readopt().await {
         info!("{line}");
@@ -262,67 +207,7 @@ pub async fn run(opts: Options) -> Result<()> {
         }
     }
 
-    let (policy, unknown) = crate::authz::Policy::from_rules(&opts.authz)
-        .map_err(anyhow::Error::msg)?
-        .resolve();
-    if !unknown.is_empty() {
-        tracing::warn!(
-            "authorization rules name {} that do not exist here: those rules match nobody",
-            unknown.join(", ")
-        );
-    }
-    let builder = match &opts.bus_address {
-        Some(a) => zbus::connection::Builder::address(a.as_str()),
-        None => zbus::connection::Builder::system(),
-    };
-    let conn = builder
-        .build()
-        .await
-        .with_context(|| match &opts.bus_address {
-            Some(a) => format!("connecting to the D-Bus at {a}"),
-            None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
-        })?;
-    let polkit = crate::polkit::Polkit::for_mode(opts.polkit, &conn)
-        .await
-        .map(std::sync::Arc::new);
-    match (&polkit, opts.authz.is_empty()) {
-        (Some(_), true) => info!(
-            "authorization: polkit ({}) decides for callers other than root",
-            crate::polkit::SERVICE
-        ),
-        (Some(_), false) => tracing::warn!(
-            "authorization: polkit ({}) decides for callers other than root; the --authz rules are not used (write polkit rules instead, or pass --polkit no)",
-            crate::polkit::SERVICE
-        ),
-        (None, _) => info!("authorization: built-in rules (--authz), root holds every action"),
-    }
-    let manager = Manager {
-        authz: std::sync::Arc::new(policy),
-        polkit,
-        sup: sup.clone(),
-        host_report_json: report.to_json(),
-        missing_budgets: missing,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-    };
-    conn.object_server()
-        .at(MANAGER_PATH, manager)
-        .await
-        .context("serving the manager object")?;
-    for a in sup.agents() {
-        dbus::register_agent(conn.object_server(), &sup, &a).await;
-    }
-    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
-    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
-    let reply = conn
-        .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
-        .await
-        .with_context(|| format!("requesting the bus name {SERVICE}"))?;
-    if !matches!(
-        reply,
-        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner
-    ) {
-        bail!("the bus name {SERVICE} is owned by another process (is agentosd already running?)");
-    }
+    let conn = serve_bus(&opts, &sup, &report, missing, rx).await?;
 
     for line in sup.load_agents_dir().await {
         info!("{line}");
@@ -368,6 +253,93 @@ pub async fn run(opts: Options) -> Result<()> {
             bail!("lost the D-Bus connection ({e}); exiting, agents keep running");
         }
     }
+    shut_down(&opts, &sup, &trail, scx.as_ref()).await;
+    drop(conn);
+    Ok(())
+}
+
+/// Serve the manager and the agents' objects on the bus, forward the supervisor's events, and
+/// take the bus name.
+async fn serve_bus(
+    opts: &Options,
+    sup: &std::sync::Arc<Supervisor>,
+    report: &crate::probe::HostReport,
+    missing: Vec<String>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<crate::supervisor::Event>,
+) -> Result<zbus::Connection> {
+    let (policy, unknown) = crate::authz::Policy::from_rules(&opts.authz)
+        .map_err(anyhow::Error::msg)?
+        .resolve();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            "authorization rules name {} that do not exist here: those rules match nobody",
+            unknown.join(", ")
+        );
+    }
+    let builder = match &opts.bus_address {
+        Some(a) => zbus::connection::Builder::address(a.as_str()),
+        None => zbus::connection::Builder::system(),
+    };
+    let conn = builder
+        .build()
+        .await
+        .with_context(|| match &opts.bus_address {
+            Some(a) => format!("connecting to the D-Bus at {a}"),
+            None => "connecting to the system bus (no system bus? pass --bus-address)".to_string(),
+        })?;
+    let polkit = crate::polkit::Polkit::for_mode(opts.polkit, &conn)
+        .await
+        .map(std::sync::Arc::new);
+    match (&polkit, opts.authz.is_empty()) {
+        (Some(_), true) => info!(
+            "authorization: polkit ({}) decides for callers other than root",
+            crate::polkit::SERVICE
+        ),
+        (Some(_), false) => warn!(
+            "authorization: polkit ({}) decides for callers other than root; the --authz rules are not used (write polkit rules instead, or pass --polkit no)",
+            crate::polkit::SERVICE
+        ),
+        (None, _) => info!("authorization: built-in rules (--authz), root holds every action"),
+    }
+    let manager = Manager {
+        authz: std::sync::Arc::new(policy),
+        polkit,
+        sup: sup.clone(),
+        host_report_json: report.to_json(),
+        missing_budgets: missing,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    conn.object_server()
+        .at(MANAGER_PATH, manager)
+        .await
+        .context("serving the manager object")?;
+    for a in sup.agents() {
+        dbus::register_agent(conn.object_server(), sup, &a).await;
+    }
+    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
+    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
+    let reply = conn
+        .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
+        .await
+        .with_context(|| format!("requesting the bus name {SERVICE}"))?;
+    if !matches!(
+        reply,
+        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner
+    ) {
+        bail!("the bus name {SERVICE} is owned by another process (is agentosd already running?)");
+    }
+
+    Ok(conn)
+}
+
+/// After SIGTERM/SIGINT: stop the agents if asked, the tool servers and sockets, record the
+/// stop, unload scx_agentos.
+async fn shut_down(
+    opts: &Options,
+    sup: &std::sync::Arc<Supervisor>,
+    trail: &crate::audit_trail::AuditTrail,
+    scx: Option<&std::sync::Arc<crate::scx::Scx>>,
+) {
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     }
@@ -400,11 +372,9 @@ pub async fn run(opts: Options) -> Result<()> {
         warn!("{e}");
     }
     // The kernel returns every task (agents included) to the fair class.
-    if let Some(s) = &scx {
+    if let Some(s) = scx {
         s.unload();
     }
-    drop(conn);
-    Ok(())
 }
 
 /// Load the cgroup BPF network programs and attach them to `agents` (the daemon's own
@@ -470,7 +440,7 @@ fn setup_net(
                 Err(e) => warn!(
                     "BPF LSM: lsm/socket_connect {e}; relying on cgroup BPF and Landlock (probe: {})",
                     report
-                        .why_missing(crate::probe::Mechanism::BpfLsm)
+                        .why_missing(crate::probe::Feature::BpfLsm)
                         .unwrap_or_else(|| "bpf lsm available".into())
                 ),
             }
@@ -482,6 +452,84 @@ fn setup_net(
             );
             Err(e.to_string())
         }
+    }
+}
+
+/// What the daemon runs on: the supervisor with its services (the audit trail, the BPF
+/// enforcers, the syscall counter, scx_agentos) and the MCP service, the host report.
+type Built = (
+    std::sync::Arc<Supervisor>,
+    tokio::sync::mpsc::UnboundedReceiver<crate::supervisor::Event>,
+    std::sync::Arc<crate::audit_trail::AuditTrail>,
+    Option<std::sync::Arc<crate::scx::Scx>>,
+    crate::probe::HostReport,
+);
+
+/// Build the services in order, then the supervisor over them, then its readers and the MCP
+/// service (which needs the supervisor).
+fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
+    let log_dir = opts
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join("logs"));
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("creating state directory {}", opts.state_dir.display()))?;
+    let cfg = Config {
+        cgroup_root: root.to_path_buf(),
+        state_dir: opts.state_dir.clone(),
+        log_dir,
+        agents_dir: opts.agents_dir.clone(),
+        stop_timeout: opts.stop_timeout,
+        freeze_timeout: Duration::from_secs(5),
+    };
+    // The cgroup layout first: the network enforcer attaches to `agents/`.
+    Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;
+    // Before the probe (so the host report shows it) and before readopt (re-adopted SRT/DT
+    // agents go back into the class map).
+    let scx = crate::scx::start(opts.sched_ext);
+    let report = crate::probe::probe(&crate::probe::ProbeOptions {
+        cgroup_root: Some(root.to_path_buf()),
+    });
+    let trail = open_audit(opts);
+    let services = crate::supervisor::Services {
+        audit: Some(trail.clone()),
+        offer: crate::audit_trail::host_offer(&report),
+        net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
+        fs: crate::enforce::fs::setup(),
+        sysc: if opts.syscall_counts {
+            crate::enforce::sysc::setup()
+        } else {
+            crate::supervisor::Services::default().sysc
+        },
+        scx: scx.clone(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
+    sup.spawn_denial_reader();
+    sup.spawn_kernel_audit_reader();
+    setup_mcp(&sup, opts, root);
+    Ok((sup, rx, trail, scx, report))
+}
+
+/// Say which budgets this cgroup root cannot enforce (or that all are).
+fn report_budgets(root: &Path, missing: &[String]) {
+    if missing.is_empty() {
+        info!(
+            "cgroup root {}: budgets enforced ({})",
+            root.display(),
+            crate::cgroup::BUDGET_CONTROLLERS.join(", ")
+        );
+    } else {
+        warn!(
+            "cgroup root {}: controllers {} are not available here, so these budgets are NOT enforced: {}",
+            root.display(),
+            missing.join(", "),
+            missing
+                .iter()
+                .map(|c| crate::cgroup::budget_description(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
 }
 

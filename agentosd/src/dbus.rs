@@ -18,18 +18,20 @@ use zbus::message::Header;
 
 pub use agentos_api::{AGENT_IFACE, ApiError, MANAGER_IFACE, MANAGER_PATH, SERVICE};
 
+/// The one place a supervisor error becomes text: its kind names the D-Bus error.
 impl From<supervisor::Error> for ApiError {
     fn from(e: supervisor::Error) -> Self {
-        use supervisor::Error as E;
-        match e {
-            E::NoSuchAgent(m) => ApiError::NoSuchAgent(format!("no such agent: {m}")),
-            E::InvalidContract(m) => ApiError::InvalidContract(m),
-            E::AlreadyExists(m) => ApiError::AlreadyExists(m),
-            E::InvalidState(m) => ApiError::InvalidState(m),
-            E::Kernel(m) => ApiError::Kernel(m),
-            E::Unenforceable(m) => ApiError::Unenforceable(m),
-            E::ExecFailed(m) => ApiError::ExecFailed(m),
-            E::Unschedulable(m) => ApiError::Unschedulable(m),
+        use supervisor::ErrorKind as K;
+        let m = e.to_string();
+        match e.kind() {
+            K::NoSuchAgent => ApiError::NoSuchAgent(m),
+            K::InvalidContract => ApiError::InvalidContract(m),
+            K::AlreadyExists => ApiError::AlreadyExists(m),
+            K::InvalidState => ApiError::InvalidState(m),
+            K::Kernel => ApiError::Kernel(m),
+            K::Unenforceable => ApiError::Unenforceable(m),
+            K::ExecFailed => ApiError::ExecFailed(m),
+            K::Unschedulable => ApiError::Unschedulable(m),
         }
     }
 }
@@ -189,10 +191,7 @@ impl Gate {
         action: Action,
         a: Arc<Agent>,
     ) -> Result<(Caller, Arc<Agent>)> {
-        if !self
-            .allows(&caller, action, Scope::Tenant(&a.tenant))
-            .await
-        {
+        if !self.allows(&caller, action, Scope::Tenant(&a.tenant)).await {
             return Err(self.refuse(&caller, method, action, Some((&a.tenant, &a.name))));
         }
         Ok((caller, a))

@@ -98,6 +98,22 @@ pub struct ExecSpec {
     pub working_directory: Option<PathBuf>,
 }
 
+/// Every latency class, and its name in records, `status` and sched.rs.
+const CLASSES: [contracts::LatencyClass; 3] = [
+    contracts::LatencyClass::Hrt,
+    contracts::LatencyClass::Srt,
+    contracts::LatencyClass::Dt,
+];
+
+/// `HRT`, `SRT`, `DT`.
+pub fn class_name(c: contracts::LatencyClass) -> &'static str {
+    match c {
+        contracts::LatencyClass::Hrt => "HRT",
+        contracts::LatencyClass::Srt => "SRT",
+        contracts::LatencyClass::Dt => "DT",
+    }
+}
+
 /// The supervisor's view of one agent's contract.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentSpec {
@@ -120,13 +136,7 @@ impl AgentSpec {
         AgentSpec {
             name: c.name().to_string(),
             tenant: c.tenant().to_string(),
-            latency_class: match c.latency_class() {
-                Some(contracts::LatencyClass::Hrt) => "HRT",
-                Some(contracts::LatencyClass::Srt) => "SRT",
-                Some(contracts::LatencyClass::Dt) => "DT",
-                None => "",
-            }
-            .to_string(),
+            latency_class: c.latency_class().map_or("", class_name).to_string(),
             exec: c.exec().map(|e| ExecSpec {
                 command: e.command.clone(),
                 args: e.args.clone(),
@@ -159,6 +169,22 @@ impl AgentSpec {
     pub fn id(&self) -> String {
         format!("{}/{}", self.tenant, self.name)
     }
+
+    /// The latency class, typed (`None` when the contract names none, or for a record whose
+    /// text is not one of `HRT`, `SRT`, `DT`).
+    pub fn latency(&self) -> Option<contracts::LatencyClass> {
+        CLASSES
+            .into_iter()
+            .find(|c| class_name(*c) == self.latency_class)
+    }
+
+    /// The HRT reservation this agent is admitted with: its deadline, when it is HRT and has one.
+    pub fn deadline(&self) -> Option<&crate::sched::Deadline> {
+        match self.latency() {
+            Some(contracts::LatencyClass::Hrt) => self.sched.deadline.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Escape one label for a D-Bus object path like systemd's `bus_label_escape`: every byte
@@ -190,6 +216,32 @@ pub fn agent_object_path(tenant: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_class_names_round_trip() {
+        let mut spec = AgentSpec {
+            name: "a".into(),
+            tenant: "t".into(),
+            latency_class: String::new(),
+            exec: None,
+            restart: Restart::default(),
+            budgets: Budgets::default(),
+            sched: Default::default(),
+        };
+        assert_eq!(spec.latency(), None);
+        for c in CLASSES {
+            spec.latency_class = class_name(c).to_string();
+            assert_eq!(spec.latency(), Some(c));
+        }
+        spec.latency_class = "hrt".into();
+        assert_eq!(
+            spec.latency(),
+            None,
+            "names are exact, as sched.rs compares them"
+        );
+        spec.latency_class = "HRT".into();
+        assert!(spec.deadline().is_none(), "HRT without a reservation");
+    }
 
     #[test]
     fn escaping_like_systemd() {

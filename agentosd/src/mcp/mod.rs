@@ -18,7 +18,6 @@ use tracing::{debug, warn};
 
 use crate::audit_trail::AuditTrail;
 use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
-use crate::supervisor::Supervisor;
 use crate::tools::{Caller, ToolError, Tools};
 use consent::{Answer, Consents};
 use jsonrpc::Incoming;
@@ -110,9 +109,18 @@ pub fn decide(policy: &Policy, capability: Option<&str>) -> Result<bool, Refused
     Ok(policy.consent_for.contains(cap))
 }
 
+/// Who is calling on an agent's socket, for the gate: the agents' registry answers (the
+/// supervisor, through a weak handle, so the service does not keep it alive).
+pub trait Callers: Send + Sync {
+    /// The caller's context, taken from the contract of the running agent `agent_id`; why not
+    /// when the agent is unknown, not running, or has no contract.
+    fn caller(&self, agent_id: &str) -> Result<CallerCtx, String>;
+}
+
 /// The MCP service: one per daemon.
 pub struct McpService {
-    sup: Arc<Supervisor>,
+    callers: Arc<dyn Callers>,
+    audit: Option<Arc<AuditTrail>>,
     tools: Arc<Tools>,
     consents: Arc<Consents>,
     limits: SessionLimits,
@@ -124,13 +132,15 @@ pub struct McpService {
 
 impl McpService {
     pub fn new(
-        sup: Arc<Supervisor>,
+        callers: Arc<dyn Callers>,
+        audit: Option<Arc<AuditTrail>>,
         tools: Arc<Tools>,
         consents: Arc<Consents>,
         limits: SessionLimits,
     ) -> Arc<Self> {
         Arc::new(McpService {
-            sup,
+            callers,
+            audit,
             tools,
             consents,
             limits,
@@ -158,7 +168,7 @@ impl McpService {
     }
 
     fn audit(&self) -> Option<&Arc<AuditTrail>> {
-        self.sup.audit_trail()
+        self.audit.as_ref()
     }
 
     /// Serves every connection the ipc layer hands over, and audits refused peers.
@@ -206,7 +216,7 @@ impl McpService {
     /// One connection, until the peer closes it.
     pub async fn session(self: Arc<Self>, conn: Connection) {
         let Connection { peer, mut rx, tx } = conn;
-        let ctx = match self.sup.mcp_caller(&peer.agent) {
+        let ctx = match self.callers.caller(&peer.agent) {
             Ok(c) => Arc::new(c),
             Err(why) => {
                 warn!(agent = %peer.agent, "closing an MCP connection: {why}");

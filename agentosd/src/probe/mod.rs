@@ -28,10 +28,6 @@ pub use crate::cgroup::BUDGET_CONTROLLERS;
 pub use crate::sys::mountinfo::CgroupLayout;
 pub use report::{CgroupInfo, Check, Feature, HostReport, Status, SystemdInfo};
 
-/// The old name of [`Feature`] (a row of the report), kept so callers outside the probe build
-/// unchanged; the contract's vocabulary is [`contracts::Mechanism`].
-pub type Mechanism = Feature;
-
 /// Where to probe.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeOptions {

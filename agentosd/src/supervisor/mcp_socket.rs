@@ -6,9 +6,10 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::mechanism::{Mechanism, Prepared, RunCtx};
 use super::{Agent, Error, Supervisor};
-use crate::ipc::{AgentRef, IpcServer};
-use crate::mcp::{CallerCtx, McpService, Policy};
+use crate::ipc::{AgentRef, IpcError, IpcServer};
+use crate::mcp::{CallerCtx, Callers, McpService, Policy};
 use crate::sandbox::identity;
 
 /// What the daemon set up for tool calls (see [`Supervisor::set_mcp`]).
@@ -26,21 +27,39 @@ pub struct AgentSocket {
     pub inherited: OwnedFd,
 }
 
+/// Why an agent's MCP socket could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    #[error(transparent)]
+    Dir(#[from] crate::safe_fs::SafeFsError),
+    #[error("cgroup {} is not under the cgroup2 mount {}", cgroup.display(), mount.display())]
+    NotUnderMount { cgroup: PathBuf, mount: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: IpcError,
+    },
+    #[error("pair: {0}")]
+    Pair(#[source] IpcError),
+}
+
 /// `RUN_DIR/agents/<tenant>`, each 0711 whatever the umask (systemd's UMask=0027 would make
 /// them 0750): an agent's uid may walk to its own socket but list nobody's.
-fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), String> {
+pub(super) fn socket_dirs(run_dir: &std::path::Path, tenant: &str) -> Result<(), SocketError> {
     // On fds from RUN_DIR down (safe_fs): no link in `agents/<tenant>` is followed.
-    let e = |e: crate::safe_fs::SafeFsError| e.to_string();
-    let root = crate::safe_fs::Dir::open_root(run_dir).map_err(e)?;
+    let root = crate::safe_fs::Dir::open_root(run_dir)?;
     // RUN_DIR itself only needs o+x; leave a stricter or wider mode the operator chose.
-    let mode = root.stat().map_err(e)?.st_mode & 0o7777;
+    let mode = root.stat()?.st_mode & 0o7777;
     if mode | 0o011 != mode {
-        root.chmod(mode | 0o011).map_err(e)?;
+        root.chmod(mode | 0o011)?;
     }
-    let agents = root.mkdir("agents", 0o711).map_err(e)?;
-    agents.chmod(0o711).map_err(e)?;
-    let tenant_dir = agents.mkdir(tenant, 0o711).map_err(e)?;
-    tenant_dir.chmod(0o711).map_err(e)?;
+    let agents = root.mkdir("agents", 0o711)?;
+    agents.chmod(0o711)?;
+    let tenant_dir = agents.mkdir(tenant, 0o711)?;
+    tenant_dir.chmod(0o711)?;
     Ok(())
 }
 
@@ -65,8 +84,8 @@ impl Supervisor {
         })
     }
 
-    fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, String> {
-        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id).map_err(|e| e.to_string())?;
+    pub(super) fn agent_ref(&self, agent: &Agent) -> Result<AgentRef, SocketError> {
+        let uid = identity::uid_for(&self.cfg.state_dir, &agent.id)?;
         // The agent is the processes in its `main` leaf (and below): its tools and MCP servers
         // live beside it in `tools/`, under the same budgets, and must not pass as the agent
         // on its socket.
@@ -75,12 +94,9 @@ impl Supervisor {
             .path()
             .strip_prefix(&self.cgroup_mount)
             .map(|p| PathBuf::from("/").join(p))
-            .map_err(|_| {
-                format!(
-                    "cgroup {} is not under the cgroup2 mount {}",
-                    main.path().display(),
-                    self.cgroup_mount.display()
-                )
+            .map_err(|_| SocketError::NotUnderMount {
+                cgroup: main.path().to_path_buf(),
+                mount: self.cgroup_mount.clone(),
             })?;
         Ok(AgentRef {
             id: agent.id.clone(),
@@ -100,22 +116,22 @@ impl Supervisor {
         let Some(path) = self.socket_path(&agent.tenant, &agent.name) else {
             return Ok(None);
         };
-        let r = self
-            .agent_ref(agent)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
-        socket_dirs(&m.run_dir, &agent.tenant)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket: {e}", agent.id)))?;
-        m.ipc.listen(&r, &path).map_err(|e| {
-            Error::Kernel(format!(
-                "agent {}: MCP socket {}: {e}",
-                agent.id,
-                path.display()
-            ))
+        let socket_error = |source| Error::McpSocket {
+            agent: agent.id.clone(),
+            source,
+        };
+        let r = self.agent_ref(agent).map_err(socket_error)?;
+        socket_dirs(&m.run_dir, &agent.tenant).map_err(socket_error)?;
+        m.ipc.listen(&r, &path).map_err(|source| {
+            socket_error(SocketError::Listen {
+                path: path.clone(),
+                source,
+            })
         })?;
         let inherited = m
             .ipc
             .pair(&r)
-            .map_err(|e| Error::Kernel(format!("agent {}: MCP socket pair: {e}", agent.id)))?;
+            .map_err(|e| socket_error(SocketError::Pair(e)))?;
         Ok(Some(AgentSocket { path, inherited }))
     }
 
@@ -139,17 +155,23 @@ impl Supervisor {
 
     /// The agent stopped: close its socket and connections, withdraw its consent requests and
     /// stop its tool servers.
-    pub(super) fn mcp_forget(&self, agent: &Agent) {
+    pub(super) fn mcp_forget(&self, agent_id: &str) {
         let Some(m) = self.mcp.get() else {
             return;
         };
-        m.ipc.forget(&agent.id);
-        m.service.consents().withdraw_agent(&agent.id);
+        m.ipc.forget(agent_id);
+        m.service.consents().withdraw_agent(agent_id);
         let tools = m.service.tools().clone();
-        let id = agent.id.clone();
+        let id = agent_id.to_string();
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             h.spawn(async move { tools.forget(&id).await });
         }
+    }
+
+    /// The gate's view of the registry (see [`Callers`]): a weak handle, so the MCP service
+    /// the supervisor holds does not hold the supervisor (no `Arc` cycle).
+    pub fn mcp_callers(self: &Arc<Self>) -> Arc<dyn Callers> {
+        Arc::new(CallersOf(Arc::downgrade(self)))
     }
 
     /// Who is calling, for the gate: from the agent's contract, read once per connection.
@@ -158,7 +180,7 @@ impl Supervisor {
         if !agent.state().is_active() {
             return Err(format!("agent {agent_id} is {}", agent.state().as_str()));
         }
-        let contract = super::agent_contract(&agent)
+        let contract = super::start::agent_contract(&agent)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| {
                 format!("agent {agent_id} was started without a contract, so it has no tools")
@@ -172,5 +194,50 @@ impl Supervisor {
             policy: Policy::from_contract(&contract),
             caller: crate::tools::Caller::from_contract(&contract, &home, uid, uid),
         })
+    }
+}
+
+/// The agent's MCP socket: listening at its path and an inherited connection, made before its
+/// first process (`AGENTOS_SOCKET`, `AGENTOS_SOCKET_FD`); closed with its tool servers and consent
+/// requests when the run ends.
+pub(super) struct McpSocket<'s>(pub &'s Supervisor);
+
+impl Mechanism for McpSocket<'_> {
+    fn name(&self) -> &'static str {
+        "mcp"
+    }
+
+    fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
+        if let Some(s) = self.0.mcp_open(run.agent)? {
+            out.env
+                .push((agentos_api::SOCKET_ENV.into(), s.path.display().to_string()));
+            out.env.push((
+                agentos_api::SOCKET_FD_ENV.into(),
+                std::os::fd::AsRawFd::as_raw_fd(&s.inherited).to_string(),
+            ));
+            out.inherit_fd = Some(s.inherited);
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
+        self.0.mcp_relisten(run.agent).into_iter().collect()
+    }
+
+    fn release(&self, agent_id: &str) {
+        self.0.mcp_forget(agent_id);
+    }
+}
+
+/// [`Callers`] answered by the supervisor while it lives.
+struct CallersOf(std::sync::Weak<Supervisor>);
+
+impl Callers for CallersOf {
+    fn caller(&self, agent_id: &str) -> Result<CallerCtx, String> {
+        let sup = self
+            .0
+            .upgrade()
+            .ok_or_else(|| "agentosd is shutting down".to_string())?;
+        sup.mcp_caller(agent_id)
     }
 }
