@@ -94,7 +94,11 @@ fn polkit_decides_each_verb_for_each_kind_of_caller() {
     wait_for(
         "the acme operator's stop of acme/x (polkit's rule)",
         Duration::from_secs(20),
-        || agentctl_as("vmt-acme", &["stop", "acme/x"]).success().then_some(()),
+        || {
+            agentctl_as("vmt-acme", &["stop", "acme/x"])
+                .success()
+                .then_some(())
+        },
     );
     acme.wait_states(&["stopped", "exited", "inactive"], Duration::from_secs(30));
 
