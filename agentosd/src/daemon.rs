@@ -50,6 +50,8 @@ pub struct Options {
     pub authz: Vec<String>,
     /// Whether polkit decides instead of `authz` (`--polkit`).
     pub polkit: crate::polkit::Mode,
+    /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
+    pub denial_records: crate::enforce::limit::Limits,
 }
 
 impl Default for Options {
@@ -74,6 +76,7 @@ impl Default for Options {
             bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
+            denial_records: Default::default(),
         }
     }
 }
@@ -481,6 +484,7 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         agents_dir: opts.agents_dir.clone(),
         stop_timeout: opts.stop_timeout,
         freeze_timeout: Duration::from_secs(5),
+        denial_records: opts.denial_records,
     };
     // The cgroup layout first: the network enforcer attaches to `agents/`.
     Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;

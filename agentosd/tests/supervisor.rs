@@ -47,6 +47,7 @@ fn setup(tag: &str) -> (common::TestCgroup, tempfile::TempDir, Arc<Supervisor>) 
             agents_dir: dir.path().join("agents.d"),
             stop_timeout: Duration::from_secs(2),
             freeze_timeout: Duration::from_secs(5),
+            denial_records: Default::default(),
         },
         tx,
     )

@@ -93,6 +93,13 @@ struct RunArgs {
     /// are not used), yes = always (refused when polkitd does not answer), no = never
     #[arg(long, global = true, value_enum, default_value_t = agentosd::polkit::Mode::Auto)]
     polkit: agentosd::polkit::Mode,
+    /// Kernel denial records per agent and second once the burst is spent; the rest are
+    /// counted per agent and hook in a "denials-suppressed" record every 2 s
+    #[arg(long, global = true, default_value_t = 20)]
+    denial_records_per_sec: u32,
+    /// Kernel denial records an agent may produce at once before the rate applies
+    #[arg(long, global = true, default_value_t = 100)]
+    denial_records_burst: u32,
 }
 
 #[derive(Subcommand, Debug)]
@@ -179,6 +186,10 @@ fn main() -> anyhow::Result<()> {
                 .filter(|p| p.as_os_str() != "none"),
                 authz: r.authz,
                 polkit: r.polkit,
+                denial_records: agentosd::enforce::limit::Limits {
+                    per_sec: r.denial_records_per_sec,
+                    burst: r.denial_records_burst,
+                },
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -9,11 +9,10 @@
 
 pub mod fs;
 pub mod kaudit;
+pub mod limit;
 pub mod net;
 pub mod sysc;
 
-/// The causes of an error (aya's load errors keep the kernel's verifier text there), each after
-/// ": ".
 /// How fast the daemon takes in kernel denials (BPF ring buffers, the audit netlink socket): at
 /// most [`RateBudget::PER_WINDOW`] events per [`RateBudget::WINDOW`], about 2 500 a second per
 /// source. An agent that loops over refused syscalls thus costs the daemon a bounded share of a
@@ -114,6 +113,8 @@ pub async fn read_ring<T>(
     }
 }
 
+/// The causes of an error (aya's load errors keep the kernel's verifier text there), each after
+/// ": ".
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = String::new();
     let mut cur = e.source();

@@ -20,6 +20,9 @@ impl Supervisor {
             .and_then(|f| f.agent_of(d.cgroup_id))
             .unwrap_or_default();
         self.note_denial(&tenant, &name);
+        if !self.admit_record(&tenant, &name, d.hook) {
+            return;
+        }
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} {} of {} ({}, {})", d.syscall, d.access, d.path, d.hook,
@@ -90,8 +93,51 @@ impl Supervisor {
                     let (w, m) = ("bpf lsm ring buffer full", "bpf-lsm");
                     report_ring_drops(trail, dropped, &mut seen_fs, w, m);
                 }
+                sup.report_suppressed();
             }
         });
+    }
+
+    /// Whether this denial of agent `tenant/name` gets a record (and a log line) of its own,
+    /// or is counted for the agent's next "denials-suppressed" summary (rate limit per agent).
+    fn admit_record(&self, tenant: &str, name: &str, hook: &str) -> bool {
+        let agent = if name.is_empty() {
+            String::new()
+        } else {
+            format!("{tenant}/{name}")
+        };
+        lock(&self.record_limit).admit(&agent, hook, std::time::Instant::now())
+    }
+
+    /// One record per agent whose denials were over its rate since the last report: how many,
+    /// by hook, over how long. The suppressed denials are counted, never silently lost.
+    pub(super) fn report_suppressed(&self) {
+        let summaries = lock(&self.record_limit).summaries(std::time::Instant::now());
+        let limits = self.config().denial_records;
+        for s in summaries {
+            let (tenant, name) = s.agent.split_once('/').unwrap_or(("", ""));
+            tracing::warn!(
+                agent = %s.agent,
+                "{} kernel denial(s) over the record rate ({}/s, burst {}) in {} ms: counted, not recorded one by one",
+                s.suppressed, limits.per_sec, limits.burst, s.window.as_millis()
+            );
+            let Some(t) = self.audit_trail() else {
+                continue;
+            };
+            let rec = if name.is_empty() {
+                audit::Record::new(audit::Kind::Denial, "", "")
+            } else {
+                t.agent_record(audit::Kind::Denial, tenant, name)
+            };
+            t.submit_or_count(rec.decision(Decision::Deny).detail(json!({
+                "event": "denials-suppressed",
+                "count": s.suppressed,
+                "by": s.by,
+                "window_ms": s.window.as_millis() as u64,
+                "agent": s.agent,
+                "limit": {"per_sec": limits.per_sec, "burst": limits.burst},
+            })));
+        }
     }
 
     pub(super) fn audit_denial(&self, d: &net::Denial) {
@@ -101,6 +147,9 @@ impl Supervisor {
             .and_then(|n| n.agent_of(d.cgroup_id))
             .unwrap_or_default();
         self.note_denial(&tenant, &name);
+        if !self.admit_record(&tenant, &name, d.hook) {
+            return;
+        }
         match d.errno() {
             Some(errno) => tracing::info!(
                 agent = %format!("{tenant}/{name}"),
@@ -223,6 +272,9 @@ impl Supervisor {
             .map(|w| (w.tenant.clone(), w.name.clone()))
             .unwrap_or_default();
         self.note_denial(&tenant, &name);
+        if !self.admit_record(&tenant, &name, d.mechanism) {
+            return;
+        }
         tracing::info!(
             agent = %format!("{tenant}/{name}"),
             "kernel denied {} ({}, {})",

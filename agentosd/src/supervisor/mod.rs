@@ -125,6 +125,9 @@ pub struct Config {
     pub stop_timeout: Duration,
     /// How long to wait for `cgroup.events` to confirm a freeze or thaw.
     pub freeze_timeout: Duration,
+    /// Denial records per agent (`--denial-records-per-sec`, `--denial-records-burst`); the
+    /// rest are counted in a summary record every 2 s (enforce/limit.rs).
+    pub denial_records: crate::enforce::limit::Limits,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,6 +190,8 @@ pub struct Supervisor {
     /// Agent id → kernel denials reported since the daemon started, whatever refused them
     /// (cgroup BPF, BPF LSM, Landlock, seccomp). See supervisor_hooks.rs.
     denials: Mutex<BTreeMap<String, u64>>,
+    /// Which denials get a record of their own (per-agent rate limit); see denials.rs.
+    record_limit: Mutex<crate::enforce::limit::RecordLimiter>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -251,6 +256,7 @@ impl Supervisor {
         boot_id: String,
     ) -> Arc<Self> {
         let root = Cgroup::new(&cfg.cgroup_root);
+        let limits = cfg.denial_records;
         Arc::new(Supervisor {
             store: Store::new(&cfg.state_dir),
             cfg,
@@ -264,6 +270,7 @@ impl Supervisor {
             services,
             mcp: std::sync::OnceLock::new(),
             denials: Mutex::default(),
+            record_limit: Mutex::new(crate::enforce::limit::RecordLimiter::new(limits)),
         })
     }
 
@@ -279,6 +286,7 @@ impl Supervisor {
             agents_dir: base.join("agents"),
             stop_timeout: Duration::from_secs(1),
             freeze_timeout: Duration::from_secs(1),
+            denial_records: Default::default(),
         };
         Self::assemble(cfg, Services::default(), events, base, String::new())
     }
