@@ -10,8 +10,11 @@
 //! 3. inside an agent's cgroup under agents/, with a policy of 32 rules whose last one grants
 //!    the destination (the worst case of the rule walk).
 //!
-//! Also ns per `openat`+`close` of `/etc/passwd` and per `getppid` (which no program of ours
-//! hooks) in the same three places, and a fourth: a child process inside the agent's cgroup with
+//! Also ns per UDP datagram received (sent by a socket made outside agents/ from a granted
+//! address to one made where the row measures: inside an agent the delivery runs
+//! `cgroup_skb/ingress`, which walks the rules for the sender; one thread, no wakeups), per
+//! `openat`+`close` of `/etc/passwd` and per `getppid` (which no program of ours hooks) in the
+//! same three places, and a fourth: a child process inside the agent's cgroup with
 //! the agent's seccomp filter and Landlock domain applied (what every real agent pays).
 //!
 //! Prints the median of 7 interleaved rounds for each.
@@ -57,6 +60,23 @@ fn sendto_loop(s: &UdpSocket, to: SocketAddrV4, n: u32) -> f64 {
     t.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
+/// Datagrams sent by `from` (outside agents/) to a socket made here and received by it, ns
+/// each: the receive path, with `cgroup_skb/ingress` when this runs inside an agent.
+fn recv_loop(from: &UdpSocket, n: u32) -> f64 {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let at = s.local_addr().unwrap();
+    let mut buf = [0u8; 8];
+    let t = Instant::now();
+    for _ in 0..n {
+        from.send_to(b"x", at).unwrap();
+        s.recv(&mut buf)
+            .expect("the datagram (dropped on its way in?)");
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -85,23 +105,25 @@ fn getppid_loop(n: u32) -> f64 {
     t.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
-/// (connect, sendto, openat+close, getppid) ns of one round.
-type Round = (f64, f64, f64, f64);
+/// (connect, sendto, UDP send+receive, openat+close, getppid) ns of one round.
+type Round = (f64, f64, f64, f64, f64);
 
-fn measure(to: SocketAddrV4, n: u32) -> Round {
-    let sink = UdpSocket::bind(to).ok();
+/// One round in this process; `from`: the sender of the receive loop (none in the sandboxed
+/// child, which cannot hold a socket made outside the agent: NaN there).
+fn measure(to: SocketAddrV4, from: Option<&UdpSocket>, n: u32) -> Round {
     let c = UdpSocket::bind("127.0.0.1:0").unwrap();
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     connect_loop(&c, to, n / 10);
     sendto_loop(&s, to, n / 10);
-    let r = (
+    let recv = |n| from.map_or(f64::NAN, |f| recv_loop(f, n));
+    recv(n / 100);
+    (
         connect_loop(&c, to, n),
         sendto_loop(&s, to, n),
+        recv(n / 10),
         open_close_loop(n),
         getppid_loop(n),
-    );
-    drop(sink);
-    r
+    )
 }
 
 /// The child of the fourth row: into the agent's cgroup (argument 2), then the agent sandbox's
@@ -138,8 +160,8 @@ fn sandboxed_child(to: SocketAddrV4, n: u32, agent_cg: &Path) {
             );
         }
     }
-    let r = measure(to, n);
-    println!("{} {} {} {}", r.0, r.1, r.2, r.3);
+    let r = measure(to, None, n);
+    println!("{} {} {} {} {}", r.0, r.1, r.2, r.3, r.4);
 }
 
 fn move_self(cg: &Path) {
@@ -166,13 +188,21 @@ fn main() {
     let agents = root.join("agents");
     let agent = agents.join("bench");
     std::fs::create_dir_all(&agent).unwrap();
-    let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
-    let to = SocketAddrV4::new(
-        *to.ip(),
-        UdpSocket::bind(to).unwrap().local_addr().unwrap().port(),
-    );
+    // The sendto destination: a socket made here, outside agents/, for the whole run (one made
+    // inside an agent would need a bind grant, and datagrams to a closed port cost an ICMP
+    // error each). Nobody reads it: datagrams past its buffer are dropped.
+    let sink = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let std::net::SocketAddr::V4(to) = sink.local_addr().unwrap() else {
+        unreachable!("an IPv4 socket")
+    };
 
-    let mut rules: Vec<Rule> = (1..32u8)
+    // The receive loop's sender, made here (outside agents/), granted by the 31st rule.
+    let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(sender_at) = sender.local_addr().unwrap() else {
+        unreachable!("an IPv4 socket")
+    };
+    // 32 rules: 30 that never match, the sender's, then the destination's (the longest walk).
+    let mut rules: Vec<Rule> = (1..31u8)
         .map(|i| Rule {
             net: Some((Ipv4Addr::new(10, 0, 0, i).into(), 32)),
             family: 2,
@@ -180,6 +210,12 @@ fn main() {
             kind: Default::default(),
         })
         .collect();
+    rules.push(Rule {
+        net: Some(((*sender_at.ip()).into(), 32)),
+        family: 2,
+        port: sender_at.port(),
+        kind: Default::default(),
+    });
     rules.push(Rule {
         net: Some(((*to.ip()).into(), 32)),
         family: 2,
@@ -201,14 +237,14 @@ fn main() {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last_stats = Default::default();
     for _ in 0..ROUNDS {
-        base.push(measure(to, n));
+        base.push(measure(to, Some(&sender), n));
         let net = NetEnforcer::load().expect("loading the programs");
         net.attach(&agents).unwrap();
-        outside.push(measure(to, n));
+        outside.push(measure(to, Some(&sender), n));
         net.set_policy("bench/bench", "bench", "bench", id, &policy)
             .unwrap();
         move_self(&agent);
-        inside.push(measure(to, n));
+        inside.push(measure(to, Some(&sender), n));
         move_self(&own);
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .arg("sandboxed-child")
@@ -222,7 +258,7 @@ fn main() {
             .split_whitespace()
             .map(|x| x.parse().unwrap())
             .collect();
-        boxed.push((v[0], v[1], v[2], v[3]));
+        boxed.push((v[0], v[1], v[2], v[3], v[4]));
         last_stats = net.stats();
         drop(net);
     }
@@ -232,20 +268,22 @@ fn main() {
             median(v.iter().map(|x| x.1).collect()),
             median(v.iter().map(|x| x.2).collect()),
             median(v.iter().map(|x| x.3).collect()),
+            median(v.iter().map(|x| x.4).collect()),
         )
     };
     let (base, outside, inside, boxed) = (med(&base), med(&outside), med(&inside), med(&boxed));
     let stats: agentosd::enforce::net::Stats = last_stats;
+    drop(sink);
     let _ = std::fs::remove_dir(&agent);
     let _ = std::fs::remove_dir(&agents);
     let _ = std::fs::remove_dir(&root);
 
     println!("iterations per round: {n}, {ROUNDS} interleaved rounds, medians (ns per call)");
     println!(
-        "{:<60} {:>10} {:>10} {:>12} {:>10}",
-        "", "connect", "sendto", "open+close", "getppid"
+        "{:<60} {:>10} {:>10} {:>10} {:>12} {:>10}",
+        "", "connect", "sendto", "udp recv", "open+close", "getppid"
     );
-    for (what, (c, s, o, g)) in [
+    for (what, (c, s, e, o, g)) in [
         ("outside agents/, no programs", base),
         ("outside agents/, programs attached to agents/", outside),
         ("inside an agent, 32 rules, granted by the last", inside),
@@ -254,12 +292,13 @@ fn main() {
             boxed,
         ),
     ] {
-        println!("{what:<60} {c:>10.0} {s:>10.0} {o:>12.0} {g:>10.0}");
+        println!("{what:<60} {c:>10.0} {s:>10.0} {e:>10.0} {o:>12.0} {g:>10.0}");
     }
     println!(
-        "program cost inside an agent: connect {:+.0} ns, sendto {:+.0} ns; outside: connect {:+.0} ns, sendto {:+.0} ns",
+        "program cost inside an agent: connect {:+.0} ns, sendto {:+.0} ns, udp send+recv {:+.0} ns (ingress); outside: connect {:+.0} ns, sendto {:+.0} ns",
         inside.0 - base.0,
         inside.1 - base.1,
+        inside.2 - base.2,
         outside.0 - base.0,
         outside.1 - base.1
     );
