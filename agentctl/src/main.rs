@@ -214,6 +214,10 @@ fn audit(cmd: AuditCmd) -> i32 {
 }
 
 fn main() {
+    // Like every Unix filter: a reader that goes away (`agentctl audit show | head`) ends us
+    // with SIGPIPE, quietly, instead of a panic on the failed write (Rust ignores SIGPIPE).
+    // SAFETY: signal(2) with SIG_DFL, before any thread exists; no handler is installed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -85,3 +85,22 @@ fn check_without_agentosd_fails_closed_naming_the_fix() {
     );
     assert!(out.stdout.is_empty(), "no report was printed: {out:?}");
 }
+
+/// `agentctl … | head`: a reader that has gone ends agentctl with SIGPIPE like any filter,
+/// without a panic message (Rust ignores SIGPIPE, so a write then fails with EPIPE and
+/// `println!` panics unless the default action is restored).
+#[test]
+fn a_closed_pipe_ends_it_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader); // no reader at all: the first write gets EPIPE / SIGPIPE
+    let out = Command::new(AGENTCTL)
+        .args(["completions", "bash"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{out:?}");
+}

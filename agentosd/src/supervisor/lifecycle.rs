@@ -21,10 +21,23 @@ pub struct ExitOutcome {
     pub restart_no: u32,
 }
 
+/// A clean exit, as systemd counts it: status 0, or killed by SIGHUP, SIGINT, SIGTERM or SIGPIPE
+/// (the signals a program is asked to end with; `systemd.service(5)`, "SuccessExitStatus=").
+/// Anything else is a failure, and an OOM kill always is.
+pub fn clean_exit(status: ExitStatus, oom: bool) -> bool {
+    !oom && match status {
+        ExitStatus::Exited(code) => code == 0,
+        ExitStatus::Signaled(sig) => {
+            [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE].contains(&sig)
+        }
+        ExitStatus::Unknown => false,
+    }
+}
+
 /// Apply the restart policy to an exit: `restarts` is the count so far, `oom` whether the run's
 /// cgroup saw an OOM kill.
 pub fn on_exit(restart: &Restart, restarts: u32, status: ExitStatus, oom: bool) -> ExitOutcome {
-    let failed = !status.success();
+    let failed = !clean_exit(status, oom);
     let what = if oom {
         format!("oom-kill, {}", status.describe())
     } else {
@@ -59,6 +72,8 @@ pub fn on_exit(restart: &Restart, restarts: u32, status: ExitStatus, oom: bool) 
             ExitStatus::Signaled(_) => "signal".to_string(),
             ExitStatus::Unknown => "exited while re-adopted, status unknown".to_string(),
         }
+    } else if let ExitStatus::Signaled(_) = status {
+        format!("success ({})", status.describe())
     } else {
         "success".to_string()
     };
@@ -199,6 +214,15 @@ mod tests {
             (No, 5, 0, Exited(3), false, Failed, "exit-code", None, 0),
             (No, 5, 0, Signaled(9), false, Failed, "signal", None, 0),
             (No, 5, 0, Signaled(9), true, Failed, "oom-kill", None, 0),
+            // SIGTERM, SIGINT, SIGHUP, SIGPIPE end a program cleanly, as systemd counts it.
+            (No, 5, 0, Signaled(15), false, EXITED, "success (code=killed, signal=TERM)", None, 0),
+            (OnFailure, 5, 0, Signaled(15), false, EXITED, "success (code=killed, signal=TERM)", None, 0),
+            (OnFailure, 5, 0, Signaled(2), false, EXITED, "success (code=killed, signal=INT)", None, 0),
+            (OnFailure, 5, 0, Signaled(13), false, EXITED, "success (code=killed, signal=PIPE)", None, 0),
+            (OnFailure, 5, 0, Signaled(1), false, EXITED, "success (code=killed, signal=HUP)", None, 0),
+            (OnFailure, 5, 0, Signaled(9), false, Restarting, "auto-restart after code=killed, signal=KILL", Some(100), 1),
+            (OnFailure, 5, 0, Signaled(6), false, Restarting, "auto-restart after code=killed, signal=ABRT", Some(100), 1),
+            (OnFailure, 5, 0, Signaled(15), true, Restarting, "auto-restart after oom-kill, code=killed, signal=TERM", Some(100), 1),
             (No, 5, 0, Unknown, false, Failed, "exited while re-adopted, status unknown", None, 0),
             (OnFailure, 5, 0, Exited(0), false, EXITED, "success", None, 0),
             (OnFailure, 5, 0, Exited(1), false, Restarting, "auto-restart after code=exited, status=1", Some(100), 1),
