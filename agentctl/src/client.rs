@@ -194,20 +194,44 @@ pub async fn start(c: &Client, target: &str) -> i32 {
     };
     match r {
         Ok(path) => {
-            let id = match c
+            let status = match c
                 .call::<_, String>("DescribeAgent", &(path.as_str(),))
                 .await
             {
-                Ok(json) => serde_json::from_str::<AgentStatus>(&json)
-                    .map(|s| format!("{} (PID {})", esc(&s.id), s.main_pid))
-                    .unwrap_or_default(),
-                Err(_) => String::new(),
+                Ok(json) => serde_json::from_str::<AgentStatus>(&json).ok(),
+                Err(_) => None,
             };
-            println!("started {id} {}", path.as_str());
-            exit::OK
+            let (line, code) = started_line(status.as_ref(), path.as_str());
+            println!("{line}");
+            code
         }
         Err(e) => fail(&mut std::io::stdout(), e),
     }
+}
+
+/// What `start` says once the daemon took the agent: its PID while it runs, else the state it
+/// is already in (a run that ended at once) and why. The start itself succeeded either way (as
+/// `systemctl start` of a simple service whose process exits at once): exit 0.
+fn started_line(status: Option<&AgentStatus>, path: &str) -> (String, i32) {
+    let Some(s) = status else {
+        return (format!("started {path}"), exit::OK);
+    };
+    let id = esc(&s.id);
+    if s.main_pid > 0 {
+        return (
+            format!("started {id} (PID {}) {path}", s.main_pid),
+            exit::OK,
+        );
+    }
+    let why = if s.result.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", esc(&s.result))
+    };
+    (
+        format!("started {id} {path}, now {}{why}", esc(&s.state)),
+        exit::OK,
+    )
 }
 
 /// stop, freeze, thaw, restart, remove: one method taking the agent.
@@ -370,4 +394,44 @@ pub async fn consent_answer(c: &Client, approve: bool, ids: &[u64]) -> i32 {
         }
     }
     code
+}
+
+#[cfg(test)]
+mod start_tests {
+    use super::*;
+
+    fn status(state: &str, pid: u32, result: &str) -> AgentStatus {
+        AgentStatus {
+            id: "t/a".into(),
+            state: state.into(),
+            result: result.into(),
+            main_pid: pid,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn start_names_the_pid_or_the_state_never_pid_0() {
+        let p = "/org/agentos1/agent/t_a";
+        let (l, c) = started_line(Some(&status("running", 42, "")), p);
+        assert_eq!(
+            (l.as_str(), c),
+            ("started t/a (PID 42) /org/agentos1/agent/t_a", 0)
+        );
+        let (l, c) = started_line(Some(&status("failed", 0, "exit-code")), p);
+        assert_eq!(
+            (l.as_str(), c),
+            (
+                "started t/a /org/agentos1/agent/t_a, now failed: exit-code",
+                0
+            )
+        );
+        let (l, c) = started_line(Some(&status("exited", 0, "success")), p);
+        assert!(l.ends_with("now exited: success") && c == 0, "{l}");
+        assert!(
+            !started_line(Some(&status("restarting", 0, "")), p)
+                .0
+                .contains("PID 0")
+        );
+    }
 }

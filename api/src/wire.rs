@@ -57,7 +57,7 @@ impl From<AgentRow> for ListRow {
 
 /// A snapshot of one agent: the JSON object of `DescribeAgent` (and `agentctl status --json`);
 /// the daemon's listings and properties read the same values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentStatus {
     pub id: String,
     pub name: String,
