@@ -264,10 +264,11 @@ pub async fn list_rows(c: &Client) -> Result<Vec<ListRow>> {
     Ok(raw.into_iter().map(ListRow::from).collect())
 }
 
-/// `agentctl list`: a table like `systemctl list-units`, or JSON.
-pub async fn list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
+/// `agentctl list`: a table like `systemctl list-units`, or JSON; `states` (none: all) keeps the
+/// agents in those states (case-insensitive).
+pub async fn list(c: &Client, json: bool, states: &[String], out: &mut dyn Write) -> i32 {
     let rows = match list_rows(c).await {
-        Ok(r) => r,
+        Ok(r) => only_states(r, states),
         Err(e) => return fail(out, e),
     };
     if json {
@@ -280,6 +281,16 @@ pub async fn list(c: &Client, json: bool, out: &mut dyn Write) -> i32 {
     }
     let _ = write!(out, "{}", render_list(&rows));
     exit::OK
+}
+
+/// The rows whose state is one of `states` (all rows when it is empty).
+fn only_states(rows: Vec<ListRow>, states: &[String]) -> Vec<ListRow> {
+    if states.is_empty() {
+        return rows;
+    }
+    rows.into_iter()
+        .filter(|r| states.iter().any(|s| s.eq_ignore_ascii_case(&r.state)))
+        .collect()
 }
 
 /// `agentctl status NAME`: like `systemctl status`.
@@ -408,6 +419,26 @@ mod start_tests {
             main_pid: pid,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn list_keeps_the_states_asked_for() {
+        let row = |id: &str, state: &str| ListRow {
+            id: id.into(),
+            name: id.into(),
+            tenant: "t".into(),
+            state: state.into(),
+            result: String::new(),
+            latency_class: "DT".into(),
+            main_pid: 0,
+            object_path: String::new(),
+        };
+        let rows = vec![row("a", "running"), row("b", "failed"), row("c", "exited")];
+        let ids = |v: Vec<ListRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(only_states(rows.clone(), &[])), ["a", "b", "c"]);
+        assert_eq!(ids(only_states(rows.clone(), &["failed".into()])), ["b"]);
+        let both = ["RUNNING".to_string(), "exited".to_string()];
+        assert_eq!(ids(only_states(rows, &both)), ["a", "c"]);
     }
 
     #[test]

@@ -69,6 +69,13 @@ enum Cmd {
     List {
         #[arg(long)]
         json: bool,
+        /// Only agents in these states (comma-separated or repeated: running,failed,…), like
+        /// systemctl's --state
+        #[arg(long, value_delimiter = ',')]
+        state: Vec<String>,
+        /// Only failed agents (--state=failed)
+        #[arg(long)]
+        failed: bool,
     },
     /// Show an agent's state, processes, cgroup, resources and last log lines
     Status {
@@ -301,7 +308,16 @@ fn run(cli: Cli) -> i32 {
             Cmd::Thaw { agents } => client::simple(&c, "ThawAgent", &agents).await,
             Cmd::Restart { agents } => client::simple(&c, "RestartAgent", &agents).await,
             Cmd::Remove { agents } => client::simple(&c, "RemoveAgent", &agents).await,
-            Cmd::List { json } => client::list(&c, json, &mut out).await,
+            Cmd::List {
+                json,
+                mut state,
+                failed,
+            } => {
+                if failed {
+                    state.push("failed".into());
+                }
+                client::list(&c, json, &state, &mut out).await
+            }
             Cmd::Status { agent, json, lines } => {
                 client::status(&c, &agent, json, lines, &mut out).await
             }
