@@ -81,7 +81,7 @@ const TARGETS: &[Target] = &[
     Target {
         name: "network-policy",
         package: "agentosd",
-        files: &["agentosd/src/enforce/net.rs"],
+        files: &["agentosd/src/enforce/net/policy.rs"],
         re: Some("policy_from_scopes|parse_scope|resolve"),
         tests: &["--lib", "--test", "escape"],
         short: false,
