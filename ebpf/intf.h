@@ -98,7 +98,7 @@ enum agentos_stat {
 
 /*
  * Filesystem scopes for the BPF LSM programs in fs.bpf.c (lsm/file_open,
- * lsm/bprm_check_security). Mirrored by agentosd/src/enforce/fs.rs.
+ * lsm/bprm_check_security). Mirrored by agentosd/src/enforce/fs/.
  */
 
 /* Bytes of path a prefix key holds after the cgroup id (LPM trie data is at most 256 bytes). */

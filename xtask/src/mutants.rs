@@ -89,7 +89,10 @@ const TARGETS: &[Target] = &[
     Target {
         name: "filesystem-policy",
         package: "agentosd",
-        files: &["agentosd/src/enforce/fs.rs", "agentosd/src/sandbox/mod.rs"],
+        files: &[
+            "agentosd/src/enforce/fs/policy.rs",
+            "agentosd/src/sandbox/mod.rs",
+        ],
         re: Some("from_plan|plan|from_contract"),
         tests: &["--lib", "--test", "escape"],
         short: false,
