@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * Layouts shared by the BPF programs and agentosd (agentosd/src/enforce/net.rs mirrors them with
+ * Layouts shared by the BPF programs and agentosd (agentosd/src/enforce/net/ mirrors them with
  * #[repr(C)] structs; a unit test checks the sizes). Change both together, and bump MAPS_LAYOUT
- * in net.rs when a map's key or value changes: the maps are pinned in bpffs and taken over by
+ * in net/pins.rs when a map's key or value changes: the maps are pinned in bpffs and taken over by
  * the next daemon, which must not load programs of one layout onto maps of another.
  */
 #ifndef AGENTOS_INTF_H
@@ -98,7 +98,7 @@ enum agentos_stat {
 
 /*
  * Filesystem scopes for the BPF LSM programs in fs.bpf.c (lsm/file_open,
- * lsm/bprm_check_security). Mirrored by agentosd/src/enforce/fs.rs.
+ * lsm/bprm_check_security). Mirrored by agentosd/src/enforce/fs/.
  */
 
 /* Bytes of path a prefix key holds after the cgroup id (LPM trie data is at most 256 bytes). */

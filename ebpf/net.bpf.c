@@ -24,7 +24,7 @@
  * policy entry is refused too (fail closed): the daemon fills an entry for every agent before its
  * first process exists.
  *
- * The daemon pins the links and maps in bpffs (agentosd/src/enforce/net.rs), so the programs stay
+ * The daemon pins the links and maps in bpffs (agentosd/src/enforce/net/pins.rs), so the programs stay
  * attached and keep their policies while agentosd is down or restarting.
  *
  * lsm/socket_connect enforces the same connect policy as defence in depth where the kernel allows

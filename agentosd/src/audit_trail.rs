@@ -17,7 +17,7 @@ use tracing::{error, info};
 
 tokio::task_local! {
     /// The D-Bus caller on whose behalf the current task acts (the `caller` object of
-    /// [`crate::authz::Caller::to_json`]); set by dbus.rs around every method call, so that
+    /// [`crate::authz::Caller::to_json`]); set by dbus/ around every method call, so that
     /// every lifecycle record made while serving the call names who asked.
     pub static CALLER: Value;
 }

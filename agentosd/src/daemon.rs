@@ -44,7 +44,7 @@ pub struct Options {
     /// (`--max-tool-calls-per-agent`; `mcp::SessionLimits::max_calls_per_agent`).
     pub max_tool_calls_per_agent: usize,
     /// bpffs directory where the network programs' links and maps are pinned so that they
-    /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net.rs `Pins`.
+    /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net/pins.rs `Pins`.
     pub bpf_pin_dir: Option<PathBuf>,
     /// D-Bus authorization rules (`--authz`, `authz::Rule` syntax); empty: `authz::DEFAULT_RULE`.
     pub authz: Vec<String>,

@@ -3,7 +3,7 @@
 //! denies (EPERM); the trail then holds one `denial` record for each, with the mechanism,
 //! syscall, errno and path, attributed to the agent, and `agentctl status` counts them. An agent
 //! that does only what it may produces none. Root only; the daemon reads the kernel's audit
-//! netlink multicast group (enforce/kaudit.rs).
+//! netlink multicast group (enforce/kaudit/).
 //!
 //! Landlock logs only while kernel audit is enabled. When it is not, the test enables it for its
 //! own duration and restores `audit_enabled` afterwards; before enabling it loads the rule

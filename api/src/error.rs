@@ -1,7 +1,7 @@
 //! `org.agentos1.Error.*`: the errors the daemon returns, by name.
 
 /// `org.agentos1.Error.*`. The daemon maps its own errors to these in one place (agentosd's
-/// dbus.rs); clients tell them apart by [`ApiError::name_of`] / the names below.
+/// dbus/mod.rs); clients tell them apart by [`ApiError::name_of`] / the names below.
 #[derive(Debug, zbus::DBusError)]
 #[zbus(prefix = "org.agentos1.Error")]
 pub enum ApiError {

@@ -81,7 +81,7 @@ const TARGETS: &[Target] = &[
     Target {
         name: "network-policy",
         package: "agentosd",
-        files: &["agentosd/src/enforce/net.rs"],
+        files: &["agentosd/src/enforce/net/policy.rs"],
         re: Some("policy_from_scopes|parse_scope|resolve"),
         tests: &["--lib", "--test", "escape"],
         short: false,
@@ -89,7 +89,10 @@ const TARGETS: &[Target] = &[
     Target {
         name: "filesystem-policy",
         package: "agentosd",
-        files: &["agentosd/src/enforce/fs.rs", "agentosd/src/sandbox/mod.rs"],
+        files: &[
+            "agentosd/src/enforce/fs/policy.rs",
+            "agentosd/src/sandbox/mod.rs",
+        ],
         re: Some("from_plan|plan|from_contract"),
         tests: &["--lib", "--test", "escape"],
         short: false,

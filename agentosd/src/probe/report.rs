@@ -61,7 +61,7 @@ pub enum Feature {
     BpfRingbuf,
     IoUring,
     /// Landlock and seccomp denials of agents logged by the kernel's audit subsystem and
-    /// readable by the daemon (`AUDIT_NLGRP_READLOG`); see enforce/kaudit.rs.
+    /// readable by the daemon (`AUDIT_NLGRP_READLOG`); see enforce/kaudit/netlink.rs.
     KernelAudit,
 }
 

@@ -202,7 +202,7 @@ impl Supervisor {
         }
     }
 
-    /// Read Landlock and seccomp denials from the kernel's audit log (enforce/kaudit.rs) on a
+    /// Read Landlock and seccomp denials from the kernel's audit log (enforce/kaudit/) on a
     /// thread of its own and append those of agents to the audit trail; say loudly at start
     /// what the kernel will not report, and report lost records, never silently.
     pub fn spawn_kernel_audit_reader(self: &Arc<Self>) {

@@ -1,5 +1,5 @@
 //! The supervisor's errors. Each has a kind ([`ErrorKind`]), which names its
-//! `org.agentos1.Error.*` on the bus; the text is made once, where dbus.rs maps it.
+//! `org.agentos1.Error.*` on the bus; the text is made once, where dbus/mod.rs maps it.
 
 use super::mcp_socket::SocketError;
 use crate::cgroup::CgroupError;

@@ -10,7 +10,7 @@ const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
 const SECCOMP_GET_ACTION_AVAIL: libc::c_uint = 2;
 const SECCOMP_GET_NOTIF_SIZES: libc::c_uint = 3;
 /// Log the filter's non-allow actions to the audit subsystem (those listed in
-/// `/proc/sys/kernel/seccomp/actions_logged`); see enforce/kaudit.rs.
+/// `/proc/sys/kernel/seccomp/actions_logged`); see enforce/kaudit/netlink.rs.
 pub const SECCOMP_FILTER_FLAG_LOG: libc::c_uint = 1 << 1;
 
 pub const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;

@@ -1,0 +1,197 @@
+//! The D-Bus API: service `org.agentos1`, manager object `/org/agentos1` (interface
+//! `org.agentos1.Manager`) and one object per agent at `/org/agentos1/agent/<tenant>_<name>`
+//! (interface `org.agentos1.Agent`). Errors are `org.agentos1.Error.*`. See docs/dbus.md.
+//!
+//! Which file for which change: `gate.rs` who may call what (the authz policy or polkit, and the
+//! refused-call records), `manager.rs` the `org.agentos1.Manager` interface, `agent.rs` the
+//! `org.agentos1.Agent` interface; this file maps errors, finds the caller and runs the pumps
+//! that turn supervisor events into objects and signals.
+
+mod agent;
+mod gate;
+mod manager;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tracing::warn;
+use zbus::Connection;
+use zbus::object_server::{ObjectServer, SignalEmitter};
+use zbus::{ObjectPath, OwnedObjectPath, Variant as Value};
+
+use crate::authz::Caller;
+use crate::supervisor::{self, Agent, Event, Supervisor};
+use zbus::message::Header;
+
+pub use agentos_api::{AGENT_IFACE, ApiError, MANAGER_IFACE, MANAGER_PATH, SERVICE};
+pub use agentos_api::{AgentRow, ConsentRow};
+
+pub use agent::AgentObject;
+pub use gate::Gate;
+pub use manager::Manager;
+
+/// The one place a supervisor error becomes text: its kind names the D-Bus error.
+impl From<supervisor::Error> for ApiError {
+    fn from(e: supervisor::Error) -> Self {
+        use supervisor::ErrorKind as K;
+        let m = e.to_string();
+        match e.kind() {
+            K::NoSuchAgent => ApiError::NoSuchAgent(m),
+            K::InvalidContract => ApiError::InvalidContract(m),
+            K::AlreadyExists => ApiError::AlreadyExists(m),
+            K::InvalidState => ApiError::InvalidState(m),
+            K::Kernel => ApiError::Kernel(m),
+            K::Unenforceable => ApiError::Unenforceable(m),
+            K::ExecFailed => ApiError::ExecFailed(m),
+            K::Unschedulable => ApiError::Unschedulable(m),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+fn opath(p: &str) -> Result<OwnedObjectPath> {
+    OwnedObjectPath::try_from(p.to_string()).map_err(|e| ApiError::InvalidArgs(e.to_string()))
+}
+
+/// Who is calling, as the bus tells it (`GetConnectionCredentials`: uid, gids, pid), with the
+/// command line and unit of that pid. Nothing the caller sends is believed.
+pub async fn caller_of(hdr: &Header<'_>, conn: &Connection) -> Result<Caller> {
+    let denied = |why: String| ApiError::AccessDenied(format!("{why}; the call is refused"));
+    let sender = hdr
+        .sender()
+        .ok_or_else(|| denied("the call has no sender on the bus".into()))?;
+    let creds = zbus::fdo::DBusProxy::new(conn)
+        .await?
+        .get_connection_credentials(zbus::names::BusName::Unique(sender.to_owned()))
+        .await
+        .map_err(|e| denied(format!("the bus does not say who {sender} is ({e})")))?;
+    let uid = creds
+        .unix_user_id()
+        .ok_or_else(|| denied(format!("the bus gives no UnixUserID for {sender}")))?;
+    // A bus that does not report UnixGroupIDs leaves the list empty: group rules then match
+    // nobody (fail closed).
+    let gids = creds.unix_group_ids().cloned().unwrap_or_default();
+    Ok(Caller {
+        uid,
+        gids,
+        bus_name: Some(sender.to_string()),
+        ..Caller::default()
+    }
+    .with_process(creds.process_id()))
+}
+
+/// Run `fut` with `caller` as the audit trail's [`crate::audit_trail::CALLER`]: every
+/// lifecycle record it makes names who asked.
+async fn as_caller<T, F>(caller: &Caller, fut: F) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, supervisor::Error>>,
+{
+    Ok(crate::audit_trail::CALLER
+        .scope(caller.to_json(), fut)
+        .await?)
+}
+
+/// Emit `ConsentRequested` for every new held call.
+pub async fn pump_consents(conn: Connection, sup: Arc<Supervisor>) {
+    let Some(m) = sup.mcp() else {
+        return;
+    };
+    let mut rx = m.service.consents().subscribe();
+    let Ok(manager) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+        return;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(r) => {
+                let _ = Manager::consent_requested(
+                    &manager,
+                    r.id,
+                    &r.agent,
+                    &r.tool,
+                    &r.capability,
+                    &r.arguments.to_string(),
+                    r.expires_us,
+                )
+                .await;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                warn!("{n} ConsentRequested signal(s) not sent (ListConsentRequests has them)");
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// Register the object of `agent` (no-op if it is there already).
+pub async fn register_agent(server: &ObjectServer, sup: &Arc<Supervisor>, agent: &Arc<Agent>) {
+    let obj = AgentObject {
+        sup: sup.clone(),
+        agent: agent.clone(),
+    };
+    if let Err(e) = server.at(agent.object_path.as_str(), obj).await {
+        warn!(agent = %agent.id, "cannot register D-Bus object: {e}");
+    }
+}
+
+/// Turn supervisor events into objects and signals. Runs until the supervisor goes away.
+pub async fn pump_events(conn: Connection, sup: Arc<Supervisor>, mut rx: UnboundedReceiver<Event>) {
+    let server = conn.object_server();
+    let Ok(manager) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+        return;
+    };
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::New(agent) => {
+                register_agent(server, &sup, &agent).await;
+                if let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) {
+                    let _ = Manager::agent_new(&manager, &agent.id, p).await;
+                }
+            }
+            Event::Changed(agent) => {
+                let current = sup.find(&agent.id).is_ok_and(|a| Arc::ptr_eq(&a, &agent));
+                if !current {
+                    continue;
+                }
+                register_agent(server, &sup, &agent).await;
+                let st = sup.status_of(&agent);
+                if let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) {
+                    let _ = Manager::agent_state_changed(
+                        &manager,
+                        &agent.id,
+                        p.clone(),
+                        &st.state,
+                        &st.result,
+                    )
+                    .await;
+                    if let Ok(em) = SignalEmitter::new(&conn, p) {
+                        let mut changed: HashMap<&str, Value<'_>> = HashMap::new();
+                        changed.insert("State", Value::from(st.state.clone()));
+                        changed.insert("Result", Value::from(st.result.clone()));
+                        changed.insert("MainPID", Value::from(st.main_pid));
+                        changed.insert("NRestarts", Value::from(st.restarts));
+                        changed.insert("ExecMainStatus", Value::from(st.exit_status.clone()));
+                        changed.insert("ActiveEnterTimestamp", Value::from(st.started_at_us));
+                        if let Ok(iface) = zbus::names::InterfaceName::try_from(AGENT_IFACE) {
+                            let _ = zbus::fdo::Properties::properties_changed(
+                                &em,
+                                iface,
+                                changed,
+                                Cow::Borrowed(&[]),
+                            )
+                            .await;
+                        }
+                    }
+                }
+            }
+            Event::Removed { id, object_path } => {
+                let _ = server.remove::<AgentObject, _>(object_path.as_str()).await;
+                if let Ok(p) = ObjectPath::try_from(object_path.as_str()) {
+                    let _ = Manager::agent_removed(&manager, &id, p).await;
+                }
+            }
+        }
+    }
+}
