@@ -612,15 +612,17 @@ type RecordCheck = fn(&serde_json::Value) -> bool;
 pub fn records_check(ctx: &Ctx) -> Vec<String> {
     let fs = agentosd::enforce::fs::FsEnforcer::load().ok();
     let loads = |hook: &str| fs.as_ref().is_some_and(|f| f.optional_status(hook).is_ok());
-    let mut want: Vec<(&str, &str, RecordCheck)> = vec![
-        ("cgroup_skb/ingress", "a datagram dropped", |d| {
+    let mut want: Vec<(&str, &str, RecordCheck)> =
+        vec![("cgroup_skb/ingress", "a datagram dropped", |d| {
             d["syscall"] == "recvmsg" && d["effect"] == "dropped" && d["errno"].is_null()
-        }),
-        // The SYN to the listener on a port nobody granted (listen-autobind-reachable).
-        ("cgroup_skb/ingress", "a SYN dropped", |d| {
+        })];
+    if !loads("socket_listen") {
+        // The SYN to the listener on a port nobody granted (listen-autobind-reachable); where
+        // lsm/socket_listen loads, that listen() is refused and no SYN ever comes.
+        want.push(("cgroup_skb/ingress", "a SYN dropped", |d| {
             d["syscall"] == "accept" && d["protocol"] == "tcp" && d["effect"] == "dropped"
-        }),
-    ];
+        }));
+    }
     if loads("socket_bind") {
         want.push(("lsm/socket_bind", "an abstract bind refused", |d| {
             d["errno"] == "EPERM" && d["path"].as_str().is_some_and(|p| p.starts_with('@'))
