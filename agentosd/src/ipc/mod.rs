@@ -376,107 +376,14 @@ impl IpcServer {
                 len,
             });
         }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir)
-                .map_err(|source| IpcError::Fs {
-                    what: "mkdir",
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
-        }
+        make_socket_dir(path)?;
         // Everything below acts on the directory as opened (root's, writable by root alone)
         // and on the socket inode opened beneath it without following a link: never on a
         // path someone could have swapped in between.
-        let fs_err = |what: &'static str, p: &Path| {
-            let p = p.to_path_buf();
-            move |e: crate::safe_fs::SafeFsError| IpcError::Fs {
-                what,
-                path: p,
-                source: io::Error::other(e),
-            }
-        };
-        let dir_path = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| IpcError::NotASocket {
-                path: path.to_path_buf(),
-            })?
-            .to_string();
-        let dir = crate::safe_fs::Dir::open_root(dir_path)
-            .map_err(fs_err("open socket directory", dir_path))?;
-        match rustix::fs::statat(
-            dir.fd(),
-            name.as_str(),
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        ) {
-            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFSOCK => dir
-                .unlink(&name)
-                .map_err(fs_err("unlink stale socket", path))?,
-            Ok(_) => {
-                return Err(IpcError::NotASocket {
-                    path: path.to_path_buf(),
-                });
-            }
-            Err(rustix::io::Errno::NOENT) => {}
-            Err(e) => {
-                return Err(IpcError::Fs {
-                    what: "stat",
-                    path: path.to_path_buf(),
-                    source: e.into(),
-                });
-            }
-        }
-        let target = path.display().to_string();
-        let sys = |call: &'static str, e: nix::errno::Errno| {
-            IpcError::Syscall(SyscallError::new(call, target.clone(), e.into()))
-        };
-        let fd = sock::socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| sys("socket", e))?;
-        // Bound in exactly the directory opened above (its fd's /proc entry).
-        let via = format!("/proc/self/fd/{}/{name}", dir.fd().as_raw_fd());
-        let addr = UnixAddr::new(via.as_str()).map_err(|e| sys("sockaddr_un", e))?;
-        sock::bind(fd.as_raw_fd(), &addr).map_err(|e| sys("bind", e))?;
-        let finish = || -> Result<(), IpcError> {
-            let inode = dir
-                .open(
-                    Path::new(&name),
-                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW,
-                    rustix::fs::Mode::empty(),
-                )
-                .map_err(fs_err("open socket", path))?;
-            rustix::fs::chownat(
-                &inode,
-                "",
-                Some(rustix::fs::Uid::from_raw(agent.uid)),
-                Some(rustix::fs::Gid::from_raw(agent.gid)),
-                rustix::fs::AtFlags::EMPTY_PATH,
-            )
-            .map_err(|e| IpcError::Syscall(SyscallError::new("chown", target.clone(), e.into())))?;
-            // fchmod does not take an O_PATH fd; its /proc entry names exactly that inode.
-            std::fs::set_permissions(
-                format!("/proc/self/fd/{}", inode.as_raw_fd()),
-                std::fs::Permissions::from_mode(0o600),
-            )
-            .map_err(|e| IpcError::Syscall(SyscallError::new("chmod", target.clone(), e)))?;
-            sock::listen(
-                &fd,
-                sock::Backlog::new(128).unwrap_or(sock::Backlog::MAXCONN),
-            )
-            .map_err(|e| sys("listen", e))
-        };
-        if let Err(e) = finish() {
+        let (dir, name) = open_socket_dir(path)?;
+        remove_stale_socket(&dir, &name, path)?;
+        let fd = bind_beneath(&dir, &name, path)?;
+        if let Err(e) = own_and_listen(&dir, &name, path, agent, &fd) {
             let _ = dir.unlink(&name);
             return Err(e);
         }
@@ -569,6 +476,134 @@ impl IpcServer {
             let _ = t.join();
         }
     }
+}
+
+// The steps of `IpcServer::listen`: the socket's directory, a stale socket, the bind beneath
+// the directory's fd, and the socket given to its agent before it listens.
+
+/// Creates the parent directory of socket `path` (0755) when missing.
+fn make_socket_dir(path: &Path) -> Result<(), IpcError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|source| IpcError::Fs {
+                what: "mkdir",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// A `safe_fs` error while doing `what` on `p`, as [`IpcError::Fs`].
+fn fs_err(what: &'static str, p: &Path) -> impl FnOnce(crate::safe_fs::SafeFsError) -> IpcError {
+    let p = p.to_path_buf();
+    move |e| IpcError::Fs {
+        what,
+        path: p,
+        source: io::Error::other(e),
+    }
+}
+
+/// A failed `call` on the socket at `path`, as [`IpcError::Syscall`].
+fn sock_err(call: &'static str, path: &Path, e: io::Error) -> IpcError {
+    IpcError::Syscall(SyscallError::new(call, path.display().to_string(), e))
+}
+
+/// The directory of socket `path`, opened, and the socket's name in it.
+fn open_socket_dir(path: &Path) -> Result<(crate::safe_fs::Dir, String), IpcError> {
+    let dir_path = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| IpcError::NotASocket {
+            path: path.to_path_buf(),
+        })?
+        .to_string();
+    let dir = crate::safe_fs::Dir::open_root(dir_path)
+        .map_err(fs_err("open socket directory", dir_path))?;
+    Ok((dir, name))
+}
+
+/// Removes a socket an earlier run left at `name`; anything else there is refused.
+fn remove_stale_socket(dir: &crate::safe_fs::Dir, name: &str, path: &Path) -> Result<(), IpcError> {
+    match rustix::fs::statat(dir.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFSOCK => dir
+            .unlink(name)
+            .map_err(fs_err("unlink stale socket", path))?,
+        Ok(_) => {
+            return Err(IpcError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => {
+            return Err(IpcError::Fs {
+                what: "stat",
+                path: path.to_path_buf(),
+                source: e.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A new socket bound at `name` in the directory `dir` (not yet listening).
+fn bind_beneath(dir: &crate::safe_fs::Dir, name: &str, path: &Path) -> Result<OwnedFd, IpcError> {
+    let fd = sock::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| sock_err("socket", path, e.into()))?;
+    // Bound in exactly the directory opened above (its fd's /proc entry).
+    let via = format!("/proc/self/fd/{}/{name}", dir.fd().as_raw_fd());
+    let addr = UnixAddr::new(via.as_str()).map_err(|e| sock_err("sockaddr_un", path, e.into()))?;
+    sock::bind(fd.as_raw_fd(), &addr).map_err(|e| sock_err("bind", path, e.into()))?;
+    Ok(fd)
+}
+
+/// Gives the bound socket `fd` at `name` to `agent` (its uid/gid, mode 0600), then listens:
+/// no one else can connect in between.
+fn own_and_listen(
+    dir: &crate::safe_fs::Dir,
+    name: &str,
+    path: &Path,
+    agent: &AgentRef,
+    fd: &OwnedFd,
+) -> Result<(), IpcError> {
+    let inode = dir
+        .open(
+            Path::new(name),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(fs_err("open socket", path))?;
+    rustix::fs::chownat(
+        &inode,
+        "",
+        Some(rustix::fs::Uid::from_raw(agent.uid)),
+        Some(rustix::fs::Gid::from_raw(agent.gid)),
+        rustix::fs::AtFlags::EMPTY_PATH,
+    )
+    .map_err(|e| sock_err("chown", path, e.into()))?;
+    // fchmod does not take an O_PATH fd; its /proc entry names exactly that inode.
+    std::fs::set_permissions(
+        format!("/proc/self/fd/{}", inode.as_raw_fd()),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .map_err(|e| sock_err("chmod", path, e))?;
+    sock::listen(
+        fd,
+        sock::Backlog::new(128).unwrap_or(sock::Backlog::MAXCONN),
+    )
+    .map_err(|e| sock_err("listen", path, e.into()))
 }
 
 impl Drop for IpcServer {

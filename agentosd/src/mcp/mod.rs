@@ -2,24 +2,25 @@
 //! the ipc layer accepts is a session here. Requests are decoded (jsonrpc.rs), checked by the
 //! gate against the caller's contract (who the caller is came from the kernel, see ipc/), held
 //! for consent when the contract says so (consent.rs), audited, and run by the tool runners
-//! (tools/). See docs/tools.md.
+//! (tools/); call.rs takes a `tools/call` through these steps. See docs/tools.md.
 
+mod call;
 pub mod consent;
 pub mod jsonrpc;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use audit::{Decision, Kind, Record};
+use audit::{Decision, Kind};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, oneshot};
 use tracing::{debug, warn};
 
 use crate::audit_trail::AuditTrail;
 use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
-use crate::tools::{Caller, ToolError, Tools};
-use consent::{Answer, Consents};
+use crate::tools::{Caller, Tools};
+use consent::Consents;
 use jsonrpc::Incoming;
 
 /// MCP protocol revisions this server speaks, newest first.
@@ -472,258 +473,6 @@ impl McpService {
             .collect();
         jsonrpc::result(id, json!({"tools": tools}))
     }
-
-    fn gate_record(&self, ctx: &CallerCtx, decision: Decision, detail: Value) -> Option<Record> {
-        self.audit().map(|t| {
-            t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
-                .decision(decision)
-                .detail(detail)
-        })
-    }
-
-    /// `tools/call` through the gate. `None`: cancelled, no answer.
-    async fn call(
-        &self,
-        ctx: &CallerCtx,
-        id: &Value,
-        params: &Value,
-        mut cancel: oneshot::Receiver<()>,
-    ) -> Option<Vec<u8>> {
-        let Some(name) = params.get("name").and_then(Value::as_str) else {
-            return Some(jsonrpc::error(
-                id,
-                jsonrpc::INVALID_PARAMS,
-                "tools/call needs params.name (a string)",
-                Value::Null,
-            ));
-        };
-        let args = match params.get("arguments") {
-            None | Some(Value::Null) => json!({}),
-            Some(a @ Value::Object(_)) => a.clone(),
-            Some(_) => {
-                return Some(jsonrpc::error(
-                    id,
-                    jsonrpc::INVALID_PARAMS,
-                    "params.arguments must be an object",
-                    Value::Null,
-                ));
-            }
-        };
-        let capability = self.tools.capability_of(name);
-        let redacted = bounded(self.tools.redact(name, &args), AUDIT_VALUE_MAX);
-        let base = json!({"tool": name, "capability": capability, "request_id": id, "arguments": redacted});
-        let needs_consent = match decide(&ctx.policy, capability.as_deref()) {
-            Ok(c) => c,
-            Err(why) => {
-                let (reason, code, msg) = match why {
-                    Refused::UnknownTool => (
-                        "unknown-tool",
-                        jsonrpc::INVALID_PARAMS,
-                        format!(
-                            "unknown tool \"{name}\" (tools/list shows the tools agent {} may call)",
-                            ctx.id
-                        ),
-                    ),
-                    Refused::NotGranted => {
-                        let cap = capability.clone().unwrap_or_default();
-                        (
-                            "not-granted",
-                            jsonrpc::FORBIDDEN,
-                            format!(
-                                "tool \"{name}\" needs capability \"{cap}\", which the contract of agent {} does not grant; \
-                                 add it to `capabilities:` in the contract",
-                                ctx.id
-                            ),
-                        )
-                    }
-                    Refused::Denied => {
-                        let cap = capability.clone().unwrap_or_default();
-                        (
-                            "denied-by-contract",
-                            jsonrpc::FORBIDDEN,
-                            format!(
-                                "capability \"{cap}\" is in `security.deny` of agent {}",
-                                ctx.id
-                            ),
-                        )
-                    }
-                };
-                if let Some(rec) =
-                    self.gate_record(ctx, Decision::Deny, with(&base, "reason", reason))
-                {
-                    // A refused call has no effect to protect: do not make the agent wait, and
-                    // never let a flood of refusals block the daemon.
-                    if let Some(t) = self.audit() {
-                        t.submit_or_count(rec);
-                    }
-                }
-                return Some(jsonrpc::error(
-                    id,
-                    code,
-                    &msg,
-                    json!({"tool": name, "capability": capability, "reason": reason}),
-                ));
-            }
-        };
-        let capability = capability.unwrap_or_default();
-        if needs_consent {
-            let (req, rx) = match self
-                .consents
-                .ask(&ctx.id, name, &capability, redacted.clone())
-            {
-                Ok(x) => x,
-                Err(e) => {
-                    if let Some(t) = self.audit() {
-                        t.submit_or_count(
-                            t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
-                                .decision(Decision::Deny)
-                                .detail(with(&base, "reason", "too-many-pending-consents")),
-                        );
-                    }
-                    return Some(jsonrpc::error(
-                        id,
-                        jsonrpc::CONSENT_REFUSED,
-                        &e.to_string(),
-                        json!({"decision": "deny"}),
-                    ));
-                }
-            };
-            if let Some(rec) =
-                self.gate_record(ctx, Decision::Held, with(&base, "consent_id", req.id))
-                && let Err(e) = self.commit(rec).await
-            {
-                return Some(e.reply(id));
-            }
-            let answer = tokio::select! {
-                a = self.consents.wait(req.id, rx) => a,
-                _ = &mut cancel => Answer::Withdrawn,
-            };
-            let (decision, by) = match &answer {
-                Answer::Approved { by_uid } => (Decision::Approved, Some(*by_uid)),
-                Answer::Denied { by_uid } => (Decision::Rejected, Some(*by_uid)),
-                Answer::Expired => (Decision::Expired, None),
-                Answer::Withdrawn => (Decision::Rejected, None),
-            };
-            let mut detail = with(&base, "consent_id", req.id);
-            detail["operator_uid"] = json!(by);
-            if answer == Answer::Withdrawn {
-                detail["reason"] =
-                    json!("withdrawn (call cancelled, agent gone or daemon stopping)");
-            }
-            if let Some(t) = self.audit() {
-                let rec = t
-                    .agent_record(Kind::Consent, &ctx.tenant, &ctx.name)
-                    .decision(decision)
-                    .detail(detail);
-                if let Err(e) = self.commit(rec).await {
-                    return Some(e.reply(id));
-                }
-            }
-            match answer {
-                Answer::Approved { .. } => {}
-                Answer::Withdrawn if cancel.try_recv().is_ok() => return None,
-                other => {
-                    let why = match other {
-                        Answer::Denied { by_uid } => {
-                            format!("refused by the operator (uid {by_uid})")
-                        }
-                        Answer::Expired => format!(
-                            "not answered within {} s (agentctl consent approve {})",
-                            self.consents.timeout().as_secs(),
-                            req.id
-                        ),
-                        _ => "withdrawn".to_string(),
-                    };
-                    return Some(jsonrpc::error(
-                        id,
-                        jsonrpc::CONSENT_REFUSED,
-                        &format!(
-                            "tool \"{name}\" needs operator consent for \"{capability}\": {why}"
-                        ),
-                        json!({"consent_id": req.id, "decision": decision.as_str()}),
-                    ));
-                }
-            }
-        }
-        // Durable before the tool can have an effect: fail closed when the trail cannot write.
-        if let Some(rec) = self.gate_record(ctx, Decision::Allow, base.clone())
-            && let Err(e) = self.commit(rec).await
-        {
-            return Some(e.reply(id));
-        }
-        let started = Instant::now();
-        let outcome = self.tools.call(&ctx.caller, name, args, cancel).await;
-        let elapsed = started.elapsed();
-        let (reply, summary) = match outcome {
-            Ok(v) => {
-                let is_error = v.get("isError").and_then(Value::as_bool).unwrap_or(false);
-                let digest = bounded(self.tools.redact(name, &v), AUDIT_VALUE_MAX);
-                (
-                    Some(jsonrpc::result(id, v)),
-                    json!({"ok": !is_error, "result": digest}),
-                )
-            }
-            Err(ToolError::Cancelled(_)) => (None, json!({"ok": false, "error": "cancelled"})),
-            Err(e @ ToolError::UnknownTool(_)) => (
-                Some(jsonrpc::error(
-                    id,
-                    jsonrpc::INVALID_PARAMS,
-                    &e.to_string(),
-                    Value::Null,
-                )),
-                json!({"ok": false, "error": e.to_string()}),
-            ),
-            Err(e) => (
-                // Execution errors (bad arguments, timeout, tool failure) go back as a tool
-                // result with isError, so the model can read them and correct itself.
-                Some(jsonrpc::result(
-                    id,
-                    json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true}),
-                )),
-                json!({"ok": false, "error": e.to_string()}),
-            ),
-        };
-        if let Some(t) = self.audit() {
-            let mut detail = with(&base, "event", "tool-result");
-            if let (Value::Object(d), Value::Object(s)) = (&mut detail, summary) {
-                d.extend(s);
-            }
-            detail["duration_us"] = json!(elapsed.as_micros() as u64);
-            t.submit_or_count(
-                t.agent_record(Kind::Gate, &ctx.tenant, &ctx.name)
-                    .detail(detail),
-            );
-        }
-        reply
-    }
-
-    async fn commit(&self, rec: Record) -> Result<(), Unavailable> {
-        match self.audit() {
-            Some(t) => t
-                .commit(rec)
-                .await
-                .map(|_| ())
-                .map_err(|e| Unavailable(e.to_string())),
-            None => Ok(()),
-        }
-    }
-}
-
-/// The audit trail could not record a decision: the call is refused (fail closed).
-struct Unavailable(String);
-
-impl Unavailable {
-    fn reply(&self, id: &Value) -> Vec<u8> {
-        jsonrpc::error(
-            id,
-            jsonrpc::UNAVAILABLE,
-            &format!(
-                "the audit trail cannot record this call, so it is refused: {} (see `agentosd check` and the daemon's journal)",
-                self.0
-            ),
-            Value::Null,
-        )
-    }
 }
 
 /// Arguments and results kept in an audit record at most this large (serialised); larger ones
@@ -743,12 +492,6 @@ pub fn bounded(v: Value, max: usize) -> Value {
         "bytes": text.len(),
         "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())),
     })
-}
-
-fn with(base: &Value, key: &str, v: impl Into<Value>) -> Value {
-    let mut b = base.clone();
-    b[key] = v.into();
-    b
 }
 
 /// How long a tools/list may take before the session gives up on a slow tool server.

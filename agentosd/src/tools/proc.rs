@@ -148,6 +148,8 @@ pub async fn launch(
     }
 }
 
+/// [`launch`] without the clean-up on error, in its order: the scratch directory, the sandbox,
+/// the environment, the cgroup, its kernel policy and limits, then the process on pipes.
 async fn launch_inner(
     m: &ToolManifest,
     caller: &Caller,
@@ -160,9 +162,51 @@ async fn launch_inner(
     let eff = scope::effective(&m.needs, caller);
     let cx = scope::arg_context(&eff, caller, &place.scratch, scope_list);
     let args = expand_args(&program.args, &cx);
-    let plan = scope::plan(&eff, &m.needs.runtime, &program.command, &place.scratch)
-        .map_err(|e| e.to_string())?;
     let mut notes = Vec::new();
+    let prepared = prepare_sandbox(m, caller, place, &eff, &scratch_dir, &mut notes)?;
+    let env = tool_env(m, caller, place, scope_list);
+    let enabled = make_cgroup(caller, place)?;
+    let policy = place_policy(cfg, caller, place, &eff, &mut notes).await?;
+    set_limits(m, place, &enabled, &mut notes)?;
+    let cmd = spawn::Command {
+        program: program.command.clone(),
+        args,
+        env,
+        cwd: place.scratch.clone(),
+        log_file: PathBuf::from("/dev/null"),
+        sandbox: Some(prepared),
+        sched: Default::default(),
+        inherit_fd: None,
+    };
+    let (child, stdin, stdout, stderr) = spawn_piped(cmd, &place.cgroup).await?;
+    Ok(Proc {
+        pid: child.pid,
+        pidfd: Arc::new(child.pidfd),
+        stdin,
+        stdout,
+        stderr,
+        cgroup: place.cgroup.clone(),
+        scratch: place.scratch.clone(),
+        notes,
+        policy,
+    })
+}
+
+/// The sandbox the tool process enters: the caller's uid/gid, its Landlock plan (scratch
+/// directory, runtime, command, effective scopes; a note instead when the kernel has no
+/// Landlock and the caller does not require it) and the agents' seccomp filter. `notes` gets
+/// what is not enforced; the sandbox carries the notes made so far.
+fn prepare_sandbox(
+    m: &ToolManifest,
+    caller: &Caller,
+    place: &Place,
+    eff: &scope::Effective,
+    scratch_dir: &crate::safe_fs::Dir,
+    notes: &mut Vec<String>,
+) -> Result<PreparedSandbox, String> {
+    let program = m.program();
+    let plan = scope::plan(eff, &m.needs.runtime, &program.command, &place.scratch)
+        .map_err(|e| e.to_string())?;
     let landlock = match sandbox::landlock::kernel_abi() {
         None if caller.grants.must_landlock => {
             return Err(format!(
@@ -179,12 +223,12 @@ async fn launch_inner(
         Some(_) => sandbox::landlock::build_with(
             &plan,
             caller.grants.must_landlock,
-            &scope::opener(&scratch_dir, &m.needs.runtime, &program.command),
+            &scope::opener(scratch_dir, &m.needs.runtime, &program.command),
         )
         .map_err(|e| e.to_string())?,
     };
     let seccomp = sandbox::seccomp::compiled().map_err(|e| e.to_string())?;
-    let prepared = PreparedSandbox {
+    Ok(PreparedSandbox {
         uid: caller.uid,
         gid: caller.gid,
         home: place.scratch.clone(),
@@ -193,8 +237,18 @@ async fn launch_inner(
         notes: notes.clone(),
         last_cap: sandbox::cap_last_cap(),
         namespaces: Default::default(),
-    };
+    })
+}
 
+/// The tool's environment: a fixed PATH and locale, its scratch directory as HOME and TMPDIR,
+/// who calls it (`AGENTOS_*`), then the manifest's own variables with `{state}`, `{agent}`
+/// and `{scratch}` filled in (each replacing a variable of the same name).
+fn tool_env(
+    m: &ToolManifest,
+    caller: &Caller,
+    place: &Place,
+    scope_list: &[String],
+) -> Vec<(String, String)> {
     let scratch = place.scratch.display().to_string();
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), PATH.into()),
@@ -209,7 +263,7 @@ async fn launch_inner(
             serde_json::to_string(scope_list).unwrap_or_else(|_| "[]".into()),
         ),
     ];
-    for (k, v) in &program.env {
+    for (k, v) in &m.program().env {
         let v = v
             .replace("{state}", &caller.home.display().to_string())
             .replace("{agent}", &caller.agent)
@@ -217,11 +271,15 @@ async fn launch_inner(
         env.retain(|(ek, _)| ek != k);
         env.push((k.clone(), v));
     }
+    env
+}
 
-    // The cgroup: in the caller's subtree, so the agent's budgets (pids.max, memory.max,
-    // cpu.max on `agents/<tenant>/<name>`) count the tool too; created fresh, its own limits
-    // set before anything runs in it. Never made when the agent's cgroup is gone (the agent
-    // stopped): a call racing with the stop must not bring it back.
+/// The cgroup: in the caller's subtree, so the agent's budgets (pids.max, memory.max,
+/// cpu.max on `agents/<tenant>/<name>`) count the tool too; created fresh, its own limits
+/// set before anything runs in it. Never made when the agent's cgroup is gone (the agent
+/// stopped): a call racing with the stop must not bring it back. Returns the controllers
+/// enabled for the tool cgroups.
+fn make_cgroup(caller: &Caller, place: &Place) -> Result<Vec<String>, String> {
     if !place.agent_cgroup.exists() {
         return Err(format!(
             "the cgroup of agent {} ({}) does not exist: tools run only while their agent runs",
@@ -245,7 +303,19 @@ async fn launch_inner(
             place.cgroup.path().display()
         ));
     }
-    let policy = match &cfg.hooks {
+    Ok(enabled)
+}
+
+/// The kernel policy of the tool's cgroup (the caller's connect and bind scopes), placed by
+/// the runner's hooks when there are any; its notes go to `notes`.
+async fn place_policy(
+    cfg: &RunnerConfig,
+    caller: &Caller,
+    place: &Place,
+    eff: &scope::Effective,
+    notes: &mut Vec<String>,
+) -> Result<PolicyGuard, String> {
+    Ok(match &cfg.hooks {
         None => PolicyGuard::default(),
         Some(h) => {
             let (h, caller, cg) = (h.clone(), caller.clone(), place.cgroup.clone());
@@ -258,7 +328,18 @@ async fn launch_inner(
             notes.extend(placed);
             guard
         }
-    };
+    })
+}
+
+/// The tool cgroup's own limits: `pids.max` (the manifest's or [`DEFAULT_PIDS`]; a note when
+/// the controller is missing and the manifest names none) and `memory.max` without swap when
+/// the manifest names one. A limit the manifest names is never left unset.
+fn set_limits(
+    m: &ToolManifest,
+    place: &Place,
+    enabled: &[String],
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
     let pids = m.limits.pids.unwrap_or(DEFAULT_PIDS);
     if enabled.iter().any(|c| c == "pids") {
         place
@@ -282,21 +363,19 @@ async fn launch_inner(
             .map_err(|e| e.to_string())?;
         let _ = place.cgroup.set("memory.swap.max", "0");
     }
+    Ok(())
+}
 
+/// Spawns `cmd` into cgroup `cg` with its stdio on fresh pipes; returns the child and the
+/// daemon's ends (stdin, stdout, stderr).
+async fn spawn_piped(
+    cmd: spawn::Command,
+    cg: &Cgroup,
+) -> Result<(spawn::Child, pipe::Sender, pipe::Receiver, pipe::Receiver), String> {
     let (in_r, in_w) = pipe_pair()?;
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
-    let cmd = spawn::Command {
-        program: program.command.clone(),
-        args,
-        env,
-        cwd: place.scratch.clone(),
-        log_file: PathBuf::from("/dev/null"),
-        sandbox: Some(prepared),
-        sched: Default::default(),
-        inherit_fd: None,
-    };
-    let dirfd = place.cgroup.open_dir().map_err(|e| e.to_string())?;
+    let dirfd = cg.open_dir().map_err(|e| e.to_string())?;
     let child = tokio::task::spawn_blocking(move || {
         let stdio = Stdio {
             stdin: in_r.as_fd(),
@@ -310,17 +389,10 @@ async fn launch_inner(
     .map_err(|e| format!("spawn task: {e}"))?
     .map_err(|e| e.to_string())?;
     let pipe_err = |e: std::io::Error| format!("pipe: {e}");
-    Ok(Proc {
-        pid: child.pid,
-        pidfd: Arc::new(child.pidfd),
-        stdin: pipe::Sender::from_owned_fd(in_w).map_err(pipe_err)?,
-        stdout: pipe::Receiver::from_owned_fd(out_r).map_err(pipe_err)?,
-        stderr: pipe::Receiver::from_owned_fd(err_r).map_err(pipe_err)?,
-        cgroup: place.cgroup.clone(),
-        scratch: place.scratch.clone(),
-        notes,
-        policy,
-    })
+    let stdin = pipe::Sender::from_owned_fd(in_w).map_err(pipe_err)?;
+    let stdout = pipe::Receiver::from_owned_fd(out_r).map_err(pipe_err)?;
+    let stderr = pipe::Receiver::from_owned_fd(err_r).map_err(pipe_err)?;
+    Ok((child, stdin, stdout, stderr))
 }
 
 /// Wait until the process behind `pidfd` (our child) has exited and reap it.
