@@ -236,9 +236,15 @@ fn crashing_agent_restarted_then_given_up() {
     assert_eq!(st["result"], "exit-code");
     // systemctl's filters: --failed lists both, --state=running neither.
     let failed = d.ctl_ok(&["list", "--failed"]);
-    assert!(failed.contains("crasher") && failed.contains("once"), "{failed}");
+    assert!(
+        failed.contains("crasher") && failed.contains("once"),
+        "{failed}"
+    );
     let running = d.ctl_ok(&["list", "--state", "running,starting"]);
-    assert!(!running.contains("crasher") && !running.contains("once"), "{running}");
+    assert!(
+        !running.contains("crasher") && !running.contains("once"),
+        "{running}"
+    );
 }
 
 #[test]
