@@ -529,4 +529,86 @@ fn daemon_refuses_on_a_bus_without_policy() {
         "{}",
         out_text(&o)
     );
+    // Properties are read through the same gate: Get and GetAll of an agent's object and of
+    // the manager are refused to the stranger and allowed to the member (and root).
+    let o = ctl(&b, ROOT, &["start", &acme]);
+    assert!(o.status.success(), "{}", out_text(&o));
+    d.wait_state("acme/worker", "running", 10);
+    for (path, iface, prop) in [
+        (
+            "/org/agentos1/agent/acme_worker",
+            "org.agentos1.Agent",
+            "State",
+        ),
+        (
+            "/org/agentos1/agent/acme_worker",
+            "org.agentos1.Agent",
+            "MainPID",
+        ),
+        ("/org/agentos1", "org.agentos1.Manager", "NAgents"),
+    ] {
+        for who in [ROOT, MEMBER, STRANGER] {
+            for (method, args) in [
+                (
+                    "Get",
+                    vec![format!("string:{iface}"), format!("string:{prop}")],
+                ),
+                ("GetAll", vec![format!("string:{iface}")]),
+            ] {
+                let got = property_call(&b, who, path, method, &args);
+                match (who.uid == STRANGER.uid, method) {
+                    // zbus's GetAll leaves out what a getter refuses: nothing is left.
+                    (true, "GetAll") => assert!(
+                        got.as_ref().is_ok_and(|r| !r.contains("dict entry")),
+                        "{} GetAll {path}: {got:?}",
+                        who.name
+                    ),
+                    (true, _) => assert_eq!(
+                        got,
+                        Err(BUS_DENIED.into()),
+                        "{} {method} {path} {prop}",
+                        who.name
+                    ),
+                    (false, _) => assert!(
+                        got.as_ref().is_ok_and(|r| r.contains("variant")),
+                        "{} {method} {path} {prop}: {got:?}",
+                        who.name
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// `org.freedesktop.DBus.Properties.METHOD ARGS` on `path` as `who`: `Ok(reply)` or
+/// `Err(error name)`.
+fn property_call(
+    bus: &str,
+    who: Who,
+    path: &str,
+    method: &str,
+    args: &[String],
+) -> Result<String, String> {
+    let mut c = Command::new("dbus-send");
+    c.arg(format!("--bus={bus}"))
+        .args([
+            "--print-reply",
+            "--reply-timeout=20000",
+            "--dest=org.agentos1",
+            path,
+        ])
+        .arg(format!("org.freedesktop.DBus.Properties.{method}"))
+        .args(args);
+    let o = run_as(who, c);
+    if o.status.success() {
+        return Ok(out_text(&o));
+    }
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    Err(err
+        .split_whitespace()
+        .skip_while(|w| *w != "Error")
+        .nth(1)
+        .unwrap_or("")
+        .trim_end_matches(':')
+        .to_string())
 }

@@ -33,6 +33,23 @@ impl AgentObject {
             .await
     }
 
+    /// Property reads: `read` for this agent's tenant.
+    async fn may_read(
+        &self,
+        server: &ObjectServer,
+        hdr: Option<&Header<'_>>,
+        conn: &Connection,
+    ) -> zbus::fdo::Result<()> {
+        if hdr.is_none() {
+            return Ok(()); // zbus reading it for a PropertiesChanged signal
+        }
+        let gate = gate_of(server)
+            .await
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        gate.may_read_property(hdr, conn, Scope::Tenant(&self.agent.tenant))
+            .await
+    }
+
     fn status(&self) -> supervisor::AgentStatus {
         self.sup.status_of(&self.agent)
     }
@@ -103,127 +120,265 @@ impl AgentObject {
     }
 
     #[zbus(property, name = "Id")]
-    async fn id(&self) -> String {
-        self.agent.id.clone()
+    async fn id(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.id.clone())
     }
 
     #[zbus(property, name = "Name")]
-    async fn name(&self) -> String {
-        self.agent.name.clone()
+    async fn name(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.name.clone())
     }
 
     #[zbus(property, name = "Tenant")]
-    async fn tenant(&self) -> String {
-        self.agent.tenant.clone()
+    async fn tenant(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.tenant.clone())
     }
 
     #[zbus(property, name = "State")]
-    async fn state(&self) -> String {
-        self.agent.state().as_str().to_string()
+    async fn state(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.state().as_str().to_string())
     }
 
     #[zbus(property, name = "Result")]
-    async fn result(&self) -> String {
-        self.status().result
+    async fn result(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().result)
     }
 
     #[zbus(property, name = "MainPID")]
-    async fn main_pid(&self) -> u32 {
-        self.agent.main_pid().unwrap_or(0)
+    async fn main_pid(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u32> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.main_pid().unwrap_or(0))
     }
 
     #[zbus(property, name = "ControlGroup")]
-    async fn control_group(&self) -> String {
-        self.status().control_group
+    async fn control_group(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().control_group)
     }
 
     #[zbus(property, name = "ControlGroupPath")]
-    async fn control_group_path(&self) -> String {
-        self.agent.cgroup.path().display().to_string()
+    async fn control_group_path(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.cgroup.path().display().to_string())
     }
 
     #[zbus(property, name = "LatencyClass")]
-    async fn latency_class(&self) -> String {
-        self.agent.spec().latency_class
+    async fn latency_class(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.spec().latency_class)
     }
 
     /// HRT: deadline overruns seen in the current run (a sampled lower bound); 0 otherwise.
     #[zbus(property(emits_changed_signal = "false"), name = "DeadlineMisses")]
-    async fn deadline_misses(&self) -> u64 {
-        self.status().deadline_misses.unwrap_or(0)
+    async fn deadline_misses(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().deadline_misses.unwrap_or(0))
     }
 
     /// Kernel denials (cgroup BPF, BPF LSM) reported since the daemon started.
     #[zbus(property(emits_changed_signal = "false"), name = "Denials")]
-    async fn denials(&self) -> u64 {
-        self.status().denials
+    async fn denials(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().denials)
     }
 
     /// Syscalls entered by the agent's processes in its current (or last) run; u64::MAX when
     /// the daemon does not count them (`agentosd --syscall-counts` is off).
     #[zbus(property(emits_changed_signal = "false"), name = "Syscalls")]
-    async fn syscalls(&self) -> u64 {
-        self.status().syscalls.unwrap_or(u64::MAX)
+    async fn syscalls(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().syscalls.unwrap_or(u64::MAX))
     }
 
     /// CPU time in ns (`cpu.stat usage_usec`); u64::MAX when unknown, like systemd.
     #[zbus(property(emits_changed_signal = "false"), name = "CPUUsageNSec")]
-    async fn cpu_usage_nsec(&self) -> u64 {
-        self.status().cpu_usage_nsec.unwrap_or(u64::MAX)
+    async fn cpu_usage_nsec(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().cpu_usage_nsec.unwrap_or(u64::MAX))
     }
 
     /// `memory.current`; u64::MAX when the memory controller is not available.
     #[zbus(property(emits_changed_signal = "false"), name = "MemoryCurrent")]
-    async fn memory_current(&self) -> u64 {
-        self.status().memory_current.unwrap_or(u64::MAX)
+    async fn memory_current(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().memory_current.unwrap_or(u64::MAX))
     }
 
     /// `pids.current`, or the number of threads in `cgroup.threads` without the pids controller.
     #[zbus(property(emits_changed_signal = "false"), name = "TasksCurrent")]
-    async fn tasks_current(&self) -> u64 {
-        self.status().tasks_current
+    async fn tasks_current(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().tasks_current)
     }
 
     #[zbus(property, name = "NRestarts")]
-    async fn n_restarts(&self) -> u32 {
-        self.agent.restarts()
+    async fn n_restarts(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u32> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.restarts())
     }
 
     #[zbus(property, name = "RestartPolicy")]
-    async fn restart_policy(&self) -> String {
-        self.agent.spec().restart.policy.as_str().to_string()
+    async fn restart_policy(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.spec().restart.policy.as_str().to_string())
     }
 
     /// When the current run started, µs since the epoch (0 if never).
     #[zbus(property, name = "ActiveEnterTimestamp")]
-    async fn active_enter_timestamp(&self) -> u64 {
-        self.status().started_at_us
+    async fn active_enter_timestamp(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().started_at_us)
     }
 
     /// `code=exited, status=N`, `code=killed, signal=NAME`, or empty.
     #[zbus(property, name = "ExecMainStatus")]
-    async fn exec_main_status(&self) -> String {
-        self.status().exit_status
+    async fn exec_main_status(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().exit_status)
     }
 
     /// Budget files of the contract this host could not apply, with the reason.
     #[zbus(property, name = "UnenforcedBudgets")]
-    async fn unenforced_budgets(&self) -> Vec<String> {
-        self.status().unenforced_budgets
+    async fn unenforced_budgets(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<Vec<String>> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().unenforced_budgets)
     }
 
     #[zbus(property, name = "LogPath")]
-    async fn log_path(&self) -> String {
-        self.agent.log_path.display().to_string()
+    async fn log_path(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.agent.log_path.display().to_string())
     }
 
     #[zbus(property, name = "Origin")]
-    async fn origin(&self) -> String {
-        self.status().origin
+    async fn origin(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().origin)
     }
 
     #[zbus(property, name = "Enabled")]
-    async fn enabled(&self) -> bool {
-        self.status().enabled
+    async fn enabled(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<bool> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().enabled)
     }
 }

@@ -144,6 +144,35 @@ impl Gate {
 }
 
 /// The gate of the manager object registered on `server`.
+impl Gate {
+    /// A property read (`Get`, `GetAll`): the caller must hold `read` for `scope`. `hdr` is
+    /// `None` when zbus reads the property itself for a `PropertiesChanged` signal (allowed:
+    /// signals are the bus policy's business). Refusals are not recorded one by one (a `GetAll`
+    /// reads every property) but logged.
+    pub(super) async fn may_read_property(
+        &self,
+        hdr: Option<&Header<'_>>,
+        conn: &Connection,
+        scope: Scope<'_>,
+    ) -> zbus::fdo::Result<()> {
+        let Some(hdr) = hdr else {
+            return Ok(());
+        };
+        let caller = caller_of(hdr, conn)
+            .await
+            .map_err(|e| zbus::fdo::Error::AccessDenied(e.to_string()))?;
+        if self.allows(&caller, Action::Read, scope).await {
+            return Ok(());
+        }
+        tracing::debug!("property read refused to uid {} ({scope:?})", caller.uid);
+        Err(zbus::fdo::Error::AccessDenied(format!(
+            "{}: uid {} may not read this property",
+            Action::Read,
+            caller.uid
+        )))
+    }
+}
+
 pub(super) async fn gate_of(server: &ObjectServer) -> Result<Gate> {
     let m = server.interface::<_, Manager>(MANAGER_PATH).await?;
     Ok(m.get().await.gate())

@@ -487,38 +487,87 @@ impl Manager {
 
     /// Budget controllers agents cannot get under this daemon's cgroup root.
     #[zbus(property, name = "UnenforcedBudgets")]
-    async fn unenforced_budgets(&self) -> Vec<String> {
-        self.missing_budgets.clone()
+    async fn unenforced_budgets(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<Vec<String>> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.missing_budgets.clone())
     }
 
     #[zbus(property, name = "Version")]
-    async fn version(&self) -> String {
-        self.version.clone()
+    async fn version(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.version.clone())
     }
 
     #[zbus(property, name = "ControlGroup")]
-    async fn control_group(&self) -> String {
-        self.sup.root().path().display().to_string()
+    async fn control_group(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.sup.root().path().display().to_string())
     }
 
     #[zbus(property, name = "StateDirectory")]
-    async fn state_directory(&self) -> String {
-        self.sup.config().state_dir.display().to_string()
+    async fn state_directory(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.sup.config().state_dir.display().to_string())
     }
 
     #[zbus(property, name = "AgentsDirectory")]
-    async fn agents_directory(&self) -> String {
-        self.sup.config().agents_dir.display().to_string()
+    async fn agents_directory(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.sup.config().agents_dir.display().to_string())
     }
 
     #[zbus(property, name = "LogDirectory")]
-    async fn log_directory(&self) -> String {
-        self.sup.config().log_dir.display().to_string()
+    async fn log_directory(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.sup.config().log_dir.display().to_string())
     }
 
     #[zbus(property, name = "NAgents")]
-    async fn n_agents(&self) -> u32 {
-        self.sup.agents().len() as u32
+    async fn n_agents(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u32> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.sup.agents().len() as u32)
     }
 
     /// Calls held for consent: (id, agent, tool, capability, arguments as JSON with secrets
