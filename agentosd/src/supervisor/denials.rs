@@ -19,8 +19,7 @@ impl Supervisor {
             .ok()
             .and_then(|f| f.agent_of(d.cgroup_id))
             .unwrap_or_default();
-        self.note_denial(&tenant, &name);
-        if !self.admit_record(&tenant, &name, d.hook) {
+        if !self.count_denial(&tenant, &name, d.hook) {
             return;
         }
         tracing::info!(
@@ -98,9 +97,11 @@ impl Supervisor {
         });
     }
 
-    /// Whether this denial of agent `tenant/name` gets a record (and a log line) of its own,
-    /// or is counted for the agent's next "denials-suppressed" summary (rate limit per agent).
-    fn admit_record(&self, tenant: &str, name: &str, hook: &str) -> bool {
+    /// Count one denial of agent `tenant/name` (its `Denials`), and say whether it gets a record
+    /// (and a log line) of its own, or is counted for the agent's next "denials-suppressed"
+    /// summary (rate limit per agent).
+    fn count_denial(&self, tenant: &str, name: &str, hook: &str) -> bool {
+        self.note_denial(tenant, name);
         let agent = if name.is_empty() {
             String::new()
         } else {
@@ -146,8 +147,7 @@ impl Supervisor {
             .ok()
             .and_then(|n| n.agent_of(d.cgroup_id))
             .unwrap_or_default();
-        self.note_denial(&tenant, &name);
-        if !self.admit_record(&tenant, &name, d.hook) {
+        if !self.count_denial(&tenant, &name, d.hook) {
             return;
         }
         match d.errno() {
@@ -194,7 +194,7 @@ impl Supervisor {
     }
 
     /// Count one kernel denial of agent `tenant/name` (an empty name: not an agent's).
-    pub(super) fn note_denial(&self, tenant: &str, name: &str) {
+    fn note_denial(&self, tenant: &str, name: &str) {
         if !name.is_empty() {
             *lock(&self.denials)
                 .entry(format!("{tenant}/{name}"))
@@ -271,8 +271,7 @@ impl Supervisor {
             .as_ref()
             .map(|w| (w.tenant.clone(), w.name.clone()))
             .unwrap_or_default();
-        self.note_denial(&tenant, &name);
-        if !self.admit_record(&tenant, &name, d.mechanism) {
+        if !self.count_denial(&tenant, &name, d.mechanism) {
             return;
         }
         tracing::info!(
