@@ -189,6 +189,9 @@ pub fn render_status(st: &AgentStatus, log: &[String]) -> String {
             agentos_api::DEADLINE_SAMPLE_INTERVAL.as_millis()
         ));
     }
+    if let Some(m) = &st.models {
+        s.push_str(&model_line(m));
+    }
     if st.denials > 0 {
         s.push_str(&format!(
             "    Denials: {} by the kernel since agentosd started (agentctl audit show --agent {})\n",
@@ -316,6 +319,34 @@ pub fn render_consents(rows: &[ConsentRequest]) -> String {
         rows.len()
     ));
     s
+}
+
+/// The `Models:` line of `status`: tokens used and left, calls, and the last answer's speed.
+fn model_line(m: &agentos_api::ModelUsage) -> String {
+    let used = m.prompt_tokens + m.completion_tokens;
+    let mut line = format!(
+        "     Models: {used} tokens ({} prompt, {} completion)",
+        m.prompt_tokens, m.completion_tokens
+    );
+    if let Some(left) = m.tokens_left {
+        line.push_str(&format!(", {left} left"));
+    }
+    if let Some(pm) = m.tokens_per_minute {
+        line.push_str(&format!(", at most {pm}/min"));
+    }
+    line.push_str(&format!(
+        "; {} calls, {} failed, {} refused",
+        m.calls, m.errors, m.refused
+    ));
+    if m.last_first_token_us > 0 {
+        line.push_str(&format!(
+            "; last: first token {:.1} ms, {:.1} tokens/s",
+            m.last_first_token_us as f64 / 1000.0,
+            m.last_tokens_per_sec_milli as f64 / 1000.0
+        ));
+    }
+    line.push('\n');
+    line
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ pub struct Options {
     pub polkit: crate::polkit::Mode,
     /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
     pub denial_records: crate::enforce::limit::Limits,
+    /// The model gateway's backends (`--models`); `None`: `models::config::DEFAULT_PATH` if it
+    /// exists, else no gateway.
+    pub models: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -77,6 +80,7 @@ impl Default for Options {
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
+            models: None,
         }
     }
 }
@@ -132,13 +136,7 @@ fn leave_root(root: &Path) -> Result<()> {
 /// The agents' MCP sockets (io_uring), the tools in `--tools-dir`, the gate and consent. Without
 /// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
 fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
-    let run_dir = opts.run_dir.clone().unwrap_or_else(|| {
-        if opts.state_dir == Options::default().state_dir {
-            PathBuf::from("/run/agentos")
-        } else {
-            opts.state_dir.join("run")
-        }
-    });
+    let run_dir = run_dir(opts);
     let (ipc, incoming) = match crate::ipc::IpcServer::start(crate::ipc::Limits::default()) {
         Ok(x) => x,
         Err(e) => {
@@ -180,6 +178,55 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         ipc,
         service,
         run_dir,
+    });
+}
+
+/// Sockets directory: `--run-dir`, else /run/agentos with the default state dir, else
+/// STATE_DIR/run.
+fn run_dir(opts: &Options) -> PathBuf {
+    opts.run_dir.clone().unwrap_or_else(|| {
+        if opts.state_dir == Options::default().state_dir {
+            PathBuf::from("/run/agentos")
+        } else {
+            opts.state_dir.join("run")
+        }
+    })
+}
+
+/// The model gateway's configuration: `--models FILE` (must exist), else the default path if
+/// it exists. A file that does not parse stops the daemon with its path and the problem.
+fn load_models(opts: &Options) -> Result<Option<crate::models::ModelsConfig>> {
+    let (path, explicit) = match &opts.models {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(crate::models::config::DEFAULT_PATH), false),
+    };
+    let cfg = crate::models::ModelsConfig::load(&path, explicit)
+        .map_err(|e| anyhow::anyhow!("model gateway configuration: {e}"))?;
+    if let Some(c) = &cfg {
+        info!(
+            "model gateway: {} backend(s), {} model(s) from {}",
+            c.backends.len(),
+            c.models.len(),
+            path.display()
+        );
+    }
+    Ok(cfg)
+}
+
+/// Serve the agents' model sockets when backends are configured; consent requests for models
+/// go where the tools' go.
+fn setup_models(
+    sup: &std::sync::Arc<Supervisor>,
+    opts: &Options,
+    cfg: crate::models::ModelsConfig,
+) {
+    let gateway = crate::models::Gateway::new(cfg, sup.audit_trail().cloned());
+    if let Some(m) = sup.mcp() {
+        gateway.set_consents(m.service.consents().clone());
+    }
+    sup.set_models(crate::supervisor::ModelHooks {
+        gateway,
+        run_dir: run_dir(opts),
     });
 }
 
@@ -495,9 +542,17 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         cgroup_root: Some(root.to_path_buf()),
     });
     let trail = open_audit(opts);
+    let models = load_models(opts)?;
+    let mut offer = crate::audit_trail::host_offer(&report);
+    if let Some(m) = &models {
+        offer.models.extend(m.models.keys().cloned());
+        offer
+            .placements
+            .extend(m.backends.iter().map(|b| b.placement.as_str().to_string()));
+    }
     let services = crate::supervisor::Services {
         audit: Some(trail.clone()),
-        offer: crate::audit_trail::host_offer(&report),
+        offer,
         net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
         fs: crate::enforce::fs::setup(),
         sysc: if opts.syscall_counts {
@@ -512,6 +567,9 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     setup_mcp(&sup, opts, root);
+    if let Some(m) = models {
+        setup_models(&sup, opts, m);
+    }
     Ok((sup, rx, trail, scx, report))
 }
 

@@ -9,6 +9,7 @@ pub mod enforce;
 pub mod ipc;
 pub mod logs;
 pub mod mcp;
+pub mod models;
 pub mod polkit;
 pub mod probe;
 pub mod safe_fs;

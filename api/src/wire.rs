@@ -89,6 +89,10 @@ pub struct AgentStatus {
     /// the daemon counts them (`agentosd --syscall-counts`); absent from older daemons.
     #[serde(default)]
     pub syscalls: Option<u64>,
+    /// Model calls through the gateway; absent when the agent has no model socket or the
+    /// daemon is older.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<ModelUsage>,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,
@@ -96,6 +100,26 @@ pub struct AgentStatus {
     pub command: String,
     /// `(pid, ppid, command line)` of every process in the cgroup.
     pub processes: Vec<(u32, u32, String)>,
+}
+
+/// An agent's use of the model gateway since the daemon started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ModelUsage {
+    /// Calls forwarded to a backend, and those among them that failed or were cut.
+    pub calls: u64,
+    pub errors: u64,
+    /// Calls refused by the contract, a budget or an operator.
+    pub refused: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// What the total budget (`budgets.tokens`) leaves; `None`: no total budget.
+    pub tokens_left: Option<u64>,
+    /// `budgets.tokens_per_minute`, if any.
+    pub tokens_per_minute: Option<u64>,
+    /// Of the last answer: time to the first token (µs) and tokens per second after it, in
+    /// thousandths.
+    pub last_first_token_us: u64,
+    pub last_tokens_per_sec_milli: u64,
 }
 
 /// One call held for operator consent, as `agentctl consent list` shows it (and `--json`

@@ -38,6 +38,8 @@ pub enum Kind {
     Denial,
     /// An operator answered (or did not answer in time) a consent request.
     Consent,
+    /// A model call through the gateway ended: model, backend, placement, tokens, timing.
+    Model,
     /// A signed checkpoint over the chain so far (written by the log itself).
     Checkpoint,
     /// A torn tail was cut after a crash (written by the log itself).
@@ -52,6 +54,7 @@ impl Kind {
             Kind::Gate => "gate",
             Kind::Denial => "denial",
             Kind::Consent => "consent",
+            Kind::Model => "model",
             Kind::Checkpoint => "checkpoint",
             Kind::Recovery => "recovery",
         }

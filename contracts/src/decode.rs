@@ -633,7 +633,14 @@ pub(crate) fn decode(root: &N, dec: &mut Dec) -> Option<Contract> {
         && let Some(m) = dec.fields(
             n,
             "modelPolicy",
-            &["allow", "deny", "max_context_tokens", "max_output_tokens"],
+            &[
+                "allow",
+                "deny",
+                "placement",
+                "max_context_tokens",
+                "max_output_tokens",
+                "record_content",
+            ],
         )
     {
         for (key, out) in [
@@ -649,6 +656,19 @@ pub(crate) fn decode(root: &N, dec: &mut Dec) -> Option<Contract> {
         }
         if let Some(x) = m.get("max_output_tokens") {
             c.model_policy.max_output_tokens = dec.count(x, "modelPolicy.max_output_tokens");
+        }
+        if let Some(x) = m.get("placement") {
+            c.model_policy.placement = dec
+                .strings(x, "modelPolicy.placement", true)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
+        }
+        if let Some(x) = m.get("record_content") {
+            c.model_policy.record_content = dec
+                .boolean(x, "modelPolicy.record_content")
+                .unwrap_or_default();
         }
     }
     if let Some(n) = f.get("memory")
@@ -697,7 +717,17 @@ pub(crate) fn decode(root: &N, dec: &mut Dec) -> Option<Contract> {
                 {
                     let f = format!("{field}[{i}]");
                     dec.record(&f, &N { v: V::Null, pos });
-                    match capability::check_name(&name) {
+                    // `model:NAME` (consent_for only): calls of that model at the gateway.
+                    let checked = match name.strip_prefix("model:") {
+                        Some(m) if key == "consent_for" => {
+                            check_model_name(m).map_err(|e| capability::NameProblem {
+                                message: e,
+                                suggestion: None,
+                            })
+                        }
+                        _ => capability::check_name(&name),
+                    };
+                    match checked {
                         Ok(()) => {
                             if out.contains(&name) {
                                 dec.err(pos, &f, format!("{field}: \"{name}\" is listed twice"));
@@ -738,10 +768,13 @@ pub(crate) fn decode(root: &N, dec: &mut Dec) -> Option<Contract> {
         }
     }
     if let Some(n) = f.get("budgets")
-        && let Some(b) = dec.fields(n, "budgets", &["tokens", "tool_calls"])
+        && let Some(b) = dec.fields(n, "budgets", &["tokens", "tokens_per_minute", "tool_calls"])
     {
         if let Some(x) = b.get("tokens") {
             c.budgets.tokens = dec.count(x, "budgets.tokens");
+        }
+        if let Some(x) = b.get("tokens_per_minute") {
+            c.budgets.tokens_per_minute = dec.count(x, "budgets.tokens_per_minute");
         }
         if let Some(x) = b.get("tool_calls") {
             c.budgets.tool_calls = dec.count(x, "budgets.tool_calls");

@@ -191,10 +191,18 @@ pub struct IoLimit {
 /// `modelPolicy`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct ModelPolicy {
+    /// Models the agent may call through the gateway (names or `base_vA..vB` ranges; `*`: any
+    /// model the host serves). Empty: the models of `must.model` and `prefer.model`, else none.
     pub allow: Vec<String>,
     pub deny: Vec<String>,
+    /// Where a model may run (`local`, `on-prem`, `cloud`); empty: anywhere.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<String>,
     pub max_context_tokens: Option<u64>,
     pub max_output_tokens: Option<u64>,
+    /// Keep prompts and completions in the audit trail (default: only their SHA-256).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub record_content: bool,
 }
 
 /// `memory.rag`.
@@ -231,7 +239,11 @@ pub struct Observability {
 /// `budgets`: usage budgets enforced by the daemon's gateways.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct UsageBudgets {
+    /// Model tokens (prompt + completion) in total, over the agent's runs under one daemon.
     pub tokens: Option<u64>,
+    /// Model tokens (prompt + completion) per minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
     pub tool_calls: Option<u64>,
 }
 

@@ -131,6 +131,10 @@ pub(crate) fn check(c: &mut Contract, dec: &mut Dec, root: Pos) {
     // capabilities and security
     let granted: Vec<String> = c.capabilities.iter().map(|x| x.name.clone()).collect();
     for (i, name) in c.security.consent_for.clone().iter().enumerate() {
+        // `model:NAME` holds calls of a model at the gateway (modelPolicy), not a capability.
+        if name.starts_with("model:") {
+            continue;
+        }
         if !granted.contains(name) {
             let f = format!("security.consent_for[{i}]");
             dec.warn(pos(dec, &f, root), &f, format!("\"{name}\" is in security.consent_for but not granted in capabilities: it stays blocked unless an operator consents to each use (grant it in capabilities to give it a scope)"));

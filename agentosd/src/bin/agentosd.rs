@@ -100,6 +100,10 @@ struct RunArgs {
     /// Kernel denial records an agent may produce at once before the rate applies
     #[arg(long, global = true, default_value_t = 100)]
     denial_records_burst: u32,
+    /// The model gateway's backends, models and tenant token budgets (YAML; see
+    /// docs/models.md) [default: /etc/agentos/models.yaml when it exists]
+    #[arg(long, global = true)]
+    models: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -190,6 +194,7 @@ fn main() -> anyhow::Result<()> {
                     per_sec: r.denial_records_per_sec,
                     burst: r.denial_records_burst,
                 },
+                models: r.models,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -26,7 +26,7 @@ use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr
 use tokio::sync::mpsc;
 
 pub use lines::LineSplitter;
-pub use peer::{parse_proc_cgroup, relative_to};
+pub use peer::{identify, parse_proc_cgroup, relative_to};
 
 use crate::sys::SyscallError;
 use ring::Cmd;
@@ -369,24 +369,7 @@ impl IpcServer {
         if self.shared.stopped.load(Ordering::Acquire) {
             return Err(IpcError::Stopped);
         }
-        let len = path.as_os_str().len();
-        if len > 107 {
-            return Err(IpcError::PathTooLong {
-                path: path.to_path_buf(),
-                len,
-            });
-        }
-        make_socket_dir(path)?;
-        // Everything below acts on the directory as opened (root's, writable by root alone)
-        // and on the socket inode opened beneath it without following a link: never on a
-        // path someone could have swapped in between.
-        let (dir, name) = open_socket_dir(path)?;
-        remove_stale_socket(&dir, &name, path)?;
-        let fd = bind_beneath(&dir, &name, path)?;
-        if let Err(e) = own_and_listen(&dir, &name, path, agent, &fd) {
-            let _ = dir.unlink(&name);
-            return Err(e);
-        }
+        let fd = listen_socket(agent, path)?;
         {
             let mut paths = lock(&self.shared.paths);
             let v = paths.entry(agent.id.clone()).or_default();
@@ -551,6 +534,29 @@ fn remove_stale_socket(dir: &crate::safe_fs::Dir, name: &str, path: &Path) -> Re
         }
     }
     Ok(())
+}
+
+/// A socket listening at `path` for `agent` only (its uid, mode 0600), replacing a stale socket
+/// there. Everything acts on the directory as opened (root's, writable by root alone) and on the
+/// socket inode opened beneath it without following a link: never on a path someone could have
+/// swapped in between. Also used for the agents' model sockets (models/).
+pub fn listen_socket(agent: &AgentRef, path: &Path) -> Result<OwnedFd, IpcError> {
+    let len = path.as_os_str().len();
+    if len > 107 {
+        return Err(IpcError::PathTooLong {
+            path: path.to_path_buf(),
+            len,
+        });
+    }
+    make_socket_dir(path)?;
+    let (dir, name) = open_socket_dir(path)?;
+    remove_stale_socket(&dir, &name, path)?;
+    let fd = bind_beneath(&dir, &name, path)?;
+    if let Err(e) = own_and_listen(&dir, &name, path, agent, &fd) {
+        let _ = dir.unlink(&name);
+        return Err(e);
+    }
+    Ok(fd)
 }
 
 /// A new socket bound at `name` in the directory `dir` (not yet listening).

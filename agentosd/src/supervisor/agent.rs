@@ -133,6 +133,7 @@ impl Agent {
                         .then(|| self.overruns.misses()),
                     denials: 0,
                     syscalls: None,
+                    models: None,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,

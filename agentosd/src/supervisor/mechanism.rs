@@ -165,6 +165,7 @@ impl Supervisor {
             Box::new(super::class::ScxClass(self)),
             Box::new(super::class::HrtAdmission(self)),
             Box::new(super::mcp_socket::McpSocket(self)),
+            Box::new(super::models_socket::ModelSocket(self)),
         ]
     }
 

@@ -21,6 +21,7 @@ mod kill;
 mod lifecycle;
 mod mcp_socket;
 mod mechanism;
+mod models_socket;
 mod services;
 mod start;
 mod stop;
@@ -45,6 +46,7 @@ pub use agent::{Agent, AgentStatus};
 pub use class::plan_budgets;
 pub use error::{Error, ErrorKind};
 pub use mcp_socket::{AgentSocket, McpHooks};
+pub use models_socket::ModelHooks;
 pub use services::Services;
 
 /// The lifecycle states, named like systemd's.
@@ -187,6 +189,8 @@ pub struct Supervisor {
     services: Services,
     /// The agents' MCP sockets and the gate (set by the daemon). See supervisor_mcp.rs.
     mcp: std::sync::OnceLock<McpHooks>,
+    /// The model gateway (set by the daemon when it has backends). See models_socket.rs.
+    models: std::sync::OnceLock<ModelHooks>,
     /// Agent id → kernel denials reported since the daemon started, whatever refused them
     /// (cgroup BPF, BPF LSM, Landlock, seccomp). See supervisor_hooks.rs.
     denials: Mutex<BTreeMap<String, u64>>,
@@ -269,6 +273,7 @@ impl Supervisor {
             admission: crate::sched::Admission::default(),
             services,
             mcp: std::sync::OnceLock::new(),
+            models: std::sync::OnceLock::new(),
             denials: Mutex::default(),
             record_limit: Mutex::new(crate::enforce::limit::RecordLimiter::new(limits)),
         })
@@ -360,6 +365,7 @@ impl Supervisor {
         let mut st = agent.status(&self.cgroup_mount);
         st.denials = self.kernel_denials(&agent.id);
         st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
+        st.models = self.models.get().and_then(|m| m.gateway.usage(&agent.id));
         st
     }
 

@@ -1,0 +1,476 @@
+//! The model gateway: agents reach models only through the daemon. Each agent gets an
+//! OpenAI-compatible HTTP endpoint on its own Unix socket (`RUN_DIR/agents/<tenant>/<name>.models.sock`,
+//! owned by the agent's uid, mode 0600; every connection identified by the kernel as the MCP
+//! socket's are, see `ipc::peer`), named in its environment as `AGENTOS_MODELS_SOCKET`. The
+//! daemon decides each call against the agent's contract (access.rs), its token budgets and its
+//! tenant's (budget.rs), forwards it to the backend that serves the model with a key only the
+//! daemon holds (config.rs, upstream.rs), and records it (http.rs). Without a network grant the
+//! agent has no other way to a model server: its network namespace has no route out, and the
+//! cgroup BPF policy refuses every address it was not granted.
+
+// The `Err` of the call steps is the answer to send (a `Response`, ~150 bytes), made at most once
+// per request: boxing it would only add an allocation.
+#![allow(clippy::result_large_err)]
+
+pub mod access;
+pub mod budget;
+pub mod config;
+pub mod http;
+pub mod upstream;
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use audit::{Decision, Kind};
+use hyper::{Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::audit_trail::AuditTrail;
+use crate::ipc::AgentRef;
+use crate::mcp::consent::{Answer, Consents};
+pub use access::Access;
+use budget::{Meter, Reservation};
+use config::ModelEntry;
+pub use config::ModelsConfig;
+use http::{Call, error};
+use upstream::{AnswerBody, Outcome};
+
+/// Model calls of one agent in flight at once.
+pub const MAX_INFLIGHT_PER_AGENT: usize = 4;
+/// Connections one agent may hold open on its model socket.
+pub const MAX_CONNS_PER_AGENT: usize = 16;
+/// The environment variable naming the agent's model socket.
+pub const SOCKET_ENV: &str = "AGENTOS_MODELS_SOCKET";
+
+/// Figures of one agent's model use (for `agentctl status`, D-Bus and metrics).
+#[derive(Debug, Default)]
+pub struct Stats {
+    calls: AtomicU64,
+    refused: AtomicU64,
+    errors: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    /// Of the last answer: ms to the first token, and tokens per second after it (×1000).
+    last_ttft_us: AtomicU64,
+    last_tps_milli: AtomicU64,
+}
+
+impl Stats {
+    fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One agent as the gateway serves it.
+pub struct AgentModels {
+    pub id: String,
+    pub tenant: String,
+    pub name: String,
+    pub access: Access,
+    pub binding: Option<String>,
+    /// The agent's budgets, kept across its runs (and re-adoptions) under this daemon.
+    meter: Arc<Meter>,
+    tenant_meter: Arc<Meter>,
+    inflight: Arc<tokio::sync::Semaphore>,
+    stats: Arc<Stats>,
+}
+
+/// An agent's budget and figures.
+type Usage = (Arc<Meter>, Arc<Stats>);
+
+/// What `agentctl status` shows of an agent's model use.
+pub use agentos_api::ModelUsage;
+
+/// The gateway: its configuration, the agents it serves, and their budgets.
+pub struct Gateway {
+    cfg: ModelsConfig,
+    audit: Option<Arc<AuditTrail>>,
+    consents: Mutex<Option<Arc<Consents>>>,
+    /// By agent id: budgets and figures outlive a run, so a restart does not refill a budget.
+    meters: Mutex<HashMap<String, Usage>>,
+    tenants: Mutex<HashMap<String, Arc<Meter>>>,
+    /// Serving tasks by agent id.
+    serving: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    backend_slots: Vec<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Gateway {
+    pub fn new(cfg: ModelsConfig, audit: Option<Arc<AuditTrail>>) -> Arc<Gateway> {
+        let backend_slots = cfg
+            .backends
+            .iter()
+            .map(|b| Arc::new(tokio::sync::Semaphore::new(b.max_concurrent)))
+            .collect();
+        Arc::new(Gateway {
+            cfg,
+            audit,
+            consents: Mutex::new(None),
+            meters: Mutex::default(),
+            tenants: Mutex::default(),
+            serving: Mutex::default(),
+            backend_slots,
+        })
+    }
+
+    pub fn config(&self) -> &ModelsConfig {
+        &self.cfg
+    }
+
+    /// Consent requests for models go where the tools' go (`agentctl consent`).
+    pub fn set_consents(&self, c: Arc<Consents>) {
+        *lock(&self.consents) = Some(c);
+    }
+
+    /// Serve `agent` (already identified by `who`) on the listening socket `fd`.
+    pub fn serve(
+        self: &Arc<Self>,
+        who: AgentRef,
+        tenant: &str,
+        name: &str,
+        access: Access,
+        binding: Option<String>,
+        fd: OwnedFd,
+    ) -> std::io::Result<()> {
+        let std_listener = std::os::unix::net::UnixListener::from(fd);
+        std_listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(std_listener)?;
+        let (meter, stats) = lock(&self.meters)
+            .entry(who.id.clone())
+            .or_insert_with(|| {
+                (
+                    Arc::new(Meter::new(access.tokens, access.tokens_per_minute)),
+                    Arc::default(),
+                )
+            })
+            .clone();
+        let tenant_meter = lock(&self.tenants)
+            .entry(tenant.to_string())
+            .or_insert_with(|| {
+                let b = self.cfg.tenants.get(tenant).copied().unwrap_or_default();
+                Arc::new(Meter::new(b.tokens, b.tokens_per_minute))
+            })
+            .clone();
+        let agent = Arc::new(AgentModels {
+            id: who.id.clone(),
+            tenant: tenant.into(),
+            name: name.into(),
+            access,
+            binding,
+            meter,
+            tenant_meter,
+            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
+            stats,
+        });
+        let gw = self.clone();
+        let task = tokio::spawn(accept_loop(gw, agent, who.clone(), listener));
+        if let Some(old) = lock(&self.serving).insert(who.id, task.abort_handle()) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Stop serving `agent_id` (its socket closes; calls in flight end with their connections).
+    pub fn forget(&self, agent_id: &str) {
+        if let Some(t) = lock(&self.serving).remove(agent_id) {
+            t.abort();
+        }
+    }
+
+    /// The agent's model use so far, `None` when it never had a model socket.
+    pub fn usage(&self, agent_id: &str) -> Option<ModelUsage> {
+        let (m, s) = lock(&self.meters).get(agent_id).cloned()?;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Some(ModelUsage {
+            calls: ld(&s.calls),
+            refused: ld(&s.refused),
+            errors: ld(&s.errors),
+            prompt_tokens: ld(&s.prompt_tokens),
+            completion_tokens: ld(&s.completion_tokens),
+            tokens_left: m.total().map(|t| t.saturating_sub(m.used())),
+            tokens_per_minute: m.per_minute(),
+            last_first_token_us: ld(&s.last_ttft_us),
+            last_tokens_per_sec_milli: ld(&s.last_tps_milli),
+        })
+    }
+
+    async fn backend_slot(&self, backend: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.backend_slots.get(backend)?.acquire().await.ok()
+    }
+
+    /// Holds the call for an operator's answer when the contract names the model in
+    /// `security.consent_for`.
+    async fn consent(
+        &self,
+        agent: &AgentModels,
+        call: &Call,
+        model: &str,
+    ) -> Result<(), Response<AnswerBody>> {
+        if !agent.access.needs_consent(model) {
+            return Ok(());
+        }
+        let what = format!("model:{model}");
+        let consents = lock(&self.consents).clone();
+        let refuse = |msg: String| {
+            error(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "consent_refused",
+                &msg,
+            )
+        };
+        let Some(consents) = consents else {
+            self.refused(agent, call, "no consent service", "consent-unavailable");
+            return Err(refuse(format!(
+                "calls of {model} need an operator's consent, and this daemon has no consent \
+                 service (it serves no tools)"
+            )));
+        };
+        let summary = call.base(model);
+        let (req, rx) = match consents.ask(&agent.id, &what, &what, summary.clone()) {
+            Ok(x) => x,
+            Err(e) => {
+                self.refused(agent, call, &e.to_string(), "too-many-pending-consents");
+                return Err(refuse(e.to_string()));
+            }
+        };
+        if let Some(t) = &self.audit {
+            let mut d = summary.clone();
+            d["consent_id"] = json!(req.id);
+            let rec = t
+                .agent_record(Kind::Gate, &agent.tenant, &agent.name)
+                .decision(Decision::Held)
+                .detail(d);
+            if t.commit(rec).await.is_err() {
+                return Err(unavailable());
+            }
+        }
+        let answer = consents.wait(req.id, rx).await;
+        let (decision, word) = match &answer {
+            Answer::Approved { .. } => (Decision::Allow, "approved"),
+            Answer::Denied { .. } => (Decision::Deny, "denied"),
+            Answer::Expired => (Decision::Deny, "expired"),
+            Answer::Withdrawn => (Decision::Deny, "withdrawn"),
+        };
+        if let Some(t) = &self.audit {
+            let mut d = summary;
+            d["consent_id"] = json!(req.id);
+            d["answer"] = json!(word);
+            if let Answer::Approved { by_uid } | Answer::Denied { by_uid } = answer {
+                d["by_uid"] = json!(by_uid);
+            }
+            let rec = t
+                .agent_record(Kind::Consent, &agent.tenant, &agent.name)
+                .decision(decision)
+                .detail(d);
+            if t.commit(rec).await.is_err() {
+                return Err(unavailable());
+            }
+        }
+        if decision == Decision::Allow {
+            Ok(())
+        } else {
+            agent.stats.refused();
+            Err(refuse(format!(
+                "the operator's consent for {model} was not given ({word})"
+            )))
+        }
+    }
+
+    /// The durable allow record before anything is sent (fail closed when it cannot be written).
+    async fn commit_allow(
+        &self,
+        agent: &AgentModels,
+        call: &Call,
+        entry: &ModelEntry,
+        fallback: Option<&(String, &'static str)>,
+    ) -> Result<(), Response<AnswerBody>> {
+        let Some(t) = &self.audit else { return Ok(()) };
+        let mut d = self.detail(call, entry, fallback);
+        d["max_tokens"] = call.body.get("max_tokens").cloned().unwrap_or(Value::Null);
+        let rec = t
+            .agent_record(Kind::Gate, &agent.tenant, &agent.name)
+            .decision(Decision::Allow)
+            .detail(d);
+        t.commit(rec).await.map(|_| ()).map_err(|_| unavailable())
+    }
+
+    fn detail(
+        &self,
+        call: &Call,
+        entry: &ModelEntry,
+        fallback: Option<&(String, &'static str)>,
+    ) -> Value {
+        let b = &self.cfg.backends[entry.backend];
+        let mut d = call.base(&entry.name);
+        d["backend"] = json!(b.name);
+        d["placement"] = json!(b.placement.as_str());
+        if let Some((from, when)) = fallback {
+            d["fallback"] = json!({"from": from, "to": entry.name, "when": when});
+        }
+        d
+    }
+
+    /// Settles the budgets with what the call used.
+    fn account(&self, agent: &AgentModels, call: &Call, out: &Outcome, r: [Reservation; 2]) {
+        let (p, c) = used(call, out);
+        agent.meter.settle(r[0], p + c);
+        agent.tenant_meter.settle(r[1], p + c);
+        let s = &agent.stats;
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        if out.status >= 400 || out.cut.is_some() {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        s.prompt_tokens.fetch_add(p, Ordering::Relaxed);
+        s.completion_tokens.fetch_add(c, Ordering::Relaxed);
+        if let Some(ft) = out.first_token {
+            s.last_ttft_us
+                .store(ft.as_micros() as u64, Ordering::Relaxed);
+            let generating = out.duration.saturating_sub(ft);
+            if c > 1 && generating > Duration::from_millis(1) {
+                let tps = (c - 1) as f64 / generating.as_secs_f64();
+                s.last_tps_milli
+                    .store((tps * 1000.0) as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The record of how the call ended.
+    fn finish(
+        &self,
+        agent: &AgentModels,
+        call: &Call,
+        entry: &ModelEntry,
+        fallback: Option<&(String, &'static str)>,
+        out: &Outcome,
+    ) {
+        let Some(t) = &self.audit else { return };
+        let (p, c) = used(call, out);
+        let mut d = self.detail(call, entry, fallback);
+        d["status"] = json!(out.status);
+        d["outcome"] = json!(match (&out.cut, out.status) {
+            (None, s) if s < 400 => "ok",
+            (Some(_), s) if s < 400 => "cut",
+            _ => "error",
+        });
+        if let Some(why) = &out.cut {
+            d["error"] = json!(why);
+        }
+        d["prompt_tokens"] = json!(p);
+        d["completion_tokens"] = json!(c);
+        d["usage_from"] = json!(if out.prompt_tokens.is_some() {
+            "backend"
+        } else {
+            "gateway estimate"
+        });
+        d["onset_unix_ms"] = json!(
+            call.onset
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0)
+        );
+        d["first_token_ms"] = json!(out.first_token.map(|f| f.as_secs_f64() * 1000.0));
+        d["duration_ms"] = json!(out.duration.as_secs_f64() * 1000.0);
+        d["completion_sha256"] = json!(out.completion_sha256);
+        if let Some(p) = &call.prompt {
+            d["prompt"] = json!(p);
+        }
+        if let Some(c) = &out.completion {
+            d["completion"] = json!(c);
+        }
+        if let Some(b) = &agent.binding {
+            d["binding"] = json!(b);
+        }
+        let decision = if out.status < 400 && out.cut.is_none() {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        };
+        t.submit(
+            t.agent_record(Kind::Model, &agent.tenant, &agent.name)
+                .decision(decision)
+                .detail(d),
+        );
+    }
+}
+
+/// `(prompt, completion)` tokens: the backend's usage, else the gateway's count.
+fn used(call: &Call, out: &Outcome) -> (u64, u64) {
+    let p = out.prompt_tokens.unwrap_or(if out.status < 400 {
+        call.prompt_estimate
+    } else {
+        0
+    });
+    let c = out.completion_tokens.unwrap_or(out.chunks);
+    (p, c)
+}
+
+fn unavailable() -> Response<AnswerBody> {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "api_error",
+        "audit_unavailable",
+        "the audit trail cannot record this call, so it is refused (agentosd check)",
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Accepts the agent's connections: each identified by the kernel (its process must be in the
+/// agent's cgroup), at most [`MAX_CONNS_PER_AGENT`] at once, served as HTTP/1.1.
+async fn accept_loop(
+    gw: Arc<Gateway>,
+    agent: Arc<AgentModels>,
+    who: AgentRef,
+    listener: tokio::net::UnixListener,
+) {
+    let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
+    loop {
+        let Ok(permit) = conns.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("{}: model socket accept: {e}", agent.id);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if let Err(r) = crate::ipc::identify(stream.as_fd(), &who) {
+            tracing::warn!(
+                "{}: model socket: refused a connection from pid {:?} uid {} ({})",
+                agent.id,
+                r.pid,
+                r.uid,
+                r.reason
+            );
+            continue;
+        }
+        let (gw, agent) = (gw.clone(), agent.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc =
+                hyper::service::service_fn(move |req| http::handle(gw.clone(), agent.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_buf_size(64 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Where an agent's model socket lives.
+pub fn socket_path(run_dir: &std::path::Path, tenant: &str, name: &str) -> PathBuf {
+    run_dir
+        .join("agents")
+        .join(tenant)
+        .join(format!("{name}.models.sock"))
+}
