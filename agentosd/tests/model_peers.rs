@@ -178,6 +178,23 @@ fn a_dropped_server_is_gone() {
 }
 
 #[test]
+fn a_server_that_dies_at_start_fails_fast_with_its_log() {
+    let t0 = std::time::Instant::now();
+    let started = std::panic::catch_unwind(|| ModelServer::launch("no_such_launcher.py", &[]));
+    let why = match started {
+        Ok(None) => return, // not installed: skipped with a message
+        Ok(Some(s)) => panic!("a missing launcher started: {}", s.url),
+        Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    assert!(why.contains("no_such_launcher.py was not ready"), "{why}");
+    assert!(
+        why.contains("No such file"),
+        "python's error from the log: {why}"
+    );
+    assert!(t0.elapsed().as_secs() < 30, "no wait for the 60 s limit");
+}
+
+#[test]
 fn chunked_bodies_and_sse_events_are_split() {
     let raw =
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n\
