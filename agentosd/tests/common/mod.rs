@@ -3,6 +3,8 @@
 //! here are killed (by PID), only cgroups made here are killed (cgroup.kill) and removed.
 #![allow(dead_code)]
 
+pub mod models;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
