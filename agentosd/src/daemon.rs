@@ -220,7 +220,9 @@ fn setup_models(
     opts: &Options,
     cfg: crate::models::ModelsConfig,
 ) {
-    let gateway = crate::models::Gateway::new(cfg, sup.audit_trail().cloned());
+    let gateway =
+        crate::models::Gateway::new(cfg, sup.audit_trail().cloned(), Some(&opts.state_dir));
+    tokio::spawn(gateway.clone().keep_ledger());
     if let Some(m) = sup.mcp() {
         gateway.set_consents(m.service.consents().clone());
     }
@@ -408,6 +410,9 @@ async fn shut_down(
         // starts them again on demand). Agents' sockets close; clients reconnect later.
         m.service.tools().shutdown().await;
         m.ipc.shutdown();
+    }
+    if let Some(m) = sup.models() {
+        m.gateway.save();
     }
     let _ = trail
         .commit(trail.lifecycle(

@@ -39,11 +39,16 @@ pub struct Reservation(pub u64);
 
 impl Meter {
     pub fn new(total: Option<u64>, per_minute: Option<u64>) -> Meter {
+        Self::with_used(total, per_minute, 0)
+    }
+
+    /// A meter that starts with `used` tokens already spent (read back after a daemon restart).
+    pub fn with_used(total: Option<u64>, per_minute: Option<u64>, used: u64) -> Meter {
         Meter {
             total,
             per_minute,
             state: Mutex::new(State {
-                used: 0,
+                used,
                 reserved: 0,
                 bucket: per_minute.unwrap_or(0) as f64,
                 refilled: Instant::now(),
@@ -131,6 +136,43 @@ impl Meter {
 
     pub fn per_minute(&self) -> Option<u64> {
         self.per_minute
+    }
+}
+
+/// Tokens used per agent and per tenant, kept in `STATE_DIR/models/usage.json` so that a
+/// daemon restart does not refill a total budget. Written at most every [`Ledger::EVERY`] and
+/// when the daemon stops; a `kill -9` forgets at most that much.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Ledger {
+    #[serde(default)]
+    pub agents: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub tenants: std::collections::BTreeMap<String, u64>,
+}
+
+impl Ledger {
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+    /// Reads the ledger at `path`; a missing file is an empty ledger, an unreadable one is
+    /// reported and starts empty (the budgets then count from zero, which the log says).
+    pub fn load(path: &std::path::Path) -> Ledger {
+        match std::fs::read(path) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::warn!(
+                    "model budgets: {} is not a usage ledger ({e}); token budgets count from zero",
+                    path.display()
+                );
+                Ledger::default()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ledger::default(),
+            Err(e) => {
+                tracing::warn!(
+                    "model budgets: {}: {e}; token budgets count from zero",
+                    path.display()
+                );
+                Ledger::default()
+            }
+        }
     }
 }
 

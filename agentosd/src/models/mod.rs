@@ -96,15 +96,30 @@ pub struct Gateway {
     /// Serving tasks by agent id.
     serving: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     backend_slots: Vec<Arc<tokio::sync::Semaphore>>,
+    /// Where the tokens used are kept across daemon restarts, and what it held at start.
+    ledger_path: Option<PathBuf>,
+    ledger: budget::Ledger,
+    dirty: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
-    pub fn new(cfg: ModelsConfig, audit: Option<Arc<AuditTrail>>) -> Arc<Gateway> {
+    /// The gateway; `state_dir`: keep the tokens used in `STATE_DIR/models/usage.json` (read
+    /// back here) so budgets hold across daemon restarts.
+    pub fn new(
+        cfg: ModelsConfig,
+        audit: Option<Arc<AuditTrail>>,
+        state_dir: Option<&std::path::Path>,
+    ) -> Arc<Gateway> {
         let backend_slots = cfg
             .backends
             .iter()
             .map(|b| Arc::new(tokio::sync::Semaphore::new(b.max_concurrent)))
             .collect();
+        let ledger_path = state_dir.map(|d| d.join("models/usage.json"));
+        let ledger = ledger_path
+            .as_deref()
+            .map(budget::Ledger::load)
+            .unwrap_or_default();
         Arc::new(Gateway {
             cfg,
             audit,
@@ -113,7 +128,44 @@ impl Gateway {
             tenants: Mutex::default(),
             serving: Mutex::default(),
             backend_slots,
+            ledger_path,
+            ledger,
+            dirty: Default::default(),
         })
+    }
+
+    /// Writes the tokens used when they changed, every [`budget::Ledger::EVERY`] (spawned by
+    /// the daemon; [`Gateway::save`] again at shutdown).
+    pub async fn keep_ledger(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(budget::Ledger::EVERY).await;
+            self.save();
+        }
+    }
+
+    /// Writes the ledger now if anything changed since the last write.
+    pub fn save(&self) {
+        let Some(path) = &self.ledger_path else {
+            return;
+        };
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut l = budget::Ledger {
+            agents: self.ledger.agents.clone(),
+            tenants: self.ledger.tenants.clone(),
+        };
+        for (id, (m, _)) in lock(&self.meters).iter() {
+            l.agents.insert(id.clone(), m.used());
+        }
+        for (t, m) in lock(&self.tenants).iter() {
+            l.tenants.insert(t.clone(), m.used());
+        }
+        let text = serde_json::to_vec_pretty(&l).unwrap_or_default();
+        if let Err(e) = crate::state::write_atomic(path, &text) {
+            tracing::warn!("model budgets: {e}");
+            self.dirty.store(true, Ordering::Release);
+        }
     }
 
     pub fn config(&self) -> &ModelsConfig {
@@ -138,20 +190,31 @@ impl Gateway {
         let std_listener = std::os::unix::net::UnixListener::from(fd);
         std_listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
-        let (meter, stats) = lock(&self.meters)
-            .entry(who.id.clone())
-            .or_insert_with(|| {
-                (
-                    Arc::new(Meter::new(access.tokens, access.tokens_per_minute)),
+        // The budget follows the contract of this run; what was used stays used (across the
+        // agent's runs, and across daemon restarts through the ledger).
+        let (meter, stats) = {
+            let mut meters = lock(&self.meters);
+            let (used, stats) = match meters.get(&who.id) {
+                Some((m, s)) => (m.used(), s.clone()),
+                None => (
+                    self.ledger.agents.get(&who.id).copied().unwrap_or(0),
                     Arc::default(),
-                )
-            })
-            .clone();
+                ),
+            };
+            let meter = Arc::new(Meter::with_used(
+                access.tokens,
+                access.tokens_per_minute,
+                used,
+            ));
+            meters.insert(who.id.clone(), (meter.clone(), stats.clone()));
+            (meter, stats)
+        };
         let tenant_meter = lock(&self.tenants)
             .entry(tenant.to_string())
             .or_insert_with(|| {
                 let b = self.cfg.tenants.get(tenant).copied().unwrap_or_default();
-                Arc::new(Meter::new(b.tokens, b.tokens_per_minute))
+                let used = self.ledger.tenants.get(tenant).copied().unwrap_or(0);
+                Arc::new(Meter::with_used(b.tokens, b.tokens_per_minute, used))
             })
             .clone();
         let agent = Arc::new(AgentModels {
@@ -319,6 +382,9 @@ impl Gateway {
         let (p, c) = used(call, out);
         agent.meter.settle(r[0], p + c);
         agent.tenant_meter.settle(r[1], p + c);
+        if p + c > 0 {
+            self.dirty.store(true, Ordering::Release);
+        }
         let s = &agent.stats;
         s.calls.fetch_add(1, Ordering::Relaxed);
         if out.status >= 400 || out.cut.is_some() {

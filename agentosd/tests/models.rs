@@ -1,0 +1,426 @@
+//! The model gateway end to end: a real llama.cpp server (PyPI `xllamacpp`, SmolLM2-135M) behind
+//! agentosd, agents that use the official OpenAI Python SDK on their model socket, and the
+//! outcome checked from the outside (the agent's own report in its log, `agentctl status`, the
+//! audit trail). Root only; skipped with a message when the model peers are not installed
+//! (`cargo xtask model-peers`).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::models::ModelServer;
+use common::{Bus, Daemon, TestCgroup};
+use serde_json::Value;
+
+struct Setup {
+    _bus: Bus,
+    _cg: TestCgroup,
+    dir: tempfile::TempDir,
+    d: Daemon,
+    python: PathBuf,
+    venv: PathBuf,
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A daemon whose gateway serves `models_yaml` (`{chat}` is replaced by the chat server's URL).
+fn setup(tag: &str, server: &ModelServer, models_yaml: &str) -> Setup {
+    let python = common::models::python().expect("model peers are installed");
+    let venv = python.parent().unwrap().parent().unwrap().to_path_buf();
+    let bus = Bus::start();
+    let cg = TestCgroup::new(tag);
+    let dir = tempfile::tempdir().unwrap();
+    chmod(dir.path(), 0o711);
+    std::fs::write(dir.path().join("agent.py"), include_str!("models/agent.py")).unwrap();
+    chmod(&dir.path().join("agent.py"), 0o644);
+    let cfg = dir.path().join("models.yaml");
+    std::fs::write(&cfg, models_yaml.replace("{chat}", &server.url)).unwrap();
+    let d = Daemon::start_with(
+        &bus,
+        &cg.path,
+        dir.path(),
+        &["--models", cfg.to_str().unwrap()],
+    );
+    Setup {
+        _bus: bus,
+        _cg: cg,
+        dir,
+        d,
+        python,
+        venv,
+    }
+}
+
+/// Start agent `name` running agent.py in `mode` with `extra` contract lines.
+fn run_agent(s: &Setup, name: &str, args: &str, extra: &str) {
+    run_agent_with(s, name, args, "", extra)
+}
+
+/// [`run_agent`] with more capabilities (`caps`: list items, each `  - …\n`).
+fn run_agent_with(s: &Setup, name: &str, args: &str, caps: &str, extra: &str) {
+    let text = format!(
+        r#"apiVersion: agentos/v0.2
+kind: AgentContract
+name: {name}
+class: {{ latency: DT }}
+exec:
+  command: {py}
+  args: ["{dir}/agent.py", {args}]
+  env: {{ PYTHONDONTWRITEBYTECODE: "1" }}
+capabilities:
+  - fs.read: ["{dir}/agent.py", "{venv}"]
+  - fs.exec: [/usr, /bin, /lib, "{venv}"]
+{caps}compute: {{ pids: 64 }}
+{extra}"#,
+        py = s.python.display(),
+        dir = s.dir.path().display(),
+        venv = s.venv.display(),
+    );
+    let f = s.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&f, text).unwrap();
+    s.d.ctl_ok(&["start", f.to_str().unwrap()]);
+}
+
+/// The agent's report lines, once it printed `done` (or exited).
+fn steps(s: &Setup, name: &str, secs: u64) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let st = s.d.status_json(name);
+        let log = st["log_path"].as_str().unwrap_or_default().to_string();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let state = st["state"].as_str().unwrap_or_default();
+        if lines.iter().any(|l| l["step"] == "done") || !matches!(state, "running" | "starting") {
+            assert!(
+                lines.iter().any(|l| l["step"] == "done"),
+                "agent {name} ended ({state}) before it was done; its log:\n{text}\ndaemon log:\n{}",
+                s.d.log_text()
+            );
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent {name} not done in {secs} s; its log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn step<'a>(all: &'a [Value], name: &str) -> &'a Value {
+    all.iter()
+        .find(|l| l["step"] == name)
+        .unwrap_or_else(|| panic!("no step {name} in {all:#?}"))
+}
+
+fn audit(s: &Setup) -> Vec<Value> {
+    std::fs::read_to_string(s.dir.path().join("audit/audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits until the audit trail has a record matching `f` (records are written in the
+/// background once an answer ends).
+fn audit_until(s: &Setup, what: &str, f: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = audit(s);
+        if all.iter().any(&f) {
+            return all;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no audit record {what} in {all:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const ONE_BACKEND: &str = "backends:\n  - name: llama\n    url: {chat}\n    placement: local\n    models: [{name: chat}, {name: forbidden}]\n";
+
+#[test]
+fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup("models-tour", &server, ONE_BACKEND);
+    let backend = server.url.trim_start_matches("http://").to_string();
+    run_agent(
+        &s,
+        "tourist",
+        &format!("\"tour\", \"{backend}\""),
+        "modelPolicy: { allow: [chat, nowhere], max_output_tokens: 64 }\n",
+    );
+    let all = steps(&s, "tourist", 120);
+
+    // Only what the contract allows and the host serves is listed.
+    assert_eq!(step(&all, "models")["ids"], serde_json::json!(["chat"]));
+    // A whole answer: the agent-facing model name, the backend's usage.
+    let chat = step(&all, "chat");
+    assert_eq!(chat["model"], "chat", "{chat}");
+    let usage = &chat["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0, "{chat}");
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=8).contains(&completion), "{chat}");
+    // A stream: content chunks, and the usage chunk exactly when asked for.
+    let stream = step(&all, "stream");
+    assert_eq!(stream["model"], "chat", "{stream}");
+    assert!(stream["chunks"].as_u64().unwrap() >= 1, "{stream}");
+    assert_eq!(stream["usage_chunks"], 1, "{stream}");
+    assert!(stream["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(step(&all, "stream-no-usage")["usage_chunks"], 0);
+    // Off-policy and unknown models: OpenAI-style errors that say why.
+    let forbidden = step(&all, "refused-forbidden");
+    assert_eq!(forbidden["status"], 403, "{forbidden}");
+    assert_eq!(forbidden["code"], "model_not_allowed");
+    assert!(
+        forbidden["message"]
+            .as_str()
+            .unwrap()
+            .contains("modelPolicy")
+    );
+    let nowhere = step(&all, "refused-nowhere");
+    assert_eq!(
+        (nowhere["status"].as_u64(), nowhere["code"].as_str()),
+        (Some(404), Some("model_not_found"))
+    );
+    // The backend is out of reach without the gateway (no network grant: no route at all).
+    // Without a network grant the agent cannot even make an inet socket (seccomp), and its
+    // network namespace has no route.
+    let direct = step(&all, "direct");
+    assert_eq!(direct["connected"], false, "{direct}");
+    assert_eq!(direct["errno"], "EAFNOSUPPORT", "{direct}");
+    // With a grant to somewhere else, the backend's address is refused: by Landlock's TCP rules
+    // (EACCES) where the kernel has them, else by the cgroup BPF policy (EPERM).
+    run_agent_with(
+        &s,
+        "netted",
+        &format!("\"direct\", \"{backend}\""),
+        "  - net.connect: [\"127.0.0.1:9\"]\n",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let netted = steps(&s, "netted", 60);
+    let direct = step(&netted, "direct");
+    assert_eq!(direct["connected"], false, "{direct}");
+    assert!(
+        matches!(direct["errno"].as_str(), Some("EACCES" | "EPERM")),
+        "{direct}"
+    );
+    assert_eq!(step(&all, "not-json")["status"], 400);
+    assert_eq!(step(&all, "too-large")["status"], 413);
+
+    // Every call is on the record: the allow before it was sent, the outcome with usage after;
+    // the prompt only as a hash.
+    let recs = audit_until(&s, "model outcome x3", |_| {
+        audit(&s).iter().filter(|r| r["kind"] == "model").count() >= 3
+    });
+    let models: Vec<&Value> = recs.iter().filter(|r| r["kind"] == "model").collect();
+    assert_eq!(models.len(), 3, "{models:#?}");
+    for r in &models {
+        let d = &r["detail"];
+        assert_eq!(
+            (d["backend"].as_str(), d["placement"].as_str()),
+            (Some("llama"), Some("local")),
+            "{r}"
+        );
+        assert_eq!(d["usage_from"], "backend", "{r}");
+        assert!(
+            d["prompt_tokens"].as_u64().unwrap() > 0 && d["completion_tokens"].as_u64().is_some()
+        );
+        assert_eq!(d["prompt_sha256"].as_str().unwrap().len(), 64);
+        assert!(
+            d["first_token_ms"].as_f64().is_some() && d.get("prompt").is_none(),
+            "{r}"
+        );
+        assert_eq!(d["outcome"], "ok", "{r}");
+    }
+    let allows = recs
+        .iter()
+        .filter(|r| {
+            r["kind"] == "gate"
+                && r["decision"] == "allow"
+                && r["detail"]["endpoint"] == "/chat/completions"
+        })
+        .count();
+    assert!(allows >= 3, "{recs:#?}");
+    for (model, reason) in [
+        ("forbidden", "model-not-allowed"),
+        ("nowhere", "model-not-allowed"),
+    ] {
+        assert!(
+            recs.iter().any(|r| r["kind"] == "gate"
+                && r["decision"] == "deny"
+                && r["detail"]["requested_model"] == model
+                && r["detail"]["reason"] == reason),
+            "no deny record for {model}: {recs:#?}"
+        );
+    }
+    assert!(
+        !std::fs::read_to_string(s.dir.path().join("audit/audit.log"))
+            .unwrap()
+            .contains("Say hello"),
+        "a prompt reached the audit trail without record_content"
+    );
+    // And in status: tokens used and the last answer's speed.
+    let m = &s.d.status_json("tourist")["models"];
+    assert_eq!(m["calls"], 3, "{m}");
+    assert_eq!(m["refused"], 2, "{m}");
+    assert!(
+        m["completion_tokens"].as_u64().unwrap() >= 2
+            && m["last_first_token_us"].as_u64().unwrap() > 0,
+        "{m}"
+    );
+    let text = s.d.ctl_ok(&["status", "tourist"]);
+    assert!(
+        text.contains("Models: ") && text.contains("3 calls"),
+        "{text}"
+    );
+}
+
+#[test]
+fn budgets_cut_off_an_agent_that_exceeds_them_and_never_overshoot() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let mut s = setup("models-budget", &server, ONE_BACKEND);
+    run_agent(
+        &s,
+        "spender",
+        "\"budget\"",
+        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 150 }\n",
+    );
+    let all = steps(&s, "spender", 120);
+    let b = step(&all, "budget");
+    assert!(b["ok"].as_u64().unwrap() >= 1, "no call got through: {b}");
+    assert_eq!(
+        (b["status"].as_u64(), b["code"].as_str()),
+        (Some(429), Some("insufficient_quota")),
+        "{b}"
+    );
+    assert!(
+        b["message"].as_str().unwrap().contains("budgets.tokens"),
+        "{b}"
+    );
+    let m = &s.d.status_json("spender")["models"];
+    let used = m["prompt_tokens"].as_u64().unwrap() + m["completion_tokens"].as_u64().unwrap();
+    assert!(used <= 150, "the budget was overshot: {m}");
+    assert_eq!(m["tokens_left"].as_u64(), Some(150 - used), "{m}");
+    let recs = audit_until(&s, "over-budget deny", |r| {
+        r["kind"] == "gate" && r["detail"]["reason"] == "over-budget"
+    });
+    // Neither a restart of the agent nor one of the daemon refills the total.
+    let log = s.d.status_json("spender")["log_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.d.terminate();
+    s.d.spawn();
+    std::fs::write(&log, "").unwrap();
+    run_agent(
+        &s,
+        "spender",
+        "\"budget\"",
+        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 150 }\n",
+    );
+    let again = steps(&s, "spender", 120);
+    let b = step(&again, "budget");
+    assert_eq!(
+        (b["ok"].as_u64(), b["code"].as_str()),
+        (Some(0), Some("insufficient_quota")),
+        "{b}"
+    );
+    assert!(
+        recs.iter().any(|r| r["detail"]["reason"] == "over-budget"
+            && r["agent"].as_str().is_some_and(|a| a.contains("spender"))),
+        "{recs:#?}"
+    );
+}
+
+#[test]
+fn a_model_whose_backend_is_down_falls_back_to_the_declared_alternative() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    // Port 9 (discard) on loopback: nothing listens there in the test bed.
+    let yaml = format!(
+        "{ONE_BACKEND}  - name: down\n    url: http://127.0.0.1:9\n    placement: on-prem\n    models: [{{name: primary}}]\n"
+    );
+    let s = setup("models-fallback", &server, &yaml);
+    run_agent(
+        &s,
+        "faller",
+        "\"fallback\"",
+        "modelPolicy: { allow: [primary, chat] }\nallow_fallbacks:\n  - { when: model_unavailable, substitute: { model: chat } }\n",
+    );
+    let all = steps(&s, "faller", 120);
+    assert_eq!(step(&all, "fallback")["model"], "chat");
+    let recs = audit_until(&s, "model record with fallback", |r| {
+        r["kind"] == "model" && r["detail"]["fallback"].is_object()
+    });
+    let r = recs.iter().find(|r| r["kind"] == "model").unwrap();
+    assert_eq!(
+        r["detail"]["fallback"],
+        serde_json::json!({"from": "primary", "to": "chat", "when": "model_unavailable"}),
+        "{r}"
+    );
+    assert_eq!(r["detail"]["backend"], "llama");
+}
+
+#[test]
+fn a_model_named_in_consent_for_waits_for_the_operator() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup("models-consent", &server, ONE_BACKEND);
+    run_agent(
+        &s,
+        "asker",
+        "\"consent\"",
+        "modelPolicy: { allow: [chat] }\nsecurity: { consent_for: [\"model:chat\"] }\n",
+    );
+    for approve in [true, false] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let id = loop {
+            let list: Vec<Value> =
+                serde_json::from_str(&s.d.ctl_ok(&["consent", "list", "--json"])).unwrap();
+            if let Some(r) = list.first() {
+                assert_eq!(r["capability"], "model:chat", "{r}");
+                break r["id"].as_u64().unwrap().to_string();
+            }
+            assert!(Instant::now() < deadline, "no consent request");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        s.d.ctl_ok(&["consent", if approve { "approve" } else { "deny" }, &id]);
+    }
+    let all = steps(&s, "asker", 120);
+    let answers: Vec<&Value> = all.iter().filter(|l| l["step"] == "consent").collect();
+    assert_eq!(answers[0]["status"], 200, "{answers:?}");
+    assert_eq!(
+        (answers[1]["status"].as_u64(), answers[1]["code"].as_str()),
+        (Some(403), Some("consent_refused")),
+        "{answers:?}"
+    );
+    let recs = audit(&s);
+    assert!(
+        recs.iter()
+            .any(|r| r["kind"] == "consent" && r["detail"]["answer"] == "approved")
+    );
+    assert!(
+        recs.iter()
+            .any(|r| r["kind"] == "consent" && r["detail"]["answer"] == "denied")
+    );
+}

@@ -1,0 +1,128 @@
+"""An agent that uses models only through agentosd's gateway, with the official OpenAI SDK.
+
+Each step prints one JSON line `{"step": NAME, ...}` to stdout (the agent's log), so the test
+reads what happened from the outside. Steps are chosen by argv[1]: `tour` (the whole API),
+`budget` (call until the budget says no), `fallback` (call a model whose backend is down),
+`consent` (call a model held for consent). argv[2] is a backend address the agent must not
+reach directly.
+"""
+import errno
+import json
+import os
+import socket
+import sys
+
+import httpx
+import openai
+
+
+def emit(step, **kw):
+    print(json.dumps({"step": step, **kw}), flush=True)
+
+
+sock = os.environ["AGENTOS_MODELS_SOCKET"]
+client = openai.OpenAI(
+    base_url="http://agentos/v1",
+    api_key="not-a-key",  # the daemon holds the backends' keys; the SDK wants some string
+    http_client=httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=120),
+    max_retries=0,
+)
+
+
+def error_of(e):
+    body = getattr(e, "body", None) or {}
+    if isinstance(body, dict) and "error" in body:
+        body = body["error"]
+    return {"status": getattr(e, "status_code", None), "code": (body or {}).get("code"),
+            "type": (body or {}).get("type"), "message": (body or {}).get("message")}
+
+
+def chat(model, **kw):
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], **kw)
+
+
+def tour(backend):
+    emit("models", ids=[m.id for m in client.models.list().data])
+    r = chat("chat", max_tokens=8)
+    emit("chat", model=r.model, usage=r.usage.model_dump(), choices=len(r.choices),
+         finish=r.choices[0].finish_reason)
+    chunks, usage_chunks, model = 0, 0, None
+    for c in chat("chat", max_tokens=8, stream=True, stream_options={"include_usage": True}):
+        model = c.model
+        if c.usage is not None:
+            usage_chunks += 1
+            usage = c.usage.model_dump()
+        if c.choices and c.choices[0].delta.content:
+            chunks += 1
+    emit("stream", model=model, chunks=chunks, usage_chunks=usage_chunks, usage=usage)
+    usage_chunks = 0
+    for c in chat("chat", max_tokens=4, stream=True):
+        if c.usage is not None or not c.choices:
+            usage_chunks += 1
+    emit("stream-no-usage", usage_chunks=usage_chunks)
+    for model in ["forbidden", "nowhere"]:
+        try:
+            chat(model, max_tokens=4)
+            emit("refused-" + model, status=200)
+        except openai.APIStatusError as e:
+            emit("refused-" + model, **error_of(e))
+    direct(backend)
+    # A raw HTTP request that is not JSON, and one too large.
+    t = httpx.Client(transport=httpx.HTTPTransport(uds=sock))
+    r = t.post("http://agentos/v1/chat/completions", content=b"not json")
+    emit("not-json", status=r.status_code, code=r.json()["error"]["code"])
+    r = t.post("http://agentos/v1/chat/completions", content=b"x" * (5 << 20))
+    emit("too-large", status=r.status_code)
+
+
+def direct(backend):
+    """The backend itself, without the gateway: the kernel must refuse every way there."""
+    host, port = backend.rsplit(":", 1)
+    try:
+        s = socket.socket()
+        s.settimeout(5)
+        s.connect((host, int(port)))
+        emit("direct", connected=True)
+    except OSError as e:
+        emit("direct", connected=False, errno=errno.errorcode.get(e.errno, str(e.errno)))
+
+
+def budget():
+    ok = 0
+    while ok < 50:
+        try:
+            chat("chat", max_tokens=16)
+            ok += 1
+        except openai.APIStatusError as e:
+            emit("budget", ok=ok, **error_of(e))
+            return
+    emit("budget", ok=ok, status=200)
+
+
+def fallback():
+    r = chat("primary", max_tokens=4)
+    emit("fallback", model=r.model, usage=r.usage.model_dump())
+
+
+def consent():
+    for _ in range(2):
+        try:
+            r = chat("chat", max_tokens=4)
+            emit("consent", status=200, model=r.model)
+        except openai.APIStatusError as e:
+            emit("consent", **error_of(e))
+
+
+mode = sys.argv[1]
+if mode == "tour":
+    tour(sys.argv[2])
+elif mode == "direct":
+    direct(sys.argv[2])
+elif mode == "budget":
+    budget()
+elif mode == "fallback":
+    fallback()
+elif mode == "consent":
+    consent()
+emit("done")
