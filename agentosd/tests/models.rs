@@ -31,6 +31,16 @@ fn chmod(p: &Path, mode: u32) {
 
 /// A daemon whose gateway serves `models_yaml` (`{chat}` is replaced by the chat server's URL).
 fn setup(tag: &str, server: &ModelServer, models_yaml: &str) -> Setup {
+    setup_with(tag, server, None, models_yaml)
+}
+
+/// [`setup`] with an embeddings server too (`{embed}` in `models_yaml`).
+fn setup_with(
+    tag: &str,
+    server: &ModelServer,
+    embed: Option<&ModelServer>,
+    models_yaml: &str,
+) -> Setup {
     let python = common::models::python().expect("model peers are installed");
     let venv = python.parent().unwrap().parent().unwrap().to_path_buf();
     let bus = Bus::start();
@@ -40,7 +50,11 @@ fn setup(tag: &str, server: &ModelServer, models_yaml: &str) -> Setup {
     std::fs::write(dir.path().join("agent.py"), include_str!("models/agent.py")).unwrap();
     chmod(&dir.path().join("agent.py"), 0o644);
     let cfg = dir.path().join("models.yaml");
-    std::fs::write(&cfg, models_yaml.replace("{chat}", &server.url)).unwrap();
+    let mut yaml = models_yaml.replace("{chat}", &server.url);
+    if let Some(e) = embed {
+        yaml = yaml.replace("{embed}", &e.url);
+    }
+    std::fs::write(&cfg, yaml).unwrap();
     let d = Daemon::start_with(
         &bus,
         &cg.path,
@@ -154,18 +168,37 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
     let Some(server) = ModelServer::chat() else {
         return;
     };
-    let s = setup("models-tour", &server, ONE_BACKEND);
+    let Some(embed) = ModelServer::embeddings() else {
+        return;
+    };
+    let yaml = format!(
+        "{ONE_BACKEND}  - name: e5\n    url: {{embed}}\n    placement: local\n    models: [{{name: embed, kind: embeddings}}]\n"
+    );
+    let s = setup_with("models-tour", &server, Some(&embed), &yaml);
     let backend = server.url.trim_start_matches("http://").to_string();
     run_agent(
         &s,
         "tourist",
         &format!("\"tour\", \"{backend}\""),
-        "modelPolicy: { allow: [chat, nowhere], max_output_tokens: 64 }\n",
+        "modelPolicy: { allow: [chat, nowhere, embed], max_output_tokens: 64 }\n",
     );
     let all = steps(&s, "tourist", 120);
 
     // Only what the contract allows and the host serves is listed.
-    assert_eq!(step(&all, "models")["ids"], serde_json::json!(["chat"]));
+    assert_eq!(
+        step(&all, "models")["ids"],
+        serde_json::json!(["chat", "embed"])
+    );
+    // Embeddings through the gateway; an embeddings model is not a chat model.
+    let e = step(&all, "embeddings");
+    assert_eq!(
+        (e["n"].as_u64(), e["dims"].as_u64()),
+        (Some(2), Some(common::models::EMBED_DIMS as u64)),
+        "{e}"
+    );
+    assert_eq!(e["model"], "embed", "{e}");
+    assert!(e["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{e}");
+    assert_eq!(step(&all, "embed-as-chat")["code"], "model_not_allowed");
     // A whole answer: the agent-facing model name, the backend's usage.
     let chat = step(&all, "chat");
     assert_eq!(chat["model"], "chat", "{chat}");
@@ -222,11 +255,18 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
 
     // Every call is on the record: the allow before it was sent, the outcome with usage after;
     // the prompt only as a hash.
-    let recs = audit_until(&s, "model outcome x3", |_| {
-        audit(&s).iter().filter(|r| r["kind"] == "model").count() >= 3
+    let recs = audit_until(&s, "model outcome x4", |_| {
+        audit(&s).iter().filter(|r| r["kind"] == "model").count() >= 4
     });
-    let models: Vec<&Value> = recs.iter().filter(|r| r["kind"] == "model").collect();
+    let models: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["kind"] == "model" && r["detail"]["endpoint"] == "/chat/completions")
+        .collect();
     assert_eq!(models.len(), 3, "{models:#?}");
+    assert!(recs.iter().any(|r| r["kind"] == "model"
+        && r["detail"]["endpoint"] == "/embeddings"
+        && r["detail"]["backend"] == "e5"
+        && r["detail"]["prompt_tokens"].as_u64().is_some_and(|n| n > 0)));
     for r in &models {
         let d = &r["detail"];
         assert_eq!(
@@ -274,8 +314,8 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
     );
     // And in status: tokens used and the last answer's speed.
     let m = &s.d.status_json("tourist")["models"];
-    assert_eq!(m["calls"], 3, "{m}");
-    assert_eq!(m["refused"], 2, "{m}");
+    assert_eq!(m["calls"], 4, "{m}");
+    assert_eq!(m["refused"], 3, "{m}");
     assert!(
         m["completion_tokens"].as_u64().unwrap() >= 2
             && m["last_first_token_us"].as_u64().unwrap() > 0,
@@ -283,7 +323,7 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
     );
     let text = s.d.ctl_ok(&["status", "tourist"]);
     assert!(
-        text.contains("Models: ") && text.contains("3 calls"),
+        text.contains("Models: ") && text.contains("4 calls"),
         "{text}"
     );
 }

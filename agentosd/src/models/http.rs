@@ -110,6 +110,9 @@ pub(super) struct Call {
     pub body: Value,
     pub stream: bool,
     pub prompt_estimate: u64,
+    /// What the prompt can cost at most, for the budgets: one token per byte (byte-level
+    /// tokenizers) plus what chat templates add per message and per request.
+    pub prompt_bound: u64,
     pub prompt_sha256: String,
     pub prompt: Option<String>,
     pub t0: Instant,
@@ -187,12 +190,29 @@ async fn read_request(
         stream,
         // About four bytes per token, the usual rule; the backend's usage settles the account.
         prompt_estimate: (prompt_text.len() as u64).div_ceil(4),
+        prompt_bound: prompt_bound(&body, kind, prompt_text.len()),
         prompt_sha256: hex::encode(Sha256::digest(prompt_text.as_bytes())),
         prompt: keep.then(|| prompt_text.chars().take(MAX_KEPT_TEXT).collect()),
         body,
         t0: Instant::now(),
         onset: std::time::SystemTime::now(),
     })
+}
+
+/// Chat templates add a few tokens per message (role markers) and per request (a default
+/// system prompt): SmolLM2's adds 22 to a one-message chat.
+const TEMPLATE_PER_MESSAGE: u64 = 16;
+const TEMPLATE_PER_REQUEST: u64 = 64;
+
+/// The most tokens a prompt of `bytes` bytes can cost (see [`Call::prompt_bound`]).
+fn prompt_bound(body: &Value, kind: ModelKind, bytes: usize) -> u64 {
+    let items = match kind {
+        ModelKind::Chat => body.get("messages"),
+        ModelKind::Embeddings => body.get("input"),
+    }
+    .and_then(Value::as_array)
+    .map_or(1, Vec::len) as u64;
+    bytes as u64 + items * TEMPLATE_PER_MESSAGE + TEMPLATE_PER_REQUEST
 }
 
 async fn call(
@@ -295,7 +315,7 @@ fn reserve(
             .find_map(|k| call.body.get(*k).and_then(Value::as_u64));
         for m in meters {
             if let Some(h) = m.headroom() {
-                let left = h.saturating_sub(call.prompt_estimate);
+                let left = h.saturating_sub(call.prompt_bound);
                 cap = Some(cap.map_or(left, |c| c.min(left)));
             }
         }
@@ -311,7 +331,7 @@ fn reserve(
         }
         cap = out;
     }
-    let need = call.prompt_estimate + cap.unwrap_or(0);
+    let need = call.prompt_bound + cap.unwrap_or(0);
     let over = |e: Exceeded, whose: &str| -> Response<AnswerBody> {
         let (msg, kind, code, retry) = match e {
             Exceeded::Total { limit, used } => (
@@ -522,6 +542,7 @@ fn placeholder(c: &Call) -> Call {
         body: Value::Null,
         stream: c.stream,
         prompt_estimate: 0,
+        prompt_bound: 0,
         prompt_sha256: String::new(),
         prompt: None,
         t0: c.t0,

@@ -67,6 +67,14 @@ def tour(backend):
             emit("refused-" + model, status=200)
         except openai.APIStatusError as e:
             emit("refused-" + model, **error_of(e))
+    e = client.embeddings.create(model="embed", input=["first text", "second text"])
+    emit("embeddings", n=len(e.data), dims=len(e.data[0].embedding), model=e.model,
+         usage=e.usage.model_dump())
+    try:
+        chat("embed", max_tokens=4)
+        emit("embed-as-chat", status=200)
+    except openai.APIStatusError as err:
+        emit("embed-as-chat", **error_of(err))
     direct(backend)
     # A raw HTTP request that is not JSON, and one too large.
     t = httpx.Client(transport=httpx.HTTPTransport(uds=sock))
