@@ -558,3 +558,64 @@ fn the_example_agent_calls_a_model_and_a_tool_in_one_turn() {
         .collect();
     assert_eq!(order, ["model", "tool", "model"], "{recs:#?}");
 }
+
+/// The socket is the agent's alone: owned by its uid, mode 0600, and a process outside the
+/// agent's cgroup (here root itself) is refused by the kernel's word on who connected.
+#[test]
+fn only_the_agent_may_use_its_model_socket() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup("models-peer", &server, ONE_BACKEND);
+    run_agent(&s, "waiter", "\"wait\"", "modelPolicy: { allow: [chat] }\n");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sock = s.dir.path().join("run/agents/default/waiter.models.sock");
+    while !sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no model socket at {}",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(&sock).unwrap();
+    let pid = s.d.status_json("waiter")["main_pid"].as_u64().unwrap();
+    let agent_uid = std::fs::metadata(format!("/proc/{pid}")).unwrap().uid();
+    assert_eq!((md.mode() & 0o777, md.uid()), (0o600, agent_uid));
+    assert_ne!(agent_uid, 0);
+    // Root outside the agent: the connection is accepted by the kernel, then closed unanswered.
+    let mut c = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    use std::io::{Read, Write};
+    let _ = c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: agentos\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf);
+    assert!(
+        buf.is_empty(),
+        "answered a process outside the agent: {}",
+        String::from_utf8_lossy(&buf)
+    );
+    assert!(
+        s.d.log_text()
+            .contains("model socket: refused a connection"),
+        "{}",
+        s.d.log_text()
+    );
+    let recs = audit_until(&s, "socket-refused", |r| {
+        r["detail"]["event"] == "socket-refused" && r["detail"]["socket"] == "models"
+    });
+    let r = recs
+        .iter()
+        .find(|r| r["detail"]["event"] == "socket-refused")
+        .unwrap();
+    assert_eq!(r["detail"]["peer_pid"], std::process::id(), "{r}");
+    // Stopping the agent removes its socket.
+    s.d.ctl_ok(&["stop", "waiter"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sock.exists() {
+        assert!(Instant::now() < deadline, "{} left behind", sock.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -516,6 +516,20 @@ async fn accept_loop(
                 r.uid,
                 r.reason
             );
+            if let Some(t) = &gw.audit {
+                t.submit_or_count(
+                    t.agent_record(Kind::Gate, &agent.tenant, &agent.name)
+                        .decision(Decision::Deny)
+                        .detail(json!({
+                            "event": "socket-refused",
+                            "socket": "models",
+                            "reason": r.reason,
+                            "peer_pid": r.pid,
+                            "peer_uid": r.uid,
+                            "peer_cgroup": r.cgroup,
+                        })),
+                );
+            }
             continue;
         }
         let (gw, agent) = (gw.clone(), agent.clone());

@@ -125,6 +125,10 @@ def consent():
 mode = sys.argv[1]
 if mode == "tour":
     tour(sys.argv[2])
+elif mode == "wait":
+    emit("waiting")
+    import time
+    time.sleep(60)
 elif mode == "direct":
     direct(sys.argv[2])
 elif mode == "budget":
