@@ -52,6 +52,8 @@ pub struct Options {
     pub polkit: crate::polkit::Mode,
     /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
     pub denial_records: crate::enforce::limit::Limits,
+    /// OpenTelemetry export (`--otlp-endpoint` and companions; `None`: off). See telemetry/.
+    pub otlp: Option<crate::telemetry::OtlpConfig>,
 }
 
 impl Default for Options {
@@ -77,6 +79,7 @@ impl Default for Options {
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
+            otlp: None,
         }
     }
 }
@@ -170,6 +173,7 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         sup.audit_trail().cloned(),
         tools,
         consents,
+        sup.telemetry().clone(),
         crate::mcp::SessionLimits {
             max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
             ..Default::default()
@@ -362,6 +366,8 @@ async fn shut_down(
         m.service.tools().shutdown().await;
         m.ipc.shutdown();
     }
+    // Open turns end with the daemon; what is queued gets a moment to reach the collector.
+    sup.telemetry().shutdown(Duration::from_secs(2)).await;
     let _ = trail
         .commit(trail.lifecycle(
             "",
@@ -506,11 +512,13 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
             crate::supervisor::Services::default().sysc
         },
         scx: scx.clone(),
+        telemetry: crate::telemetry::Telemetry::from_config(opts.otlp.clone())?,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
+    sup.spawn_telemetry_sampler();
     setup_mcp(&sup, opts, root);
     Ok((sup, rx, trail, scx, report))
 }

@@ -24,6 +24,7 @@ mod mechanism;
 mod services;
 mod start;
 mod stop;
+mod telemetry;
 mod tool_hooks;
 
 use std::collections::BTreeMap;
