@@ -277,6 +277,8 @@ struct On {
     turns: Mutex<Turns>,
     series: Mutex<metrics::Series>,
     resource: otlp::Resource,
+    /// Queue-full drops last logged, and when.
+    said: Mutex<(u64, Option<std::time::Instant>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -309,6 +311,7 @@ impl Telemetry {
                 metrics_skipped: AtomicU64::new(0),
                 counters: counters.clone(),
                 resource: otlp::Resource::daemon(),
+                said: Mutex::new((0, None)),
                 cfg: cfg.clone(),
             }),
         });
@@ -476,12 +479,29 @@ impl Telemetry {
         .await;
     }
 
+    /// End the idle turns; say (at most every 30 s) how many spans the full queue dropped.
     fn sweep(&self) {
-        if let Some(on) = &self.on {
-            let closed = lock(&on.turns).sweep(SystemTime::now());
-            for c in closed {
-                self.record(turn_span(c));
-            }
+        let Some(on) = &self.on else {
+            return;
+        };
+        let closed = lock(&on.turns).sweep(SystemTime::now());
+        for c in closed {
+            self.record(turn_span(c));
+        }
+        let full = on.queue_full.load(Ordering::Relaxed);
+        let mut said = lock(&on.said);
+        let due = said
+            .1
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(30));
+        if full > said.0 && due {
+            tracing::warn!(
+                "OpenTelemetry: {} spans dropped because the export queue ({} spans) was full: the collector at {} is slow or down; calls are not delayed (dropped in all: {})",
+                full - said.0,
+                on.cfg.queue_size,
+                on.cfg.endpoint,
+                self.dropped()
+            );
+            *said = (full, Some(std::time::Instant::now()));
         }
     }
 }
