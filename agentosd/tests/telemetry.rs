@@ -175,8 +175,8 @@ struct Bed {
     d: Daemon,
 }
 
-/// A daemon exporting to `endpoint`, with tools `t.ok` and `t.refused` (same program; the
-/// agent's contract grants only the first).
+/// A daemon with `extra` flags and tools `t.ok`, `t.held` and `t.refused` (the same program;
+/// the agents' contract grants the first, the second with operator consent, not the third).
 fn bed(tag: &str, extra: &[&str]) -> Bed {
     let bus = Bus::start();
     let cg = TestCgroup::new(tag);
@@ -192,7 +192,7 @@ fn bed(tag: &str, extra: &[&str]) -> Bed {
             .unwrap();
     }
     let tools = dir.path().join("tools.d");
-    for name in ["t.ok", "t.refused"] {
+    for name in ["t.ok", "t.held", "t.refused"] {
         write(
             &tools.join(format!("{name}.yaml")),
             &format!(
@@ -215,7 +215,8 @@ fn bed(tag: &str, extra: &[&str]) -> Bed {
 }
 
 impl Bed {
-    /// Start agent `name` calling `calls` in order; returns its steps once it printed "done".
+    /// Start agent `name` calling `calls` in order, approving every consent request; returns
+    /// its steps once it printed "done".
     fn run_agent(&self, name: &str, calls: &[&str]) -> Vec<Value> {
         let t = self.dir.path().join("t").display().to_string();
         let args: Vec<String> = std::iter::once(format!("{t}/agent.py"))
@@ -229,8 +230,8 @@ impl Bed {
                 serde_json::to_string(&args).unwrap()
             ),
             &format!(
-                "capabilities:\n  - t.ok\n  - fs.read: [\"{t}\"]\n  - fs.exec: [/usr, /bin, /lib]\n\
-                 compute: {{ pids: 64 }}\n"
+                "capabilities:\n  - t.ok\n  - t.held\n  - fs.read: [\"{t}\"]\n  - fs.exec: [/usr, /bin, /lib]\n\
+                 security: {{ consent_for: [t.held] }}\ncompute: {{ pids: 64 }}\n"
             ),
         );
         self.d.ctl_ok(&["start", c.to_str().unwrap()]);
@@ -245,6 +246,12 @@ impl Bed {
                 .collect();
             if steps.iter().any(|s| s["step"] == "done") {
                 return steps;
+            }
+            let held: Vec<Value> =
+                serde_json::from_str(&self.d.ctl_ok(&["consent", "list", "--json"])).unwrap();
+            for r in held {
+                let id = r["id"].as_u64().unwrap().to_string();
+                self.d.ctl_ok(&["consent", "approve", &id]);
             }
             assert!(
                 Instant::now() < deadline,
@@ -309,7 +316,7 @@ fn latest(rows: &[Value], name: &str, agent: &str, key: &str, value: &str) -> Op
 }
 
 #[test]
-fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_metrics() {
+fn the_receiver_sees_the_turn_its_gate_decisions_consent_wait_tool_calls_and_agent_metrics() {
     skip_unless_capable!();
     let Some(python) = python_or_skip() else {
         return;
@@ -326,13 +333,18 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
             "0.5",
         ],
     );
-    let steps = b.run_agent("traced", &["t.ok", "t.refused"]);
+    let steps = b.run_agent("traced", &["t.ok", "t.refused", "t.held"]);
     let ok = &steps[0]["reply"];
     assert!(ok.get("result").is_some(), "t.ok was not answered: {ok}");
     let refused = &steps[1]["reply"];
     assert_eq!(
         refused["error"]["data"]["reason"], "not-granted",
         "{refused}"
+    );
+    let held = &steps[2]["reply"];
+    assert!(
+        held.get("result").is_some(),
+        "t.held was not answered: {held}"
     );
     let agent = "default/traced";
 
@@ -359,7 +371,7 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
         )
         .unwrap()
     };
-    assert_eq!(calls("ok")["value"], 1);
+    assert_eq!(calls("ok")["value"], 2, "t.ok and t.held ran");
     assert_eq!(calls("refused")["value"], 1);
     assert_eq!(calls("ok")["monotonic"], true);
     let dur = latest(
@@ -378,7 +390,7 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
     assert!(
         points(&rows, "agentos.agent.tool.duration", agent)
             .iter()
-            .all(|p| p["attributes"]["gen_ai.tool.name"] == "t.ok"),
+            .all(|p| p["attributes"]["gen_ai.tool.name"] != "t.refused"),
         "a refused call has no duration"
     );
     let cpu = points(&rows, "agentos.agent.cpu.time", agent);
@@ -422,7 +434,7 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
     assert_eq!(turn["content_type"], "application/x-protobuf");
     let gates = spans(&rows, "agentos.gate");
     let tools = spans(&rows, "execute_tool t.ok");
-    assert_eq!(gates.len(), 2, "{gates:#?}");
+    assert_eq!(gates.len(), 3, "{gates:#?}");
     assert_eq!(tools.len(), 1, "{rows:#?}");
     assert!(
         spans(&rows, "execute_tool t.refused").is_empty(),
@@ -438,12 +450,38 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
     assert_eq!(allow["attributes"]["agentos.gate.decision"], "allow");
     assert_eq!(deny["attributes"]["agentos.gate.decision"], "deny");
     assert_eq!(deny["attributes"]["agentos.gate.reason"], "not-granted");
+    let consent_gate = gate_of("t.held");
+    assert_eq!(
+        consent_gate["attributes"]["agentos.gate.decision"],
+        "consent"
+    );
+    let waits = spans(&rows, "agentos.consent");
+    assert_eq!(waits.len(), 1, "{rows:#?}");
+    let wait = waits[0];
+    assert_eq!(wait["attributes"]["agentos.consent.answer"], "approved");
+    assert_eq!(wait["attributes"]["gen_ai.tool.name"], "t.held");
+    assert_eq!(
+        wait["attributes"]["agentos.consent.operator_uid"], 0,
+        "root answered"
+    );
+    assert!(
+        wait["attributes"]["agentos.consent.wait_ms"].is_u64(),
+        "{wait}"
+    );
+    let held_runs = spans(&rows, "execute_tool t.held");
+    assert_eq!(held_runs.len(), 1, "the approved call ran: {rows:#?}");
+    assert!(
+        held_runs[0]["start"].as_u64() >= wait["end"].as_u64(),
+        "it ran after the consent wait"
+    );
+    assert_eq!(turn["attributes"]["agentos.turn.children"], 6, "{turn}");
     let tool = tools[0];
     assert_eq!(tool["attributes"]["agentos.tool.outcome"], "ok");
     assert_eq!(tool["attributes"]["gen_ai.operation.name"], "execute_tool");
     assert_eq!(tool["attributes"]["agentos.tool.capability"], "t.ok");
     assert_eq!(tool["status"]["code"], 0, "{tool}");
-    for s in [turn, allow, deny, tool] {
+    let all = [turn, allow, deny, tool, consent_gate, wait, held_runs[0]];
+    for s in all {
         assert_eq!(
             s["trace_id"], turn["trace_id"],
             "one trace for the turn: {s}"
@@ -453,7 +491,7 @@ fn the_receiver_sees_the_turn_its_gate_decisions_and_tool_call_and_the_agent_met
         assert_eq!(s["attributes"]["agentos.binding"], binding.as_str(), "{s}");
         assert!(s["end"].as_u64() >= s["start"].as_u64(), "{s}");
     }
-    for s in [allow, deny, tool] {
+    for s in &all[1..] {
         assert_eq!(
             s["parent_span_id"], turn["span_id"],
             "a child of the turn: {s}"
