@@ -218,6 +218,26 @@ impl SpanData {
         }
     }
 
+    /// A model call's span under `turn`, named as the GenAI semantic conventions name it
+    /// (`{operation} {model}`, kind client, `gen_ai.operation.name`, `gen_ai.request.model`):
+    /// the model gateway adds `gen_ai.provider.name`, `gen_ai.response.model`,
+    /// `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens` and, on failure, `error` and
+    /// `error.type`; then [`Telemetry::record`] it and count the tokens with
+    /// [`Telemetry::tokens`].
+    pub fn model_call(
+        turn: &TurnCtx,
+        agent: &AgentLabels,
+        operation: &str,
+        model: &str,
+        start: SystemTime,
+    ) -> SpanData {
+        let mut s = SpanData::child(turn, agent, format!("{operation} {model}"), start)
+            .attr("gen_ai.operation.name", operation)
+            .attr("gen_ai.request.model", model);
+        s.kind = SpanKind::Client;
+        s
+    }
+
     pub fn attr(mut self, key: &str, v: impl Into<AttrValue>) -> SpanData {
         self.attrs.push((key.to_string(), v.into()));
         self
@@ -381,7 +401,9 @@ impl Telemetry {
     }
 
     /// The agent's current turn (opens one when `new_turn` or none is open): trace id + the
-    /// turn span's id. An all-zero context when off.
+    /// turn span's id. An all-zero context when off (test [`Telemetry::enabled`] first to
+    /// skip building spans). A call that takes a while should use [`Telemetry::enter`], so
+    /// that its turn does not end idle under it.
     pub fn turn(&self, agent: &AgentLabels, new_turn: bool) -> TurnCtx {
         self.open_turn(agent, new_turn, false)
     }
@@ -439,7 +461,8 @@ impl Telemetry {
     }
 
     /// Count the tokens of one model call of `agent` (`gen_ai.client.token.usage`, by model
-    /// and token type): the model gateway calls this with the backend's usage.
+    /// and token type): the model gateway calls this with the backend's usage (or its own
+    /// count), once per call.
     pub fn tokens(&self, agent: &AgentLabels, model: &str, prompt: u64, completion: u64) {
         if let Some(on) = &self.on {
             lock(&on.series).tokens(agent, model, prompt, completion, SystemTime::now());

@@ -209,3 +209,24 @@ async fn a_stalled_collector_is_abandoned_after_the_export_timeout() {
     );
     assert_eq!(t.stats().export_failed, 1);
 }
+
+#[test]
+fn a_model_call_span_follows_the_genai_conventions() {
+    let turn = TurnCtx {
+        trace_id: [1; 16],
+        span_id: [2; 8],
+    };
+    let s = SpanData::model_call(&turn, &agent(), "chat", "smollm2", SystemTime::now());
+    assert_eq!(s.name, "chat smollm2");
+    assert_eq!(s.kind, SpanKind::Client);
+    assert_eq!(s.parent, Some([2; 8]));
+    assert_eq!(
+        s.get("gen_ai.request.model"),
+        Some(&AttrValue::from("smollm2"))
+    );
+    assert_eq!(
+        s.get("gen_ai.operation.name"),
+        Some(&AttrValue::from("chat"))
+    );
+    assert_eq!(s.get(ATTR_AGENT), Some(&AttrValue::from("t/a")));
+}
