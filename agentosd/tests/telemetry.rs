@@ -349,18 +349,23 @@ fn the_receiver_sees_the_turn_its_gate_decisions_consent_wait_tool_calls_and_age
     let agent = "default/traced";
 
     // Metrics (every 0.5 s): the calls by outcome, the latency of the one that ran, the cgroup.
-    let rows = rx.wait("the agent's tool-call metrics", 30, &b.d, |rows| {
-        let calls = |o| {
-            latest(
-                rows,
-                "agentos.agent.tool.calls",
-                agent,
-                "agentos.tool.outcome",
-                o,
-            )
-        };
-        calls("ok").is_some() && calls("refused").is_some()
-    });
+    let rows = rx.wait(
+        "the agent's tool-call metrics (2 ok, 1 refused)",
+        30,
+        &b.d,
+        |rows| {
+            let calls = |o| {
+                latest(
+                    rows,
+                    "agentos.agent.tool.calls",
+                    agent,
+                    "agentos.tool.outcome",
+                    o,
+                )
+            };
+            calls("ok").is_some_and(|p| p["value"] == 2) && calls("refused").is_some()
+        },
+    );
     let calls = |o| {
         latest(
             &rows,
