@@ -55,6 +55,8 @@ pub struct Options {
     /// The model gateway's backends (`--models`); `None`: `models::config::DEFAULT_PATH` if it
     /// exists, else no gateway.
     pub models: Option<PathBuf>,
+    /// OpenTelemetry export (`--otlp-endpoint` and companions; `None`: off). See telemetry/.
+    pub otlp: Option<crate::telemetry::OtlpConfig>,
 }
 
 impl Default for Options {
@@ -81,6 +83,7 @@ impl Default for Options {
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
             models: None,
+            otlp: None,
         }
     }
 }
@@ -168,6 +171,7 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         sup.audit_trail().cloned(),
         tools,
         consents,
+        sup.telemetry().clone(),
         crate::mcp::SessionLimits {
             max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
             ..Default::default()
@@ -414,6 +418,8 @@ async fn shut_down(
     if let Some(m) = sup.models() {
         m.gateway.save();
     }
+    // Open turns end with the daemon; what is queued gets a moment to reach the collector.
+    sup.telemetry().shutdown(Duration::from_secs(2)).await;
     let _ = trail
         .commit(trail.lifecycle(
             "",
@@ -566,11 +572,13 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
             crate::supervisor::Services::default().sysc
         },
         scx: scx.clone(),
+        telemetry: crate::telemetry::Telemetry::from_config(opts.otlp.clone())?,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
+    sup.spawn_telemetry_sampler();
     setup_mcp(&sup, opts, root);
     if let Some(m) = models {
         setup_models(&sup, opts, m);

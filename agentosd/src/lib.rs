@@ -21,4 +21,5 @@ pub mod spec;
 pub mod state;
 pub mod supervisor;
 pub mod sys;
+pub mod telemetry;
 pub mod tools;

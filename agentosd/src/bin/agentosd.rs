@@ -104,6 +104,21 @@ struct RunArgs {
     /// docs/models.md) [default: /etc/agentos/models.yaml when it exists]
     #[arg(long, global = true)]
     models: Option<PathBuf>,
+    /// Export OpenTelemetry traces (a span per agent turn, tool call, gate decision and consent
+    /// wait) and per-agent metrics over OTLP/HTTP protobuf to this collector, e.g.
+    /// http://127.0.0.1:4318 (off when absent; docs/telemetry.md)
+    #[arg(long, global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// Spans waiting for export at most; when the collector is slow or down more are dropped
+    /// and counted, calls never wait
+    #[arg(long, global = true, default_value_t = agentosd::telemetry::DEFAULT_QUEUE)]
+    otlp_queue_size: usize,
+    /// Seconds between two exports of the per-agent metrics
+    #[arg(long, global = true, default_value_t = 10.0)]
+    otlp_metrics_interval: f64,
+    /// Seconds without activity after which an agent's turn (its trace) ends
+    #[arg(long, global = true, default_value_t = 30.0)]
+    otlp_turn_idle: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -195,6 +210,12 @@ fn main() -> anyhow::Result<()> {
                     burst: r.denial_records_burst,
                 },
                 models: r.models,
+                otlp: r.otlp_endpoint.map(|e| agentosd::telemetry::OtlpConfig {
+                    queue_size: r.otlp_queue_size.max(1),
+                    metrics_interval: Duration::from_secs_f64(r.otlp_metrics_interval.max(0.1)),
+                    turn_idle: Duration::from_secs_f64(r.otlp_turn_idle.max(0.1)),
+                    ..agentosd::telemetry::OtlpConfig::new(e)
+                }),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -3,14 +3,16 @@
 //! an effect (fail closed), run by the tool runners and answered; every step leaves its audit
 //! record.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use audit::{Decision, Kind, Record};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::consent::Answer;
+use super::trace::CallTrace;
 use super::{AUDIT_VALUE_MAX, CallerCtx, McpService, Refused, bounded, decide, jsonrpc};
+use crate::telemetry::ToolOutcome;
 use crate::tools::ToolError;
 
 impl McpService {
@@ -52,11 +54,19 @@ impl McpService {
             id,
             name,
             base,
+            trace: self.trace_call(ctx, name, capability.as_deref()),
         };
         let needs_consent = match decide(&ctx.policy, capability.as_deref()) {
             Ok(c) => c,
             Err(why) => return Some(self.refuse(&call, capability.as_deref(), why)),
         };
+        if let Some(t) = &call.trace {
+            let (decision, reason) = match needs_consent {
+                true => ("consent", "consent-for"),
+                false => ("allow", "granted"),
+            };
+            t.gate(decision, reason);
+        }
         let capability = capability.unwrap_or_default();
         if needs_consent
             && let Err(end) = self
@@ -69,6 +79,7 @@ impl McpService {
         if let Some(rec) = self.gate_record(ctx, Decision::Allow, call.base.clone())
             && let Err(e) = self.commit(rec).await
         {
+            call.ended(ToolOutcome::Unavailable);
             return Some(e.reply(id));
         }
         self.run_tool(&call, args, cancel).await
@@ -111,6 +122,9 @@ impl McpService {
                 )
             }
         };
+        if let Some(t) = &call.trace {
+            t.gate("deny", reason);
+        }
         self.submit_deny(ctx, with(&call.base, "reason", reason));
         jsonrpc::error(
             call.id,
@@ -147,6 +161,9 @@ impl McpService {
         let (req, rx) = match self.consents.ask(&ctx.id, call.name, capability, redacted) {
             Ok(x) => x,
             Err(e) => {
+                if let Some(t) = &call.trace {
+                    t.consent(SystemTime::now(), None, None);
+                }
                 self.submit_deny(ctx, with(&call.base, "reason", "too-many-pending-consents"));
                 return Err(Some(jsonrpc::error(
                     id,
@@ -160,12 +177,17 @@ impl McpService {
             self.gate_record(ctx, Decision::Held, with(&call.base, "consent_id", req.id))
             && let Err(e) = self.commit(rec).await
         {
+            call.ended(ToolOutcome::Unavailable);
             return Err(Some(e.reply(id)));
         }
+        let since = SystemTime::now();
         let answer = tokio::select! {
             a = self.consents.wait(req.id, rx) => a,
             _ = &mut *cancel => Answer::Withdrawn,
         };
+        if let Some(t) = &call.trace {
+            t.consent(since, Some(req.id), Some(&answer));
+        }
         let decision = match self.record_consent(call, req.id, &answer).await {
             Ok(d) => d,
             Err(e) => return Err(Some(e.reply(id))),
@@ -246,13 +268,16 @@ impl McpService {
         args: Value,
         cancel: oneshot::Receiver<()>,
     ) -> Option<Vec<u8>> {
-        let started = Instant::now();
+        let (started, wall) = (Instant::now(), SystemTime::now());
         let outcome = self
             .tools
             .call(&call.ctx.caller, call.name, args, cancel)
             .await;
         let elapsed = started.elapsed();
         let (reply, summary) = self.outcome_reply(call, outcome);
+        if let Some(t) = &call.trace {
+            t.tool(wall, elapsed, &summary);
+        }
         if let Some(t) = self.audit() {
             let mut detail = with(&call.base, "event", "tool-result");
             if let (Value::Object(d), Value::Object(s)) = (&mut detail, summary) {
@@ -327,6 +352,17 @@ struct Call<'a> {
     /// What every audit record of the call starts from: tool, capability, request id and the
     /// arguments (redacted and bounded).
     base: Value,
+    /// Its spans, when telemetry is on.
+    trace: Option<CallTrace<'a>>,
+}
+
+impl Call<'_> {
+    /// The call ended without running (for the metrics, when telemetry is on).
+    fn ended(&self, outcome: ToolOutcome) {
+        if let Some(t) = &self.trace {
+            t.ended(outcome);
+        }
+    }
 }
 
 /// The tool name and the arguments (`{}` when absent) of a `tools/call`, or what is wrong with

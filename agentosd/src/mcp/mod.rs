@@ -7,6 +7,7 @@
 mod call;
 pub mod consent;
 pub mod jsonrpc;
+mod trace;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use tracing::{debug, warn};
 
 use crate::audit_trail::AuditTrail;
 use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
+use crate::telemetry::Telemetry;
 use crate::tools::{Caller, Tools};
 use consent::Consents;
 use jsonrpc::Incoming;
@@ -124,6 +126,8 @@ pub struct McpService {
     audit: Option<Arc<AuditTrail>>,
     tools: Arc<Tools>,
     consents: Arc<Consents>,
+    /// Spans of calls and tool-call metrics (telemetry/; off unless `--otlp-endpoint`).
+    telemetry: Arc<Telemetry>,
     limits: SessionLimits,
     version: String,
     /// Agent id → its `tools/call` permits ([`SessionLimits::max_calls_per_agent`]), shared
@@ -137,6 +141,7 @@ impl McpService {
         audit: Option<Arc<AuditTrail>>,
         tools: Arc<Tools>,
         consents: Arc<Consents>,
+        telemetry: Arc<Telemetry>,
         limits: SessionLimits,
     ) -> Arc<Self> {
         Arc::new(McpService {
@@ -144,6 +149,7 @@ impl McpService {
             audit,
             tools,
             consents,
+            telemetry,
             limits,
             version: env!("CARGO_PKG_VERSION").to_string(),
             agent_calls: Mutex::new(HashMap::new()),

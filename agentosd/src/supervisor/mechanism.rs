@@ -166,6 +166,7 @@ impl Supervisor {
             Box::new(super::class::HrtAdmission(self)),
             Box::new(super::mcp_socket::McpSocket(self)),
             Box::new(super::models_socket::ModelSocket(self)),
+            Box::new(super::telemetry::TelemetryTurns(self)),
         ]
     }
 
@@ -237,7 +238,7 @@ pub(super) mod tests {
     }
 
     fn fakes(log: &Log, fail: Option<&str>) -> Vec<Box<dyn RunMechanism>> {
-        ["fs", "net", "sysc", "scx", "admission", "mcp"]
+        ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"]
             .into_iter()
             .map(|name| {
                 Box::new(FakeMechanism {
@@ -282,7 +283,7 @@ pub(super) mod tests {
     #[test]
     fn the_real_list_is_in_preparation_order() {
         // The names tie the real registration to the order the fakes below are tested in.
-        let names = ["fs", "net", "sysc", "scx", "admission", "mcp"];
+        let names = ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"];
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let sup = Supervisor::for_test(tx);
         let real: Vec<_> = sup.mechanisms().iter().map(|m| m.name()).collect();
@@ -296,7 +297,7 @@ pub(super) mod tests {
         let prepared = with_run(|run| block_on(prepare_all(&ms, run))).unwrap();
         assert_eq!(
             prepared.notes,
-            ["fs", "net", "sysc", "scx", "admission", "mcp"]
+            ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"]
         );
         block_on(end_run(&FakeCgroup(log.clone()), &ms, "t/a")).unwrap();
         assert_eq!(
@@ -308,8 +309,10 @@ pub(super) mod tests {
                 "prepare scx",
                 "prepare admission",
                 "prepare mcp",
+                "prepare telemetry",
                 "kill",
                 "remove cgroup",
+                "release telemetry",
                 "release mcp",
                 "release admission",
                 "release scx",
@@ -341,6 +344,7 @@ pub(super) mod tests {
             [
                 "kill",
                 "remove cgroup",
+                "release telemetry",
                 "release mcp",
                 "release admission",
                 "release scx",
@@ -364,7 +368,8 @@ pub(super) mod tests {
                 "adopt sysc",
                 "adopt scx",
                 "adopt admission",
-                "adopt mcp"
+                "adopt mcp",
+                "adopt telemetry"
             ]
         );
     }

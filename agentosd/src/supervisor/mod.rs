@@ -25,6 +25,7 @@ mod models_socket;
 mod services;
 mod start;
 mod stop;
+mod telemetry;
 mod tool_hooks;
 
 use std::collections::BTreeMap;

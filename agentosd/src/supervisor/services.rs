@@ -9,6 +9,7 @@ use crate::audit_trail::AuditTrail;
 use crate::enforce::fs::FsEnforcer;
 use crate::enforce::net::NetEnforcer;
 use crate::enforce::sysc::SyscCounter;
+use crate::telemetry::Telemetry;
 
 /// What the supervisor is given to work with; the default is none of them (library tests),
 /// each absent one with the reason status reports.
@@ -25,6 +26,8 @@ pub struct Services {
     pub sysc: Result<Arc<SyscCounter>, String>,
     /// The sched_ext scheduler scx_agentos when the daemon loaded it (see scx.rs).
     pub scx: Option<Arc<crate::scx::Scx>>,
+    /// OpenTelemetry export ([`Telemetry::off`] unless `--otlp-endpoint`); see telemetry/.
+    pub telemetry: Arc<Telemetry>,
 }
 
 impl Default for Services {
@@ -36,6 +39,7 @@ impl Default for Services {
             fs: Err("not set up by the daemon".into()),
             sysc: Err("not enabled (agentosd --syscall-counts)".into()),
             scx: None,
+            telemetry: Telemetry::off(),
         }
     }
 }
@@ -48,6 +52,7 @@ impl std::fmt::Debug for Services {
             .field("fs", &self.fs.as_ref().err())
             .field("sysc", &self.sysc.as_ref().err())
             .field("scx", &self.scx.is_some())
+            .field("telemetry", &self.telemetry.enabled())
             .finish()
     }
 }
