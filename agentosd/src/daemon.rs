@@ -224,8 +224,12 @@ fn setup_models(
     opts: &Options,
     cfg: crate::models::ModelsConfig,
 ) {
-    let gateway =
-        crate::models::Gateway::new(cfg, sup.audit_trail().cloned(), Some(&opts.state_dir));
+    let gateway = crate::models::Gateway::new(
+        cfg,
+        sup.audit_trail().cloned(),
+        Some(&opts.state_dir),
+        sup.telemetry().clone(),
+    );
     tokio::spawn(gateway.clone().keep_ledger());
     if let Some(m) = sup.mcp() {
         gateway.set_consents(m.service.consents().clone());

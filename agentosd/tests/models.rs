@@ -490,12 +490,28 @@ fn the_example_agent_calls_a_model_and_a_tool_in_one_turn() {
         None => manifest,
     };
     std::fs::write(tools.join("text-wordcount.yaml"), manifest).unwrap();
+    // A real OTLP receiver sees the turn's lineage.
+    let receiver = match common::otlp::receiver_python() {
+        Ok(py) => common::otlp::Receiver::start(&py, tmp.path(), false),
+        Err(why) => {
+            common::skip(module_path!(), &why);
+            return;
+        }
+    };
+    let endpoint = receiver.endpoint();
     let s = setup_with(
         "models-example",
         &server,
         None,
         ONE_BACKEND,
-        &["--tools-dir", tools.to_str().unwrap()],
+        &[
+            "--tools-dir",
+            tools.to_str().unwrap(),
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-turn-idle",
+            "3",
+        ],
     );
     let example = repo.join("examples/agents/ask-and-count");
     let script = tmp.path().join("ask_and_count.py");
@@ -557,6 +573,71 @@ fn the_example_agent_calls_a_model_and_a_tool_in_one_turn() {
         })
         .collect();
     assert_eq!(order, ["model", "tool", "model"], "{recs:#?}");
+
+    // The collector has the whole turn: one trace, the turn span and under it the gate
+    // decisions, the two model calls (GenAI conventions) and the tool call.
+    let span = |rows: &[Value], name: &str| -> Vec<Value> {
+        rows.iter()
+            .filter(|r| {
+                r["signal"] == "span"
+                    && r["name"] == name
+                    && r["attributes"]["agentos.agent"] == "default/ask-and-count"
+            })
+            .cloned()
+            .collect()
+    };
+    let rows = receiver.wait("the turn and its calls", 30, &s.d, |rows| {
+        span(rows, "agent.turn").len() == 1
+            && span(rows, "chat chat").len() == 2
+            && span(rows, "execute_tool text.wordcount").len() == 1
+    });
+    let turn = &span(&rows, "agent.turn")[0];
+    let models = span(&rows, "chat chat");
+    let tool = &span(&rows, "execute_tool text.wordcount")[0];
+    let gates = span(&rows, "agentos.gate");
+    assert!(gates.len() >= 3, "{gates:#?}");
+    for s in models.iter().chain([tool]).chain(gates.iter()) {
+        assert_eq!(s["trace_id"], turn["trace_id"], "{s}");
+        assert_eq!(s["parent_span_id"], turn["span_id"], "{s}");
+        assert!(
+            s["attributes"]["agentos.binding"]
+                .as_str()
+                .is_some_and(|b| b.len() == 64),
+            "{s}"
+        );
+    }
+    for m in &models {
+        let a = &m["attributes"];
+        assert_eq!(
+            (
+                a["gen_ai.operation.name"].as_str(),
+                a["gen_ai.request.model"].as_str()
+            ),
+            (Some("chat"), Some("chat")),
+            "{m}"
+        );
+        assert_eq!(a["gen_ai.provider.name"], "llama", "{m}");
+        assert!(
+            a["gen_ai.usage.input_tokens"]
+                .as_i64()
+                .is_some_and(|n| n > 0),
+            "{m}"
+        );
+        assert!(
+            a["gen_ai.usage.output_tokens"]
+                .as_i64()
+                .is_some_and(|n| n > 0),
+            "{m}"
+        );
+    }
+    // And the tokens as a metric of the agent.
+    receiver.wait("token usage", 30, &s.d, |rows| {
+        rows.iter().any(|r| {
+            r["signal"] == "metric"
+                && r["name"] == "gen_ai.client.token.usage"
+                && r["attributes"]["agentos.agent"] == "default/ask-and-count"
+        })
+    });
 }
 
 /// The socket is the agent's alone: owned by its uid, mode 0600, and a process outside the

@@ -117,6 +117,8 @@ pub(super) struct Call {
     pub prompt: Option<String>,
     pub t0: Instant,
     pub onset: std::time::SystemTime,
+    /// Its spans, when telemetry is on.
+    pub trace: Option<super::trace::CallTrace>,
 }
 
 impl Call {
@@ -196,6 +198,7 @@ async fn read_request(
         body,
         t0: Instant::now(),
         onset: std::time::SystemTime::now(),
+        trace: None,
     })
 }
 
@@ -237,6 +240,7 @@ async fn call(
         Ok(c) => c,
         Err(r) => return r,
     };
+    call.trace = gw.trace(agent, &call);
     let (entry, fallback) = match choose(gw, agent, &call.requested, kind) {
         Ok(x) => x,
         Err((refusal, status)) => {
@@ -389,6 +393,7 @@ impl Gateway {
     /// requests, bounded by its in-flight limit).
     pub(super) fn refused(&self, agent: &AgentModels, call: &Call, why: &str, reason: &str) {
         agent.stats.refused();
+        self.trace_gate(call, &call.requested, "deny", reason);
         if let Some(t) = &self.audit {
             let mut d = call.base(&call.requested);
             d["reason"] = json!(reason);
@@ -547,5 +552,6 @@ fn placeholder(c: &Call) -> Call {
         prompt: None,
         t0: c.t0,
         onset: c.onset,
+        trace: None,
     }
 }

@@ -16,6 +16,7 @@ pub mod access;
 pub mod budget;
 pub mod config;
 pub mod http;
+mod trace;
 pub mod upstream;
 
 use std::collections::HashMap;
@@ -100,6 +101,7 @@ pub struct Gateway {
     ledger_path: Option<PathBuf>,
     ledger: budget::Ledger,
     dirty: std::sync::atomic::AtomicBool,
+    telemetry: Arc<crate::telemetry::Telemetry>,
 }
 
 impl Gateway {
@@ -109,6 +111,7 @@ impl Gateway {
         cfg: ModelsConfig,
         audit: Option<Arc<AuditTrail>>,
         state_dir: Option<&std::path::Path>,
+        telemetry: Arc<crate::telemetry::Telemetry>,
     ) -> Arc<Gateway> {
         let backend_slots = cfg
             .backends
@@ -131,6 +134,7 @@ impl Gateway {
             ledger_path,
             ledger,
             dirty: Default::default(),
+            telemetry,
         })
     }
 
@@ -311,6 +315,7 @@ impl Gateway {
                 return Err(unavailable());
             }
         }
+        let since = std::time::SystemTime::now();
         let answer = consents.wait(req.id, rx).await;
         let (decision, word) = match &answer {
             Answer::Approved { .. } => (Decision::Allow, "approved"),
@@ -318,6 +323,7 @@ impl Gateway {
             Answer::Expired => (Decision::Deny, "expired"),
             Answer::Withdrawn => (Decision::Deny, "withdrawn"),
         };
+        self.trace_consent(call, model, since, word);
         if let Some(t) = &self.audit {
             let mut d = summary;
             d["consent_id"] = json!(req.id);
@@ -351,6 +357,11 @@ impl Gateway {
         entry: &ModelEntry,
         fallback: Option<&(String, &'static str)>,
     ) -> Result<(), Response<AnswerBody>> {
+        let reason = match fallback {
+            Some((_, when)) => format!("fallback-{when}"),
+            None => "granted".to_string(),
+        };
+        self.trace_gate(call, &entry.name, "allow", &reason);
         let Some(t) = &self.audit else { return Ok(()) };
         let mut d = self.detail(call, entry, fallback);
         d["max_tokens"] = call.body.get("max_tokens").cloned().unwrap_or(Value::Null);
@@ -413,8 +424,15 @@ impl Gateway {
         fallback: Option<&(String, &'static str)>,
         out: &Outcome,
     ) {
-        let Some(t) = &self.audit else { return };
         let (p, c) = used(call, out);
+        self.trace_call(
+            call,
+            &entry.name,
+            &self.cfg.backends[entry.backend].name,
+            out,
+            (p, c),
+        );
+        let Some(t) = &self.audit else { return };
         let mut d = self.detail(call, entry, fallback);
         d["status"] = json!(out.status);
         d["outcome"] = json!(match (&out.cut, out.status) {

@@ -238,16 +238,25 @@ pub(super) mod tests {
     }
 
     fn fakes(log: &Log, fail: Option<&str>) -> Vec<Box<dyn RunMechanism>> {
-        ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"]
-            .into_iter()
-            .map(|name| {
-                Box::new(FakeMechanism {
-                    name,
-                    log: log.clone(),
-                    fail: fail == Some(name),
-                }) as Box<dyn RunMechanism>
-            })
-            .collect()
+        [
+            "fs",
+            "net",
+            "sysc",
+            "scx",
+            "admission",
+            "mcp",
+            "models",
+            "telemetry",
+        ]
+        .into_iter()
+        .map(|name| {
+            Box::new(FakeMechanism {
+                name,
+                log: log.clone(),
+                fail: fail == Some(name),
+            }) as Box<dyn RunMechanism>
+        })
+        .collect()
     }
 
     fn with_run<T>(f: impl FnOnce(&RunCtx<'_>) -> T) -> T {
@@ -283,7 +292,16 @@ pub(super) mod tests {
     #[test]
     fn the_real_list_is_in_preparation_order() {
         // The names tie the real registration to the order the fakes below are tested in.
-        let names = ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"];
+        let names = [
+            "fs",
+            "net",
+            "sysc",
+            "scx",
+            "admission",
+            "mcp",
+            "models",
+            "telemetry",
+        ];
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let sup = Supervisor::for_test(tx);
         let real: Vec<_> = sup.mechanisms().iter().map(|m| m.name()).collect();
@@ -297,7 +315,16 @@ pub(super) mod tests {
         let prepared = with_run(|run| block_on(prepare_all(&ms, run))).unwrap();
         assert_eq!(
             prepared.notes,
-            ["fs", "net", "sysc", "scx", "admission", "mcp", "telemetry"]
+            [
+                "fs",
+                "net",
+                "sysc",
+                "scx",
+                "admission",
+                "mcp",
+                "models",
+                "telemetry"
+            ]
         );
         block_on(end_run(&FakeCgroup(log.clone()), &ms, "t/a")).unwrap();
         assert_eq!(
@@ -309,10 +336,12 @@ pub(super) mod tests {
                 "prepare scx",
                 "prepare admission",
                 "prepare mcp",
+                "prepare models",
                 "prepare telemetry",
                 "kill",
                 "remove cgroup",
                 "release telemetry",
+                "release models",
                 "release mcp",
                 "release admission",
                 "release scx",
@@ -345,6 +374,7 @@ pub(super) mod tests {
                 "kill",
                 "remove cgroup",
                 "release telemetry",
+                "release models",
                 "release mcp",
                 "release admission",
                 "release scx",
@@ -369,6 +399,7 @@ pub(super) mod tests {
                 "adopt scx",
                 "adopt admission",
                 "adopt mcp",
+                "adopt models",
                 "adopt telemetry"
             ]
         );

@@ -143,6 +143,9 @@ struct AgentSeries {
 #[derive(Debug)]
 pub struct Series {
     agents: HashMap<String, AgentSeries>,
+    /// Agents that stopped: their series go once they were exported one last time (a
+    /// short-lived agent's calls and tokens still reach the collector).
+    ended: std::collections::HashSet<String>,
     max_agents: usize,
     /// When counting began (the start of the daemon-wide cumulative sums).
     created: SystemTime,
@@ -152,12 +155,15 @@ impl Series {
     pub fn new(max_agents: usize) -> Series {
         Series {
             agents: HashMap::new(),
+            ended: Default::default(),
             max_agents: max_agents.max(1),
             created: SystemTime::now(),
         }
     }
 
     fn agent(&mut self, labels: &AgentLabels, now: SystemTime) -> Option<&mut AgentSeries> {
+        // Active again before its last export: it stays.
+        self.ended.remove(&labels.id);
         if !self.agents.contains_key(&labels.id) && self.agents.len() >= self.max_agents {
             return None;
         }
@@ -226,8 +232,18 @@ impl Series {
         o.add(completion as f64);
     }
 
+    /// The agent stopped: its series are exported once more, then dropped ([`Series::sweep`]).
     pub fn forget(&mut self, agent_id: &str) {
-        self.agents.remove(agent_id);
+        if self.agents.contains_key(agent_id) {
+            self.ended.insert(agent_id.to_string());
+        }
+    }
+
+    /// Drop the series of the agents that stopped before the export that just happened.
+    pub fn sweep(&mut self) {
+        for id in std::mem::take(&mut self.ended) {
+            self.agents.remove(&id);
+        }
     }
 
     /// Every metric now: the agents' samples, the counted series, telemetry's own counts.
@@ -636,6 +652,10 @@ mod tests {
         assert_eq!(tools.len(), MAX_TOOLS + 1);
         assert_eq!(tools[OTHER].count, 5);
         s.forget("t/a0");
+        // Exported once more, then gone.
+        assert!(s.agents.contains_key("t/a0"));
+        let _ = s.metrics(&[], &TelemetryStats::default(), now);
+        s.sweep();
         assert!(!s.agents.contains_key("t/a0"));
     }
 }

@@ -477,7 +477,12 @@ impl Telemetry {
         };
         let now = SystemTime::now();
         let stats = self.stats();
-        let ms = lock(&on.series).metrics(samples, &stats, now);
+        let ms = {
+            let mut series = lock(&on.series);
+            let ms = series.metrics(samples, &stats, now);
+            series.sweep();
+            ms
+        };
         let body = otlp::metrics_request(&on.resource, ms);
         if on.metrics.try_send(body).is_err() {
             on.metrics_skipped.fetch_add(1, Ordering::Relaxed);

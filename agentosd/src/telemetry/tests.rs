@@ -174,7 +174,10 @@ async fn a_dead_collector_costs_the_caller_nothing_and_losses_are_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let s = t.stats();
-    assert!(s.queue_full > 9_000, "{s:?}");
+    // Every span is accounted for: dropped at the full queue, lost in a failed export, or
+    // still queued (the queue plus one batch in flight).
+    assert!(s.queue_full > 0, "{s:?}");
+    assert!(s.queue_full + s.export_failed >= 10_000 - 8 - 4, "{s:?}");
     assert!(s.export_failed > 0, "{s:?}");
     assert_eq!(s.exported, 0);
     assert_eq!(t.dropped(), s.queue_full + s.export_failed);
