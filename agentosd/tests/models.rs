@@ -16,7 +16,7 @@ use common::{Bus, Daemon, TestCgroup};
 use serde_json::Value;
 
 struct Setup {
-    _bus: Bus,
+    bus: Bus,
     _cg: TestCgroup,
     dir: tempfile::TempDir,
     d: Daemon,
@@ -60,7 +60,7 @@ fn setup_with(
     args.extend_from_slice(daemon_args);
     let d = Daemon::start_with(&bus, &cg.path, dir.path(), &args);
     Setup {
-        _bus: bus,
+        bus,
         _cg: cg,
         dir,
         d,
@@ -319,6 +319,33 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
             && m["last_first_token_us"].as_u64().unwrap() > 0,
         "{m}"
     );
+    // The same figures as D-Bus properties (busctl, as an operator would read them).
+    let path = s.d.status_json("tourist")["object_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let prop = |name: &str| {
+        let out = std::process::Command::new("busctl")
+            .args([
+                "--address",
+                &s.bus.address,
+                "get-property",
+                "org.agentos1",
+                &path,
+            ])
+            .args(["org.agentos1.Agent", name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let used = m["prompt_tokens"].as_u64().unwrap() + m["completion_tokens"].as_u64().unwrap();
+    assert_eq!(prop("ModelTokens"), format!("t {used}"));
+    assert_eq!(prop("ModelTokensLeft"), format!("t {}", u64::MAX));
+    assert_eq!(
+        prop("ModelFirstTokenUSec"),
+        format!("t {}", m["last_first_token_us"])
+    );
+    assert!(prop("ModelTokensPerSec").starts_with("d "));
     let text = s.d.ctl_ok(&["status", "tourist"]);
     assert!(
         text.contains("Models: ") && text.contains("4 calls"),

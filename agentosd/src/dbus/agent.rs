@@ -242,6 +242,71 @@ impl AgentObject {
         Ok(self.status().denials)
     }
 
+    /// Model tokens (prompt + completion) used through the gateway since the daemon first
+    /// served the agent (kept across daemon restarts).
+    #[zbus(property(emits_changed_signal = "false"), name = "ModelTokens")]
+    async fn model_tokens(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self
+            .status()
+            .models
+            .map(|m| m.prompt_tokens + m.completion_tokens)
+            .unwrap_or(0))
+    }
+
+    /// What `budgets.tokens` leaves; u64::MAX without a total budget or a model socket.
+    #[zbus(property(emits_changed_signal = "false"), name = "ModelTokensLeft")]
+    async fn model_tokens_left(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self
+            .status()
+            .models
+            .and_then(|m| m.tokens_left)
+            .unwrap_or(u64::MAX))
+    }
+
+    /// Of the agent's last model answer: µs to its first token (0: none yet).
+    #[zbus(property(emits_changed_signal = "false"), name = "ModelFirstTokenUSec")]
+    async fn model_first_token_usec(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self
+            .status()
+            .models
+            .map(|m| m.last_first_token_us)
+            .unwrap_or(0))
+    }
+
+    /// Of the agent's last model answer: tokens per second after the first.
+    #[zbus(property(emits_changed_signal = "false"), name = "ModelTokensPerSec")]
+    async fn model_tokens_per_sec(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<f64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self
+            .status()
+            .models
+            .map(|m| m.last_tokens_per_sec_milli as f64 / 1000.0)
+            .unwrap_or(0.0))
+    }
+
     /// Syscalls entered by the agent's processes in its current (or last) run; u64::MAX when
     /// the daemon does not count them (`agentosd --syscall-counts` is off).
     #[zbus(property(emits_changed_signal = "false"), name = "Syscalls")]
