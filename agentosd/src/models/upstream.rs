@@ -20,7 +20,7 @@ use super::config::Backend;
 /// How long connecting to a backend may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest non-streamed answer passed back.
-pub const MAX_ANSWER_BYTES: usize = 32 << 20;
+pub const MAX_ANSWER_BYTES: usize = 8 << 20;
 /// The largest single server-sent event.
 const MAX_EVENT_BYTES: usize = 1 << 20;
 /// How long a stream waits for the agent to take the next chunk before giving up.
