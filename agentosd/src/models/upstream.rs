@@ -401,6 +401,31 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_pass_through_intact_and_count_as_output() {
+        let ctx = StreamCtx {
+            model: "mine".into(),
+            client_wants_usage: false,
+            keep: false,
+            t0: Instant::now(),
+        };
+        let call = serde_json::json!({"id": "c1", "type": "function",
+            "function": {"name": "text_wordcount", "arguments": "{\"text\":\"a b\"}"}});
+        let ev = format!(
+            "data: {}",
+            serde_json::json!({"model": "up", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+        );
+        let (mut out, mut h, mut t, mut f) =
+            (Outcome::default(), Sha256::new(), String::new(), false);
+        let b = pass_event(ev.as_bytes(), &ctx, &mut out, &mut h, &mut t, &mut f).unwrap();
+        let text = String::from_utf8_lossy(&b);
+        let v: Value = serde_json::from_str(text.trim().strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["tool_calls"][0], call);
+        assert_eq!(v["model"], "mine");
+        assert_eq!(out.chunks, 1);
+        assert!(out.first_token.is_some());
+    }
+
+    #[test]
     fn the_usage_chunk_is_read_and_passed_only_when_asked_for() {
         let ctx = |want| StreamCtx {
             model: "mine".into(),
