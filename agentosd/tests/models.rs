@@ -226,12 +226,16 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
         (nowhere["status"].as_u64(), nowhere["code"].as_str()),
         (Some(404), Some("model_not_found"))
     );
-    // The backend is out of reach without the gateway (no network grant: no route at all).
-    // Without a network grant the agent cannot even make an inet socket (seccomp), and its
-    // network namespace has no route.
+    // The backend is out of reach without the gateway. Without a network grant the agent's
+    // network namespace is its own (127.0.0.1 there is not the host's), and only the gateway's
+    // port on it may be connected to: Landlock refuses the backend's port (EACCES), the cgroup
+    // BPF policy too where Landlock has no TCP rules (EPERM).
     let direct = step(&all, "direct");
     assert_eq!(direct["connected"], false, "{direct}");
-    assert_eq!(direct["errno"], "EAFNOSUPPORT", "{direct}");
+    assert!(
+        matches!(direct["errno"].as_str(), Some("EACCES" | "EPERM")),
+        "{direct}"
+    );
     // With a grant to somewhere else, the backend's address is refused: by Landlock's TCP rules
     // (EACCES) where the kernel has them, else by the cgroup BPF policy (EPERM).
     run_agent_with(
@@ -726,4 +730,90 @@ fn only_the_agent_may_use_its_model_socket() {
         assert!(Instant::now() < deadline, "{} left behind", sock.display());
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// An unchanged program with the usual SDK: `OPENAI_BASE_URL` points at the gateway's port on the
+/// loopback of the agent's own network namespace; every other port, UDP and binding stay refused.
+#[test]
+fn an_unchanged_sdk_reaches_the_gateway_on_its_loopback_port_and_nothing_else() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup("models-port", &server, ONE_BACKEND);
+    run_agent(
+        &s,
+        "plain",
+        "\"sdk-env\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let all = steps(&s, "plain", 120);
+    let env = step(&all, "env");
+    assert_eq!(env["base_url"], "http://127.0.0.1:8080/v1", "{env}");
+    assert_eq!(env["key"], "agentos", "{env}");
+    let r = step(&all, "sdk-env");
+    assert_eq!(r["model"], "chat", "{r}");
+    assert!(
+        r["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+        "{r}"
+    );
+    for p in all.iter().filter(|l| l["step"] == "other-port") {
+        assert_eq!(p["connected"], false, "{p}");
+        assert!(
+            matches!(p["errno"].as_str(), Some("EACCES" | "EPERM")),
+            "{p}"
+        );
+    }
+    let udp = step(&all, "udp");
+    assert_eq!(
+        (udp["sent"].as_bool(), udp["errno"].as_str()),
+        (Some(false), Some("EPERM")),
+        "{udp}"
+    );
+    let bind = step(&all, "bind");
+    assert_eq!(bind["bound"], false, "{bind}");
+    // The call is the agent's like any other.
+    let recs = audit_until(&s, "the port's call", |r| {
+        r["kind"] == "model" && r["agent"] == "plain"
+    });
+    assert!(
+        recs.iter().any(|r| r["kind"] == "model"
+            && r["agent"] == "plain"
+            && r["detail"]["outcome"] == "ok")
+    );
+}
+
+/// After a daemon restart the port is back in the re-adopted agent's namespace.
+#[test]
+fn the_loopback_port_comes_back_after_a_daemon_restart() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let mut s = setup("models-port-restart", &server, ONE_BACKEND);
+    run_agent(
+        &s,
+        "survivor",
+        "\"sdk-restart\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let log = |s: &Setup| {
+        let p = s.dir.path().join("logs/default/survivor.log");
+        std::fs::read_to_string(p).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log(&s).contains("\"first\"") {
+        assert!(Instant::now() < deadline, "no first call:\n{}", log(&s));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.d.terminate();
+    std::thread::sleep(Duration::from_millis(1500));
+    s.d.spawn();
+    let all = steps(&s, "survivor", 120);
+    let r = step(&all, "restored");
+    assert!(
+        r.get("timeout").is_none(),
+        "the port did not come back: {all:?}\n{}",
+        s.d.log_text()
+    );
 }

@@ -16,11 +16,13 @@ pub mod access;
 pub mod budget;
 pub mod config;
 pub mod http;
+mod serve;
+pub mod tcp;
 mod trace;
 pub mod upstream;
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,8 +96,8 @@ pub struct Gateway {
     /// By agent id: budgets and figures outlive a run, so a restart does not refill a budget.
     meters: Mutex<HashMap<String, Usage>>,
     tenants: Mutex<HashMap<String, Arc<Meter>>>,
-    /// Serving tasks by agent id.
-    serving: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// The agents served, by id: their state and the tasks accepting their connections.
+    serving: Mutex<HashMap<String, serve::Serving>>,
     backend_slots: Vec<Arc<tokio::sync::Semaphore>>,
     /// Where the tokens used are kept across daemon restarts, and what it held at start.
     ledger_path: Option<PathBuf>,
@@ -232,18 +234,55 @@ impl Gateway {
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
             stats,
         });
-        let gw = self.clone();
-        let task = tokio::spawn(accept_loop(gw, agent, who.clone(), listener));
-        if let Some(old) = lock(&self.serving).insert(who.id, task.abort_handle()) {
+        let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
+        let task = tokio::spawn(serve::accept_unix(
+            self.clone(),
+            agent.clone(),
+            conns.clone(),
+            who.clone(),
+            listener,
+        ));
+        let old = lock(&self.serving).insert(
+            who.id,
+            serve::Serving {
+                agent,
+                conns,
+                tasks: vec![task.abort_handle()],
+            },
+        );
+        if let Some(old) = old {
             old.abort();
         }
         Ok(())
     }
 
-    /// Stop serving `agent_id` (its socket closes; calls in flight end with their connections).
+    /// Also serve `agent_id` (served already, see [`Gateway::serve`]) on `listener`, the
+    /// loopback port in its own network namespace (tcp.rs): every peer there is the agent.
+    pub fn serve_tcp(
+        self: &Arc<Self>,
+        agent_id: &str,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<()> {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let mut serving = lock(&self.serving);
+        let s = serving.get_mut(agent_id).ok_or_else(|| {
+            std::io::Error::other(format!("{agent_id} has no model socket to add a port to"))
+        })?;
+        let task = tokio::spawn(serve::accept_tcp(
+            self.clone(),
+            s.agent.clone(),
+            s.conns.clone(),
+            listener,
+        ));
+        s.tasks.push(task.abort_handle());
+        Ok(())
+    }
+
+    /// Stop serving `agent_id` (its socket and port close; calls in flight end with their
+    /// connections).
     pub fn forget(&self, agent_id: &str) {
-        if let Some(t) = lock(&self.serving).remove(agent_id) {
-            t.abort();
+        if let Some(s) = lock(&self.serving).remove(agent_id) {
+            s.abort();
         }
     }
 
@@ -503,66 +542,6 @@ fn unavailable() -> Response<AnswerBody> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Accepts the agent's connections: each identified by the kernel (its process must be in the
-/// agent's cgroup), at most [`MAX_CONNS_PER_AGENT`] at once, served as HTTP/1.1.
-async fn accept_loop(
-    gw: Arc<Gateway>,
-    agent: Arc<AgentModels>,
-    who: AgentRef,
-    listener: tokio::net::UnixListener,
-) {
-    let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
-    loop {
-        let Ok(permit) = conns.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("{}: model socket accept: {e}", agent.id);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        if let Err(r) = crate::ipc::identify(stream.as_fd(), &who) {
-            tracing::warn!(
-                "{}: model socket: refused a connection from pid {:?} uid {} ({})",
-                agent.id,
-                r.pid,
-                r.uid,
-                r.reason
-            );
-            if let Some(t) = &gw.audit {
-                t.submit_or_count(
-                    t.agent_record(Kind::Gate, &agent.tenant, &agent.name)
-                        .decision(Decision::Deny)
-                        .detail(json!({
-                            "event": "socket-refused",
-                            "socket": "models",
-                            "reason": r.reason,
-                            "peer_pid": r.pid,
-                            "peer_uid": r.uid,
-                            "peer_cgroup": r.cgroup,
-                        })),
-                );
-            }
-            continue;
-        }
-        let (gw, agent) = (gw.clone(), agent.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let svc =
-                hyper::service::service_fn(move |req| http::handle(gw.clone(), agent.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .max_buf_size(64 * 1024)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
-        });
-    }
 }
 
 /// Where an agent's model socket lives.

@@ -26,6 +26,7 @@ pub const STAGE_CAPSET: i32 = 14;
 pub const STAGE_NO_NEW_PRIVS: i32 = 15;
 pub const STAGE_LANDLOCK: i32 = 16;
 pub const STAGE_SECCOMP: i32 = 17;
+pub const STAGE_NETNS: i32 = 18;
 
 /// What a child stage number means, for the error that reaches `agentctl`.
 pub fn stage_name(stage: i32) -> Option<&'static str> {
@@ -38,6 +39,7 @@ pub fn stage_name(stage: i32) -> Option<&'static str> {
         STAGE_NO_NEW_PRIVS => "sandbox: prctl(PR_SET_NO_NEW_PRIVS) for",
         STAGE_LANDLOCK => "sandbox: landlock_restrict_self for",
         STAGE_SECCOMP => "sandbox: seccomp(SECCOMP_SET_MODE_FILTER) for",
+        STAGE_NETNS => "sandbox: setns(CLONE_NEWNET) into the namespace made for",
         _ => return None,
     })
 }
@@ -123,6 +125,9 @@ pub struct PreparedSandbox {
     pub last_cap: u32,
     /// Kernel namespaces the child gets of its own (clone3 flags, spawn.rs).
     pub namespaces: Namespaces,
+    /// The network namespace the child joins (`setns`) instead of making one: the one the
+    /// daemon made for it with the model gateway's port on its loopback (models/tcp.rs).
+    pub netns: Option<OwnedFd>,
 }
 
 /// Kernel namespaces an agent gets of its own, created by `clone3` (the daemon is root; the
@@ -172,6 +177,21 @@ pub fn prepare(
     name: &str,
     contract: Option<&Contract>,
 ) -> Result<PreparedSandbox, SandboxError> {
+    prepare_with(state_dir, tenant, name, contract, None)
+}
+
+/// [`prepare`] for an agent the model gateway serves on a loopback port: `gateway_netns` is the
+/// network namespace the daemon made with the gateway listening in it (models/tcp.rs). An agent
+/// with its own network namespace (no network grants) joins it, and may make inet stream sockets
+/// and connect to that port (seccomp, Landlock); one with grants stays in the host's and the
+/// namespace is dropped.
+pub fn prepare_with(
+    state_dir: &Path,
+    tenant: &str,
+    name: &str,
+    contract: Option<&Contract>,
+    gateway_netns: Option<OwnedFd>,
+) -> Result<PreparedSandbox, SandboxError> {
     let id = format!("{tenant}/{name}");
     let home = identity::home_dir(state_dir, tenant, name);
     let grants = contract
@@ -183,7 +203,14 @@ pub fn prepare(
     let home_dir = identity::make_home(state_dir, tenant, name, uid)?;
     let mut notes = Vec::new();
     let abi = landlock::kernel_abi();
-    let plan = grants.plan(&home)?;
+    let namespaces = Namespaces::for_grants(&grants);
+    let netns = gateway_netns.filter(|_| namespaces.net);
+    let mut plan = grants.plan(&home)?;
+    if netns.is_some()
+        && let Some(ports) = plan.connect.as_mut()
+    {
+        ports.push(crate::models::tcp::TCP_PORT);
+    }
     let lock = match abi {
         None if grants.must_landlock => {
             return Err(SandboxError::Unenforceable(format!(
@@ -227,13 +254,18 @@ pub fn prepare(
                 .into(),
         );
     }
-    let namespaces = Namespaces::for_grants(&grants);
-    // Socket rules per contract: inet sockets only with a network grant, listen() only with
-    // net.bind (seccomp/).
+    // Socket rules per contract: inet sockets only with a network grant (or the gateway's
+    // port in the agent's own namespace), listen() only with net.bind (seccomp/).
     let seccomp = seccomp::compiled_for(seccomp::NetShape::for_grants(
-        !grants.net_connect.is_empty(),
+        !grants.net_connect.is_empty() || netns.is_some(),
         !grants.net_bind.is_empty(),
     ))?;
+    if netns.is_some() {
+        notes.push(format!(
+            "net: own network namespace; the model gateway on 127.0.0.1:{} is the only place it can connect to",
+            crate::models::tcp::TCP_PORT
+        ));
+    }
     Ok(PreparedSandbox {
         uid,
         gid: uid,
@@ -243,6 +275,7 @@ pub fn prepare(
         notes,
         last_cap: cap_last_cap(),
         namespaces,
+        netns,
     })
 }
 
@@ -264,6 +297,12 @@ impl PreparedSandbox {
         // SAFETY: plain system calls on values and on buffers owned by `self`, which the
         // child's copy of the address space keeps alive until execve.
         unsafe {
+            // Into the namespace made for it, while it still has CAP_SYS_ADMIN.
+            if let Some(ns) = &self.netns
+                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
+            {
+                return Err(STAGE_NETNS);
+            }
             if creds::drop_groups() != 0 {
                 return Err(STAGE_SETGROUPS);
             }

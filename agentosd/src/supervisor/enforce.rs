@@ -112,7 +112,11 @@ impl Supervisor {
                 .flat_map(|cap| cap.expand_scope(&home))
                 .collect()
         };
-        let (connect, bind) = (scopes("net.connect"), scopes("net.bind"));
+        let (mut connect, bind) = (scopes("net.connect"), scopes("net.bind"));
+        // The model gateway's port on the loopback of its own network namespace.
+        if self.gateway_port(contract) {
+            connect.push(format!("127.0.0.1:{}", crate::models::tcp::TCP_PORT));
+        }
         // Name resolution is bounded: a start never hangs on DNS (and fails closed).
         let resolve = tokio::task::spawn_blocking(move || {
             net::policy_from_grants(&connect, &bind, &net::system_resolve)

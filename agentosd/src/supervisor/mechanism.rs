@@ -38,6 +38,9 @@ pub(super) struct Prepared {
     pub inherit_fd: Option<OwnedFd>,
     /// The CPU HRT admission reserved for the run.
     pub cpu: Option<u32>,
+    /// The network namespace made for the agent, with the model gateway's port in it
+    /// (models_socket.rs); the sandbox has the agent join it.
+    pub netns: Option<OwnedFd>,
 }
 
 /// One per-run mechanism. `prepare` runs before the run's first process exists (an error

@@ -27,6 +27,18 @@ impl Supervisor {
         self.models.get()
     }
 
+    /// Whether the gateway also serves the agent on a loopback port in a network namespace
+    /// made for it (models/tcp.rs): a daemon with model backends, an agent started from a
+    /// contract that has its own network namespace (no network grants).
+    pub(super) fn gateway_port(&self, contract: Option<&contracts::Contract>) -> bool {
+        let Some(c) = contract else { return false };
+        self.models.get().is_some()
+            && !c
+                .capabilities()
+                .iter()
+                .any(|cap| cap.name == "net.connect" || cap.name == "net.bind")
+    }
+
     /// Listen on the agent's model socket and serve it; the socket's path.
     fn models_open(
         &self,
@@ -67,16 +79,32 @@ impl Mechanism for ModelSocket<'_> {
         let (Some(_), Some(contract)) = (self.0.models.get(), run.contract) else {
             return Ok(());
         };
-        match self.0.models_open(run.agent, contract) {
-            Ok(path) => out
-                .env
-                .push((crate::models::SOCKET_ENV.into(), path.display().to_string())),
-            Err(e) => {
-                return Err(Error::Unenforceable(format!(
-                    "{}: the model gateway could not serve it: {e}",
-                    run.agent.id
-                )));
-            }
+        let refuse = |e: String| {
+            Error::Unenforceable(format!(
+                "{}: the model gateway could not serve it: {e}",
+                run.agent.id
+            ))
+        };
+        let path = self.0.models_open(run.agent, contract).map_err(refuse)?;
+        out.env
+            .push((crate::models::SOCKET_ENV.into(), path.display().to_string()));
+        if self.0.gateway_port(Some(contract)) {
+            let (ns, listener) = crate::models::tcp::new_namespace()
+                .map_err(|e| refuse(format!("its network namespace: {e}")))?;
+            let m = self
+                .0
+                .models
+                .get()
+                .ok_or_else(|| refuse("no gateway".into()))?;
+            m.gateway
+                .serve_tcp(&run.agent.id, listener)
+                .map_err(|e| refuse(e.to_string()))?;
+            out.netns = Some(ns);
+            // The usual SDKs need no change; the key is a placeholder (the daemon holds the
+            // backends' keys), set after the contract's env so none of its own leaks in.
+            out.env
+                .push(("OPENAI_BASE_URL".into(), crate::models::tcp::base_url()));
+            out.env.push(("OPENAI_API_KEY".into(), "agentos".into()));
         }
         Ok(())
     }
@@ -85,9 +113,29 @@ impl Mechanism for ModelSocket<'_> {
         let (Some(_), Some(contract)) = (self.0.models.get(), run.contract) else {
             return Vec::new();
         };
-        match self.0.models_open(run.agent, contract) {
-            Ok(_) => Vec::new(),
-            Err(e) => vec![format!("model socket not restored: {e}")],
+        if let Err(e) = self.0.models_open(run.agent, contract) {
+            return vec![format!("model socket not restored: {e}")];
+        }
+        if !self.0.gateway_port(Some(contract)) {
+            return Vec::new();
+        }
+        // The namespace lives on with the agent: listen in it again.
+        let pidfd = super::lock(&run.agent.inner).pidfd.clone();
+        let port = pidfd
+            .ok_or_else(|| "no pidfd of the agent's main process".to_string())
+            .and_then(|pidfd| crate::models::tcp::listen_in(&pidfd).map_err(|e| e.to_string()))
+            .and_then(|l| {
+                let m = self.0.models.get().ok_or("no gateway")?;
+                m.gateway
+                    .serve_tcp(&run.agent.id, l)
+                    .map_err(|e| e.to_string())
+            });
+        match port {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![format!(
+                "model port 127.0.0.1:{} not restored: {e}",
+                crate::models::tcp::TCP_PORT
+            )],
         }
     }
 

@@ -353,7 +353,12 @@ impl Supervisor {
         let unenforced = self.write_budgets(agent, spec, &available)?;
         let (child_sched, mut notes, unenforced) =
             self.apply_class(agent, spec, cg, &available, prepared.cpu, unenforced)?;
-        let sandbox = sandbox_for(&self.cfg.state_dir, agent, contract.as_deref())?;
+        let sandbox = sandbox_for(
+            &self.cfg.state_dir,
+            agent,
+            contract.as_deref(),
+            prepared.netns,
+        )?;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
         notes.extend(prepared.notes);
         // Command.
@@ -429,13 +434,14 @@ pub(super) fn sandbox_for(
     state_dir: &Path,
     agent: &Agent,
     contract: Option<&contracts::Contract>,
+    netns: Option<std::os::fd::OwnedFd>,
 ) -> Result<crate::sandbox::PreparedSandbox, Error> {
-    crate::sandbox::prepare(state_dir, &agent.tenant, &agent.name, contract).map_err(|source| {
-        Error::Sandbox {
+    crate::sandbox::prepare_with(state_dir, &agent.tenant, &agent.name, contract, netns).map_err(
+        |source| Error::Sandbox {
             agent: agent.id.clone(),
             source,
-        }
-    })
+        },
+    )
 }
 
 /// Names become cgroup directories and file names: allow only `[a-z0-9-]`, not starting with

@@ -237,6 +237,7 @@ fn prepare_sandbox(
         notes: notes.clone(),
         last_cap: sandbox::cap_last_cap(),
         namespaces: Default::default(),
+        netns: None,
     })
 }
 

@@ -96,6 +96,57 @@ def direct(backend):
         emit("direct", connected=False, errno=errno.errorcode.get(e.errno, str(e.errno)))
 
 
+def sdk_env():
+    """The SDK as an unchanged program would use it: OPENAI_BASE_URL and OPENAI_API_KEY."""
+    plain = openai.OpenAI(max_retries=0)
+    emit("env", base_url=os.environ.get("OPENAI_BASE_URL"), key=os.environ.get("OPENAI_API_KEY"))
+    r = plain.chat.completions.create(model="chat", max_tokens=4,
+                                      messages=[{"role": "user", "content": "Say hello."}])
+    emit("sdk-env", model=r.model, usage=r.usage.model_dump())
+    # Any other port, or UDP, on the same loopback: refused.
+    for port in (8081, 22):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            emit("other-port", port=port, connected=True)
+        except OSError as e:
+            emit("other-port", port=port, connected=False,
+                 errno=errno.errorcode.get(e.errno, str(e.errno)))
+    try:
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.sendto(b"x", ("127.0.0.1", 53))
+        emit("udp", sent=True)
+    except OSError as e:
+        emit("udp", sent=False, errno=errno.errorcode.get(e.errno, str(e.errno)))
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).bind(("127.0.0.1", 9000))
+        emit("bind", bound=True)
+    except OSError as e:
+        emit("bind", bound=False, errno=errno.errorcode.get(e.errno, str(e.errno)))
+
+
+def sdk_across_restart():
+    """Call through the port, then keep calling while the daemon restarts: once a call failed,
+    the next success means the new daemon listens in this namespace again."""
+    import time
+    plain = openai.OpenAI(max_retries=0, timeout=10)
+    ask = lambda: plain.chat.completions.create(
+        model="chat", max_tokens=2, messages=[{"role": "user", "content": "Hi."}])
+    ask()
+    emit("first")
+    failed = False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        try:
+            ask()
+            if failed:
+                emit("restored")
+                return
+        except openai.APIError as e:
+            failed = True
+    emit("restored", timeout=True)
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -125,6 +176,10 @@ def consent():
 mode = sys.argv[1]
 if mode == "tour":
     tour(sys.argv[2])
+elif mode == "sdk-restart":
+    sdk_across_restart()
+elif mode == "sdk-env":
+    sdk_env()
 elif mode == "wait":
     emit("waiting")
     import time

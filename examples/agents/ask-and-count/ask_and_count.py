@@ -7,7 +7,7 @@ itself when a small model answers in text — and gives the model the tool's res
 turn. Neither the model server nor the tool is reachable any other way: the agent has no network
 grant and no key. Prints one JSON line per step.
 
-usage: ask_and_count.py [TOPIC]    (AGENTOS_MODELS_SOCKET, AGENTOS_SOCKET come from agentosd;
+usage: ask_and_count.py [TOPIC]    (OPENAI_BASE_URL or AGENTOS_MODELS_SOCKET, and AGENTOS_SOCKET come from agentosd;
                                     AGENTOS_MCP names the bridge, MODEL the model [chat])
 """
 
@@ -38,6 +38,10 @@ def say(step, **kw):
 
 
 def model_client():
+    # An agent without network grants gets OPENAI_BASE_URL (the gateway on its own loopback):
+    # the SDK as it comes. Otherwise the gateway's Unix socket.
+    if "OPENAI_BASE_URL" in os.environ:
+        return openai.OpenAI(max_retries=0, timeout=120)
     return openai.OpenAI(
         base_url="http://agentos/v1", api_key="unused", max_retries=0,
         http_client=httpx.Client(
