@@ -211,6 +211,13 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
     assert_eq!(stream["usage_chunks"], 1, "{stream}");
     assert!(stream["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
     assert_eq!(step(&all, "stream-no-usage")["usage_chunks"], 0);
+    // 99 choices at once would multiply the output past any cap.
+    let n = step(&all, "n-99");
+    assert_eq!(
+        (n["status"].as_u64(), n["code"].as_str()),
+        (Some(400), Some("invalid_n")),
+        "{n}"
+    );
     // Off-policy and unknown models: OpenAI-style errors that say why.
     let forbidden = step(&all, "refused-forbidden");
     assert_eq!(forbidden["status"], 403, "{forbidden}");

@@ -28,6 +28,8 @@ use super::{AgentModels, Gateway};
 
 /// The largest request an agent may send.
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// The most choices one chat call may ask for (`n`).
+pub const MAX_CHOICES: u64 = 8;
 /// The most prompt or completion text kept in a record when the contract asks to keep it.
 pub const MAX_KEPT_TEXT: usize = 64 << 10;
 
@@ -313,13 +315,33 @@ fn reserve(
 ) -> Result<[Reservation; 2], Response<AnswerBody>> {
     let meters = [&agent.meter, &*agent.tenant_meter];
     let mut cap: Option<u64> = agent.access.max_output_tokens;
+    // Choices generated at once (`n`): each may use the whole output cap.
+    let mut choices = 1;
     if call.kind == ModelKind::Chat {
-        let asked = ["max_completion_tokens", "max_tokens"]
-            .iter()
-            .find_map(|k| call.body.get(*k).and_then(Value::as_u64));
+        choices = match call.body.get("n") {
+            None | Some(Value::Null) => 1,
+            Some(v) => match v.as_u64() {
+                Some(n) if (1..=MAX_CHOICES).contains(&n) => n,
+                _ => {
+                    return Err(error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "invalid_n",
+                        &format!("n must be a whole number from 1 to {MAX_CHOICES}"),
+                    ));
+                }
+            },
+        };
+        // The client's own name for the output cap is kept (reasoning models refuse the other).
+        let key = if call.body.get("max_completion_tokens").is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        let asked = call.body.get(key).and_then(Value::as_u64);
         for m in meters {
             if let Some(h) = m.headroom() {
-                let left = h.saturating_sub(call.prompt_bound);
+                let left = h.saturating_sub(call.prompt_bound) / choices;
                 cap = Some(cap.map_or(left, |c| c.min(left)));
             }
         }
@@ -331,11 +353,12 @@ fn reserve(
             && let Some(o) = call.body.as_object_mut()
         {
             o.remove("max_completion_tokens");
-            o.insert("max_tokens".into(), json!(n.max(1)));
+            o.remove("max_tokens");
+            o.insert(key.into(), json!(n.max(1)));
         }
         cap = out;
     }
-    let need = call.prompt_bound + cap.unwrap_or(0);
+    let need = call.prompt_bound + cap.unwrap_or(0) * choices;
     let over = |e: Exceeded, whose: &str| -> Response<AnswerBody> {
         let (msg, kind, code, retry) = match e {
             Exceeded::Total { limit, used } => (

@@ -403,7 +403,12 @@ impl Gateway {
         self.trace_gate(call, &entry.name, "allow", &reason);
         let Some(t) = &self.audit else { return Ok(()) };
         let mut d = self.detail(call, entry, fallback);
-        d["max_tokens"] = call.body.get("max_tokens").cloned().unwrap_or(Value::Null);
+        d["max_tokens"] = call
+            .body
+            .get("max_tokens")
+            .or_else(|| call.body.get("max_completion_tokens"))
+            .cloned()
+            .unwrap_or(Value::Null);
         let rec = t
             .agent_record(Kind::Gate, &agent.tenant, &agent.name)
             .decision(Decision::Allow)

@@ -61,6 +61,11 @@ def tour(backend):
         if c.usage is not None or not c.choices:
             usage_chunks += 1
     emit("stream-no-usage", usage_chunks=usage_chunks)
+    try:
+        chat("chat", max_tokens=4, n=99)
+        emit("n-99", status=200)
+    except openai.APIStatusError as e:
+        emit("n-99", **error_of(e))
     for model in ["forbidden", "nowhere"]:
         try:
             chat(model, max_tokens=4)
