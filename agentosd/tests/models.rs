@@ -375,7 +375,7 @@ fn budgets_cut_off_an_agent_that_exceeds_them_and_never_overshoot() {
         &s,
         "spender",
         "\"budget\"",
-        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 150 }\n",
+        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 400 }\n",
     );
     let all = steps(&s, "spender", 120);
     let b = step(&all, "budget");
@@ -391,8 +391,8 @@ fn budgets_cut_off_an_agent_that_exceeds_them_and_never_overshoot() {
     );
     let m = &s.d.status_json("spender")["models"];
     let used = m["prompt_tokens"].as_u64().unwrap() + m["completion_tokens"].as_u64().unwrap();
-    assert!(used <= 150, "the budget was overshot: {m}");
-    assert_eq!(m["tokens_left"].as_u64(), Some(150 - used), "{m}");
+    assert!(used <= 400, "the budget was overshot: {m}");
+    assert_eq!(m["tokens_left"].as_u64(), Some(400 - used), "{m}");
     let recs = audit_until(&s, "over-budget deny", |r| {
         r["kind"] == "gate" && r["detail"]["reason"] == "over-budget"
     });
@@ -408,7 +408,7 @@ fn budgets_cut_off_an_agent_that_exceeds_them_and_never_overshoot() {
         &s,
         "spender",
         "\"budget\"",
-        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 150 }\n",
+        "modelPolicy: { allow: [chat] }\nbudgets: { tokens: 400 }\n",
     );
     let again = steps(&s, "spender", 120);
     let b = step(&again, "budget");

@@ -194,7 +194,9 @@ async fn read_request(
         stream,
         // About four bytes per token, the usual rule; the backend's usage settles the account.
         prompt_estimate: (prompt_text.len() as u64).div_ceil(4),
-        prompt_bound: prompt_bound(&body, kind, prompt_text.len()),
+        // The whole request, not only the messages: tool definitions, a response format and
+        // the like are prompt too.
+        prompt_bound: prompt_bound(&body, kind, bytes.len()),
         prompt_sha256: hex::encode(Sha256::digest(prompt_text.as_bytes())),
         prompt: keep.then(|| prompt_text.chars().take(MAX_KEPT_TEXT).collect()),
         body,
