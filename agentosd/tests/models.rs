@@ -824,3 +824,136 @@ fn the_loopback_port_comes_back_after_a_daemon_restart() {
         s.d.log_text()
     );
 }
+
+/// A hosted API as the gateway sees one: https (a TLS proxy with a certificate from a private CA
+/// in front of the llama.cpp server), a key from a root-only file. The key reaches the backend
+/// over TLS; a backend whose certificate nobody vouches for is not spoken to.
+#[test]
+fn an_https_backend_gets_the_key_over_verified_tls() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    // A private CA and a server certificate for localhost signed by it.
+    let p = |n: &str| tmp.path().join(n);
+    let (ca, cert, key) = (p("ca.pem"), p("cert.pem"), p("key.pem"));
+    std::fs::write(
+        p("ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let openssl = |args: &[&str]| {
+        let st = std::process::Command::new("openssl")
+            .current_dir(tmp.path())
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl (apt-get install openssl)");
+        assert!(st.success(), "openssl {args:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=agentos-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext",
+        "-out",
+        "cert.pem",
+    ]);
+    let auth_log = tmp.path().join("auth.log");
+    let py = common::models::python().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/tls_proxy.py");
+    let mut proxy = std::process::Command::new(&py)
+        .arg(&script)
+        .args([&cert, &key])
+        .arg(&server.url)
+        .arg(&auth_log)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(proxy.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _proxy = Kill(proxy);
+    let port: u16 = line.trim().parse().unwrap();
+    let keyfile = tmp.path().join("api.key");
+    std::fs::write(&keyfile, "sk-test-hosted-123\n").unwrap();
+    chmod(&keyfile, 0o600);
+    let yaml = format!(
+        "backends:\n  - name: hosted\n    url: https://localhost:{port}/v1\n    placement: cloud\n    ca_file: {ca}\n    api_key_file: {keyfile}\n    models: [{{name: chat}}]\n  - name: untrusted\n    url: https://localhost:{port}/v1\n    placement: cloud\n    models: [{{name: forbidden}}]\n",
+        ca = ca.display(),
+        keyfile = keyfile.display()
+    );
+    let s = setup("models-https", &server, &yaml);
+    run_agent(
+        &s,
+        "cloudy",
+        "\"tls\"",
+        "modelPolicy: { allow: [chat, forbidden] }\n",
+    );
+    let all = steps(&s, "cloudy", 120);
+    let ok = step(&all, "tls-trusted");
+    assert_eq!(ok["model"], "chat", "{ok}");
+    let bad = step(&all, "tls-untrusted");
+    assert_eq!(
+        (bad["status"].as_u64(), bad["code"].as_str()),
+        (Some(502), Some("backend_unavailable")),
+        "{bad}"
+    );
+    assert!(bad["message"].as_str().unwrap().contains("TLS"), "{bad}");
+    // The key went to the backend (once: the untrusted one never got a request), never to the
+    // agent.
+    let auth = std::fs::read_to_string(&auth_log).unwrap();
+    assert_eq!(
+        auth.lines().collect::<Vec<_>>(),
+        ["Bearer sk-test-hosted-123"],
+        "{auth}"
+    );
+    let agent_log = std::fs::read_to_string(s.dir.path().join("logs/default/cloudy.log")).unwrap();
+    assert!(!agent_log.contains("sk-test"), "{agent_log}");
+}

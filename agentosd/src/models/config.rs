@@ -12,6 +12,7 @@
 //!         upstream: SmolLM2-135M           # what the backend calls it (default: name)
 //!         kind: chat                       # chat | embeddings
 //!     api_key_file: /etc/agentos/keys/local   # root-only; or api_key_credential: NAME
+//!     # ca_file: /etc/agentos/ca.pem     # https:// backends: more CAs besides the host's store
 //! tenants:
 //!   acme: { tokens: 1000000, tokens_per_minute: 20000 }
 //! ```
@@ -94,6 +95,8 @@ struct RawBackend {
     models: Vec<RawModel>,
     api_key_file: Option<PathBuf>,
     api_key_credential: Option<String>,
+    /// More CAs to trust for an https backend (PEM), besides the host's store.
+    ca_file: Option<PathBuf>,
     timeout_s: Option<u64>,
     max_concurrent: Option<usize>,
 }
@@ -127,6 +130,11 @@ pub struct Backend {
     pub timeout: std::time::Duration,
     /// Requests to it in flight at once, over all agents.
     pub max_concurrent: usize,
+    /// For `https://`: the TLS configuration and the name its certificate must carry.
+    pub tls: Option<(
+        std::sync::Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     api_key: Option<String>,
 }
 
@@ -211,7 +219,17 @@ impl ModelsConfig {
             if cfg.backends.iter().any(|x| x.name == b.name) {
                 return Err(err("a second backend of this name".into()));
             }
-            let (authority, base_path) = parse_url(&b.url).map_err(err)?;
+            let url = parse_url(&b.url).map_err(err)?;
+            let tls = match (url.tls, &b.ca_file) {
+                (true, ca) => Some((
+                    super::tls::client_config(ca.as_deref()).map_err(err)?,
+                    super::tls::server_name(&url.host).map_err(err)?,
+                )),
+                (false, Some(_)) => {
+                    return Err(err("ca_file is for https:// backends".into()));
+                }
+                (false, None) => None,
+            };
             let api_key = match (&b.api_key_file, &b.api_key_credential) {
                 (Some(_), Some(_)) => {
                     return Err(err(
@@ -248,8 +266,9 @@ impl ModelsConfig {
             }
             cfg.backends.push(Backend {
                 name: b.name,
-                authority,
-                base_path,
+                authority: url.authority,
+                base_path: url.base_path,
+                tls,
                 placement: b.placement,
                 timeout: std::time::Duration::from_secs(b.timeout_s.unwrap_or(300).max(1)),
                 max_concurrent: b.max_concurrent.unwrap_or(16).max(1),
@@ -266,38 +285,56 @@ impl ModelsConfig {
     }
 }
 
-/// `http://host:port[/path]` → (`host:port`, `/path` or `/v1`).
-fn parse_url(url: &str) -> Result<(String, String), String> {
-    if url.starts_with("https://") {
-        return Err(format!(
-            "url {url}: https backends are not supported yet; put a TLS-terminating proxy on \
-             loopback in front of it and give its http:// address"
-        ));
-    }
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("url {url}: must start with http://"))?;
+/// A backend's URL, split.
+struct Url {
+    tls: bool,
+    /// `host:port` to connect to.
+    authority: String,
+    host: String,
+    base_path: String,
+}
+
+/// `http[s]://host[:port][/path]` (port 80 or 443 when absent, path `/v1` when absent).
+fn parse_url(url: &str) -> Result<Url, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("url {url}: must start with http:// or https://"));
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
     if authority.is_empty() || authority.contains('@') {
-        return Err(format!("url {url}: needs host:port and no user info"));
+        return Err(format!("url {url}: needs host[:port] and no user info"));
     }
-    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| {
-        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !authority.ends_with(']')
-    }) {
-        authority.to_string()
-    } else {
-        format!("{authority}:80")
+    let (host, authority) = match authority.rsplit_once(':') {
+        Some((h, p))
+            if !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && !authority.ends_with(']') =>
+        {
+            (h.to_string(), authority.to_string())
+        }
+        _ => (
+            authority.to_string(),
+            format!("{authority}:{}", if tls { 443 } else { 80 }),
+        ),
     };
     let path = path.trim_end_matches('/');
-    let base = if path.is_empty() {
+    let base_path = if path.is_empty() {
         "/v1".to_string()
     } else {
         path.to_string()
     };
-    Ok((authority, base))
+    Ok(Url {
+        tls,
+        authority,
+        host,
+        base_path,
+    })
 }
 
 /// A key from a root-only file: opened without following a link, owned by root, mode at most
@@ -378,11 +415,37 @@ mod tests {
     }
 
     #[test]
+    fn an_https_backend_defaults_to_port_443_and_checks_its_name() {
+        let c = ModelsConfig::parse(
+            "backends:\n  - {name: h, url: https://api.example.com, placement: cloud, models: [{name: m}]}\n",
+            Path::new("m.yaml"),
+            None,
+        );
+        // Hosts without a certificate store (no ca-certificates) cannot trust anyone.
+        let Ok(c) = c else {
+            let e = c.unwrap_err().to_string();
+            assert!(e.contains("ca-certificates"), "{e}");
+            return;
+        };
+        let b = &c.backends[0];
+        assert_eq!(
+            (b.authority.as_str(), b.base_path.as_str()),
+            ("api.example.com:443", "/v1")
+        );
+        let (_, name) = b.tls.as_ref().unwrap();
+        assert_eq!(name.to_str(), "api.example.com");
+    }
+
+    #[test]
     fn bad_configs_name_the_backend_and_the_problem() {
         for (text, want) in [
             (
-                "backends:\n  - {name: a, url: https://x.example, placement: cloud, models: [{name: m}]}\n",
-                "https",
+                "backends:\n  - {name: a, url: http://x:1, placement: cloud, models: [{name: m}], ca_file: /x}\n",
+                "ca_file is for https",
+            ),
+            (
+                "backends:\n  - {name: a, url: https://x.example, placement: cloud, models: [{name: m}], ca_file: /nonexistent.pem}\n",
+                "/nonexistent.pem",
             ),
             (
                 "backends:\n  - {name: a, url: ftp://x, placement: cloud, models: [{name: m}]}\n",

@@ -18,6 +18,7 @@ pub mod config;
 pub mod http;
 mod serve;
 pub mod tcp;
+pub mod tls;
 mod trace;
 pub mod upstream;
 

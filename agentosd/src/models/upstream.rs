@@ -77,13 +77,17 @@ pub async fn send(
     .map_err(|_| unreachable("connect", "timed out".into()))?
     .map_err(|e| unreachable("connect", e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable("HTTP handshake", e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut sender = match &backend.tls {
+        None => handshake(stream).await,
+        Some((cfg, name)) => {
+            let tls = tokio::time::timeout(CONNECT_TIMEOUT, super::tls::connect(cfg, name, stream))
+                .await
+                .map_err(|_| unreachable("TLS handshake", "timed out".into()))?
+                .map_err(|e| unreachable("TLS handshake", e.to_string()))?;
+            handshake(tls).await
+        }
+    }
+    .map_err(|e| unreachable("HTTP handshake", e.to_string()))?;
     let mut req = Request::post(format!("{}{path}", backend.base_path))
         .header(header::HOST, &backend.authority)
         .header(header::CONTENT_TYPE, "application/json")
@@ -105,6 +109,21 @@ pub async fn send(
         });
     }
     Ok(resp)
+}
+
+/// An HTTP/1.1 client connection over `io`, driven by a task of its own.
+async fn handshake<I>(
+    io: I,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, hyper::Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
 }
 
 /// What the answer used and how it went, as far as the gateway could see.

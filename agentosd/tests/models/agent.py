@@ -152,6 +152,19 @@ def sdk_across_restart():
     emit("restored", timeout=True)
 
 
+def tls():
+    r = chat("chat", max_tokens=4, stream=True)
+    model = None
+    for c in r:
+        model = c.model
+    emit("tls-trusted", model=model)
+    try:
+        chat("forbidden", max_tokens=4)
+        emit("tls-untrusted", status=200)
+    except openai.APIStatusError as e:
+        emit("tls-untrusted", **error_of(e))
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -181,6 +194,8 @@ def consent():
 mode = sys.argv[1]
 if mode == "tour":
     tour(sys.argv[2])
+elif mode == "tls":
+    tls()
 elif mode == "sdk-restart":
     sdk_across_restart()
 elif mode == "sdk-env":
