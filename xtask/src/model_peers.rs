@@ -10,7 +10,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+
+use crate::peers::run;
 
 /// Installed with their dependencies; prebuilt wheels only (nothing compiles here).
 pub const PYPI: &[&str] = &[
@@ -50,16 +52,6 @@ fn stamp_text() -> String {
         PYPI.join(" "),
         PYPI_NO_DEPS.join(" ")
     )
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("{what}: cannot run {:?}", cmd.get_program()))?;
-    if !status.success() {
-        bail!("{what} failed ({status}): {cmd:?}");
-    }
-    Ok(())
 }
 
 /// Installs the model peers unless they are there already (same versions); writes the

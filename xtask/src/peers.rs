@@ -25,7 +25,8 @@ fn stamp_text() -> String {
     format!("pypi {}\nnpm {}\n", PYPI.join(" "), NPM.join(" "))
 }
 
-fn run(cmd: &mut Command, what: &str) -> Result<()> {
+/// Runs `cmd`; `what` names it in the error (also for model_peers.rs).
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("{what}: cannot run {:?}", cmd.get_program()))?;
