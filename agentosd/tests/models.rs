@@ -439,7 +439,7 @@ fn a_model_whose_backend_is_down_falls_back_to_the_declared_alternative() {
         &s,
         "faller",
         "\"fallback\"",
-        "modelPolicy: { allow: [primary, chat] }\nallow_fallbacks:\n  - { when: model_unavailable, substitute: { model: chat } }\n",
+        "modelPolicy: { allow: [primary, chat], record_content: true }\nallow_fallbacks:\n  - { when: model_unavailable, substitute: { model: chat } }\n",
     );
     let all = steps(&s, "faller", 120);
     assert_eq!(step(&all, "fallback")["model"], "chat");
@@ -453,6 +453,24 @@ fn a_model_whose_backend_is_down_falls_back_to_the_declared_alternative() {
         "{r}"
     );
     assert_eq!(r["detail"]["backend"], "llama");
+    // record_content: the prompt and the completion are kept, next to their hashes.
+    assert!(
+        r["detail"]["prompt"]
+            .as_str()
+            .is_some_and(|p| p.contains("Say hello.")),
+        "{r}"
+    );
+    assert!(
+        r["detail"]["completion"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{r}"
+    );
+    assert_eq!(
+        r["detail"]["completion_sha256"].as_str().map(str::len),
+        Some(64),
+        "{r}"
+    );
 }
 
 #[test]
