@@ -975,3 +975,48 @@ fn an_https_backend_gets_the_key_over_verified_tls() {
     let agent_log = std::fs::read_to_string(s.dir.path().join("logs/default/cloudy.log")).unwrap();
     assert!(!agent_log.contains("sk-test"), "{agent_log}");
 }
+
+/// A tenant's budget (models.yaml `tenants:`) is shared by its agents: once one spent it, the
+/// next is refused at once, and the message names the tenant.
+#[test]
+fn a_tenant_budget_is_shared_by_its_agents() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let yaml = format!("{ONE_BACKEND}tenants:\n  default: {{ tokens: 400 }}\n");
+    let s = setup("models-tenant", &server, &yaml);
+    run_agent(
+        &s,
+        "first",
+        "\"budget\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let b = step(&steps(&s, "first", 120), "budget").clone();
+    assert!(b["ok"].as_u64().unwrap() >= 1, "{b}");
+    assert_eq!(b["code"], "insufficient_quota", "{b}");
+    assert!(
+        b["message"].as_str().unwrap().contains("tenant default"),
+        "{b}"
+    );
+    run_agent(
+        &s,
+        "second",
+        "\"budget\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let b = step(&steps(&s, "second", 120), "budget").clone();
+    assert_eq!(
+        (b["ok"].as_u64(), b["code"].as_str()),
+        (Some(0), Some("insufficient_quota")),
+        "{b}"
+    );
+    let used: u64 = ["first", "second"]
+        .iter()
+        .map(|a| {
+            let m = &s.d.status_json(a)["models"];
+            m["prompt_tokens"].as_u64().unwrap() + m["completion_tokens"].as_u64().unwrap()
+        })
+        .sum();
+    assert!(used <= 400, "the tenant's budget was overshot: {used}");
+}

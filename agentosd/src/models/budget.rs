@@ -84,28 +84,44 @@ impl Meter {
         }
     }
 
-    /// Reserve `n` tokens, or say which budget refuses them.
-    pub fn reserve(&self, n: u64) -> Result<Reservation, Exceeded> {
+    /// Why `n` tokens would be refused now, if they would (nothing is reserved).
+    pub fn check(&self, n: u64) -> Result<(), Exceeded> {
         let mut s = self.lock();
         self.refill(&mut s);
+        self.refusal(&s, n).map_or(Ok(()), Err)
+    }
+
+    fn refusal(&self, s: &State, n: u64) -> Option<Exceeded> {
         if let Some(limit) = self.total {
             let committed = s.used.saturating_add(s.reserved);
             if committed.saturating_add(n) > limit || committed >= limit {
-                return Err(Exceeded::Total {
+                return Some(Exceeded::Total {
                     limit,
                     used: s.used,
                 });
             }
         }
-        if let Some(pm) = self.per_minute {
-            if (n as f64) > s.bucket || s.bucket < 1.0 {
-                let missing = (n as f64 - s.bucket).max(1.0);
-                let retry = (missing * 60.0 / pm.max(1) as f64).ceil() as u64;
-                return Err(Exceeded::Rate {
-                    per_minute: pm,
-                    retry_after_s: retry.clamp(1, 60),
-                });
-            }
+        if let Some(pm) = self.per_minute
+            && ((n as f64) > s.bucket || s.bucket < 1.0)
+        {
+            let missing = (n as f64 - s.bucket).max(1.0);
+            let retry = (missing * 60.0 / pm.max(1) as f64).ceil() as u64;
+            return Some(Exceeded::Rate {
+                per_minute: pm,
+                retry_after_s: retry.clamp(1, 60),
+            });
+        }
+        None
+    }
+
+    /// Reserve `n` tokens, or say which budget refuses them.
+    pub fn reserve(&self, n: u64) -> Result<Reservation, Exceeded> {
+        let mut s = self.lock();
+        self.refill(&mut s);
+        if let Some(e) = self.refusal(&s, n) {
+            return Err(e);
+        }
+        if self.per_minute.is_some() {
             s.bucket -= n as f64;
         }
         s.reserved = s.reserved.saturating_add(n);
@@ -210,6 +226,15 @@ mod tests {
         }
         m.settle(r, 100);
         assert!(m.reserve(400).is_ok());
+    }
+
+    #[test]
+    fn a_check_reserves_nothing() {
+        let m = Meter::new(Some(100), Some(600));
+        assert!(m.check(100).is_ok());
+        assert!(matches!(m.check(101), Err(Exceeded::Total { .. })));
+        assert_eq!(m.headroom(), Some(100));
+        assert!(m.reserve(100).is_ok());
     }
 
     #[test]

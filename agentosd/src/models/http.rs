@@ -361,11 +361,25 @@ fn reserve(
         cap = out;
     }
     let need = call.prompt_bound + cap.unwrap_or(0) * choices;
-    let over = |e: Exceeded, whose: &str| -> Response<AnswerBody> {
+    // Who refuses: the agent's budget (its contract) or its tenant's (models.yaml).
+    let whose = |i: usize| match i {
+        0 => (
+            "this agent's".to_string(),
+            "budgets.tokens",
+            "budgets.tokens_per_minute",
+        ),
+        _ => (
+            format!("tenant {}'s", agent.tenant),
+            "tenants.tokens in the daemon's models.yaml",
+            "tenants.tokens_per_minute in the daemon's models.yaml",
+        ),
+    };
+    let over = |e: Exceeded, i: usize| -> Response<AnswerBody> {
+        let (who, total_field, rate_field) = whose(i);
         let (msg, kind, code, retry) = match e {
             Exceeded::Total { limit, used } => (
                 format!(
-                    "{whose} token budget is spent: {used} of {limit} tokens used (budgets.tokens)"
+                    "{who} token budget is spent: {used} of {limit} tokens used ({total_field})"
                 ),
                 "insufficient_quota",
                 "insufficient_quota",
@@ -376,7 +390,7 @@ fn reserve(
                 retry_after_s,
             } => (
                 format!(
-                    "{whose} rate of {per_minute} tokens per minute is spent; retry in {retry_after_s} s (budgets.tokens_per_minute)"
+                    "{who} rate of {per_minute} tokens per minute is spent; retry in {retry_after_s} s ({rate_field})"
                 ),
                 "rate_limit_exceeded",
                 "rate_limit_exceeded",
@@ -393,22 +407,20 @@ fn reserve(
         r
     };
     if call.kind == ModelKind::Chat && cap == Some(0) {
-        // Nothing left to generate with.
-        let e = meters
+        // Nothing left to generate with: say whose budget (nothing is reserved).
+        let (i, e) = meters
             .iter()
-            .find_map(|m| m.reserve(need.max(1)).err())
-            .unwrap_or(Exceeded::Total { limit: 0, used: 0 });
-        return Err(over(e, "this agent's"));
+            .enumerate()
+            .find_map(|(i, m)| m.check(need.max(1)).err().map(|e| (i, e)))
+            .unwrap_or((0, Exceeded::Total { limit: 0, used: 0 }));
+        return Err(over(e, i));
     }
-    let a = agent
-        .meter
-        .reserve(need)
-        .map_err(|e| over(e, "this agent's"))?;
+    let a = agent.meter.reserve(need).map_err(|e| over(e, 0))?;
     match agent.tenant_meter.reserve(need) {
         Ok(t) => Ok([a, t]),
         Err(e) => {
             agent.meter.settle(a, 0);
-            Err(over(e, &format!("tenant {}'s", agent.tenant)))
+            Err(over(e, 1))
         }
     }
 }
