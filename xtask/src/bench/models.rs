@@ -15,8 +15,10 @@
 //!
 //! Sequential part: `--rounds` rounds, each runs the direct client process and the agent (in
 //! alternating order, so drift hits both alike), each doing instant streams, instant whole
-//! answers and llama streams. Then the flood: `--agents` direct clients, then as many agents,
-//! each streaming from the instant backend in a loop for `--flood-secs`.
+//! answers and llama streams. Then a bounds probe (an agent starts more streams at once than
+//! the gateway's in-flight limits allow and does not read them: are the extra ones refused or
+//! held?). Then the flood: `--agents` direct clients, then as many agents, each streaming from
+//! the instant backend in a loop for `--flood-secs`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -96,6 +98,10 @@ pub struct ClientArgs {
     pub flood: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     pub phase: u64,
+    /// Instead of jobs: probe the gateway's bounds on streams in flight (as an agent); the
+    /// statuses go to PREFIX-probe.txt.
+    #[arg(long)]
+    pub probe: bool,
 }
 
 struct Job {
@@ -143,8 +149,35 @@ fn out_path(prefix: &Path, job: &str, what: &str) -> PathBuf {
     PathBuf::from(format!("{}-{job}-{what}", prefix.display()))
 }
 
+/// Streams one agent starts at once and does not read: more than the gateway's in-flight limit
+/// per agent on a backend with room, and more than `max_concurrent` on the capped backend.
+pub(super) const PROBE_UNCAPPED: usize = agentosd::models::MAX_INFLIGHT_PER_AGENT + 2;
+pub(super) const PROBE_CAPPED: usize = CAPPED_MAX_CONCURRENT + 1;
+/// `max_concurrent` of the bench's "instant-capped" backend (the instant server again).
+pub(super) const CAPPED_MAX_CONCURRENT: usize = 2;
+
+fn probe(a: &ClientArgs) -> Result<()> {
+    let wait = Duration::from_secs(3);
+    let mut text = String::new();
+    for (model, n) in [
+        ("instant", PROBE_UNCAPPED),
+        ("instant-capped", PROBE_CAPPED),
+    ] {
+        let (statuses, conns) = models_http::probe_concurrent("agent", model, n, 10_000_000, wait)?;
+        text.push_str(&format!("{model} {n}: {}\n", statuses.join(", ")));
+        drop(conns);
+        // Let the daemon see the connections close and end those streams.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::fs::write(format!("{}-probe.txt", a.out.display()), text)?;
+    touch(&a.out, "done", "")
+}
+
 /// `bench model-client`.
 pub fn client(a: ClientArgs) -> Result<()> {
+    if a.probe {
+        return probe(&a);
+    }
     let jobs: Vec<Job> = serde_json::from_str::<Vec<Value>>(&a.jobs)
         .context("--jobs")?
         .iter()
@@ -462,6 +495,29 @@ pub(super) fn sequential(
         syncs.extend(fdatasync_floor(audit_dir, a.syncs / a.rounds)?);
     }
     Ok((samples, syncs))
+}
+
+/// Runs the bounds probe as an agent; its report lines.
+pub(super) fn run_probe(env: &Env) -> Result<String> {
+    let name = "probe".to_string();
+    let prefix = env.home(&name).join("out");
+    let args: Vec<String> = [
+        "bench",
+        "model-client",
+        "--probe",
+        "--jobs",
+        "[]",
+        "--out",
+        &prefix.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    env.start_agent_with(&name, &args, &[], CONTRACT_EXTRA)?;
+    env.wait_for(std::slice::from_ref(&name), "done", 120)?;
+    Ok(std::fs::read_to_string(format!(
+        "{}-probe.txt",
+        prefix.display()
+    ))?)
 }
 
 /// What every benchmark agent's contract adds: any model the host serves, no budgets.

@@ -456,3 +456,58 @@ fn serve_conn(mut s: TcpStream) -> Result<()> {
         }
     }
 }
+
+/// Opens `n` connections to `target` at once and starts a stream of `max_tokens` chunks of
+/// `model` on each without reading it; then, per connection, the status of its answer, or
+/// "no answer" when its head did not come within `wait`. The streams stay open until the
+/// connections are dropped: what a gateway bound on streams in flight would refuse or hold.
+pub(super) fn probe_concurrent(
+    target: &str,
+    model: &str,
+    n: usize,
+    max_tokens: u64,
+    wait: std::time::Duration,
+) -> Result<(Vec<String>, Vec<Client>)> {
+    let body = chat_body(model, true, max_tokens);
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        let mut c = connect(target)?;
+        let mut req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            c.host,
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(&body);
+        c.s.write_all(&req)?;
+        conns.push(c);
+    }
+    let deadline = std::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    for c in &mut conns {
+        let left = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(std::time::Duration::from_millis(10));
+        match &c.s {
+            Stream::Tcp(s) => s.set_read_timeout(Some(left))?,
+            Stream::Unix(s) => s.set_read_timeout(Some(left))?,
+        }
+        let mut tmp = [0u8; 4096];
+        let status = loop {
+            match c.s.read(&mut tmp) {
+                Ok(0) => break "closed".to_string(),
+                Ok(k) => {
+                    c.buf.extend_from_slice(&tmp[..k]);
+                    if let Some(e) = find(&c.buf, b"\r\n") {
+                        let line = String::from_utf8_lossy(&c.buf[..e]).to_string();
+                        break line.split(' ').nth(1).unwrap_or("?").to_string();
+                    }
+                }
+                Err(_) => break "no answer".to_string(),
+            }
+        };
+        out.push(status);
+    }
+    Ok((out, conns))
+}
