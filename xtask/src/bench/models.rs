@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -613,11 +613,12 @@ pub(super) fn flood(a: &ModelsArgs, env: &Env, out: &Path, t: &Targets) -> Resul
         "bench models: flood: starting {} direct clients and {} agents…",
         a.agents, a.agents
     );
-    let mut direct: Vec<Child> = Vec::new();
+    // Killed (by PID) when dropped, should the bench fail before they finish.
+    let mut direct = Procs(Vec::new());
     let mut direct_prefixes = Vec::new();
     for i in 0..a.agents {
         let prefix = out.join(format!("flood-direct-{i:03}"));
-        direct.push(
+        direct.0.push(
             Command::new(&env.exe)
                 .args(client_args(&[job(false)], &prefix, Some((&env.ctl_dir, 0))))
                 .spawn()?,
@@ -636,7 +637,7 @@ pub(super) fn flood(a: &ModelsArgs, env: &Env, out: &Path, t: &Targets) -> Resul
     }
     env.wait_for(&names, "ready", 300)?;
     let deadline = Instant::now() + Duration::from_secs(120);
-    for (p, c) in direct_prefixes.iter().zip(direct.iter_mut()) {
+    for (p, c) in direct_prefixes.iter().zip(direct.0.iter_mut()) {
         while !PathBuf::from(format!("{}.ready", p.display())).exists() {
             if let Ok(Some(st)) = c.try_wait() {
                 bail!("a direct flood client exited ({st}) before it was ready");
@@ -671,7 +672,7 @@ pub(super) fn flood(a: &ModelsArgs, env: &Env, out: &Path, t: &Targets) -> Resul
         let busy = (m1.0 - m0.0) as f64 / (m1.1 - m0.1).max(1) as f64;
         cpu.push((thread_delta(&d0, &d1), b1 - b0, busy, loadavg()));
     }
-    for c in &mut direct {
+    for c in &mut direct.0 {
         let st = c.wait()?;
         if !st.success() {
             bail!("a direct flood client failed ({st})");
