@@ -149,7 +149,7 @@ fn out_path(prefix: &Path, job: &str, what: &str) -> PathBuf {
     PathBuf::from(format!("{}-{job}-{what}", prefix.display()))
 }
 
-/// Streams one agent starts at once and does not read: more than the gateway's in-flight limit
+/// Streams one agent starts and does not read: more than the gateway's in-flight limit
 /// per agent on a backend with room, and more than `max_concurrent` on the capped backend.
 pub(super) const PROBE_UNCAPPED: usize = agentosd::models::MAX_INFLIGHT_PER_AGENT + 2;
 pub(super) const PROBE_CAPPED: usize = CAPPED_MAX_CONCURRENT + 1;

@@ -457,10 +457,11 @@ fn serve_conn(mut s: TcpStream) -> Result<()> {
     }
 }
 
-/// Opens `n` connections to `target` at once and starts a stream of `max_tokens` chunks of
-/// `model` on each without reading it; then, per connection, the status of its answer, or
-/// "no answer" when its head did not come within `wait`. The streams stay open until the
-/// connections are dropped: what a gateway bound on streams in flight would refuse or hold.
+/// Starts `n` streams of `max_tokens` chunks of `model` one after the other, each on its own
+/// connection, each once the previous one's head has come (or `wait` has passed), and reads none
+/// of them; returns the status of each answer's head ("no answer": none within `wait`) and the
+/// connections (the streams stay open until they are dropped). A bound on streams in flight
+/// shows as a refusal (429) or a held answer once it is reached.
 pub(super) fn probe_concurrent(
     target: &str,
     model: &str,
@@ -470,6 +471,7 @@ pub(super) fn probe_concurrent(
 ) -> Result<(Vec<String>, Vec<Client>)> {
     let body = chat_body(model, true, max_tokens);
     let mut conns = Vec::new();
+    let mut out = Vec::new();
     for _ in 0..n {
         let mut c = connect(target)?;
         let mut req = format!(
@@ -481,17 +483,9 @@ pub(super) fn probe_concurrent(
         .into_bytes();
         req.extend_from_slice(&body);
         c.s.write_all(&req)?;
-        conns.push(c);
-    }
-    let deadline = std::time::Instant::now() + wait;
-    let mut out = Vec::new();
-    for c in &mut conns {
-        let left = deadline
-            .saturating_duration_since(std::time::Instant::now())
-            .max(std::time::Duration::from_millis(10));
         match &c.s {
-            Stream::Tcp(s) => s.set_read_timeout(Some(left))?,
-            Stream::Unix(s) => s.set_read_timeout(Some(left))?,
+            Stream::Tcp(s) => s.set_read_timeout(Some(wait))?,
+            Stream::Unix(s) => s.set_read_timeout(Some(wait))?,
         }
         let mut tmp = [0u8; 4096];
         let status = loop {
@@ -508,6 +502,7 @@ pub(super) fn probe_concurrent(
             }
         };
         out.push(status);
+        conns.push(c);
     }
     Ok((out, conns))
 }

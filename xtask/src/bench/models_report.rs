@@ -115,8 +115,9 @@ pub(super) fn bench(
         fmt_threads(&seq_threads)
     );
     println!(
-        "\nBounds probe: one agent starts streams at once and does not read them; the status of \
-         each answer's head within 3 s (\"no answer\": held):\n\
+        "\nBounds probe: one agent starts streams one after the other (each once the last one's \
+         head came) and reads none of them; the status of each answer's head within 3 s \
+         (\"no answer\": held):\n\
          - {} streams of `instant` (the gateway allows {} calls in flight per agent): {}\n\
          - {} streams of `instant-capped` (its backend's max_concurrent is {}): {}",
         models::PROBE_UNCAPPED,
