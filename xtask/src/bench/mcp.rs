@@ -23,7 +23,6 @@
 //! process) and `agentctl list` (a process) every 100 ms.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,6 +31,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
+
+use super::harness::*;
 
 #[derive(Args)]
 pub struct McpArgs {
@@ -103,17 +104,6 @@ pub struct ClientArgs {
 const TOOL: &str = "bench.echo";
 /// An installed tool the contracts do not grant.
 const DENIED_TOOL: &str = "denied.noop";
-const TENANT: &str = "bench";
-
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 // ---------------------------------------------------------------------------------------------
 // The tool server: answers at once.
@@ -366,11 +356,6 @@ fn write_samples(prefix: &Path, mode: Mode, samples: &[u32]) -> Result<()> {
     Ok(())
 }
 
-fn touch(prefix: &Path, ext: &str, text: &str) -> Result<()> {
-    let p = PathBuf::from(format!("{}.{ext}", prefix.display()));
-    std::fs::write(&p, text).with_context(|| format!("{}", p.display()))
-}
-
 /// `bench mcp-client`.
 pub fn client(a: ClientArgs) -> Result<()> {
     let modes = parse_modes(&a.modes)?;
@@ -442,296 +427,6 @@ pub fn client(a: ClientArgs) -> Result<()> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------------
-// The bench.
-
-/// Processes this bench started, killed by PID when dropped (unless already waited for).
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct Env {
-    dir: PathBuf,
-    exe: PathBuf,
-    state: PathBuf,
-    ctl_dir: PathBuf,
-    contracts: PathBuf,
-    bin_dir: PathBuf,
-    bus: String,
-    cgroup_root: PathBuf,
-    daemon_pid: u32,
-    rt: tokio::runtime::Runtime,
-    client: agentctl::client::Client,
-}
-
-impl Env {
-    fn home(&self, name: &str) -> PathBuf {
-        self.state.join("home").join(TENANT).join(name)
-    }
-
-    fn agent_log(&self, name: &str) -> String {
-        std::fs::read_to_string(
-            self.state
-                .join("logs")
-                .join(TENANT)
-                .join(format!("{name}.log")),
-        )
-        .unwrap_or_default()
-    }
-
-    fn daemon_log(&self) -> String {
-        let t = std::fs::read_to_string(self.dir.join("agentosd.log")).unwrap_or_default();
-        let n = t.len().saturating_sub(4000);
-        t[t.floor_char_boundary(n)..].to_string()
-    }
-
-    fn agentctl(&self, args: &[&str]) -> Result<std::process::Output> {
-        Command::new(self.bin_dir.join("agentctl"))
-            .arg("--bus-address")
-            .arg(&self.bus)
-            .args(args)
-            .output()
-            .context("run agentctl")
-    }
-
-    fn list_states(&self) -> Result<Vec<(String, String)>> {
-        let rows = self
-            .rt
-            .block_on(agentctl::client::list_rows(&self.client))
-            .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
-        Ok(rows.into_iter().map(|r| (r.name, r.state)).collect())
-    }
-
-    fn list_timed(&self) -> Result<u64> {
-        let t0 = mono_ns();
-        self.rt
-            .block_on(agentctl::client::list_rows(&self.client))
-            .map_err(|e| anyhow::anyhow!("ListAgents: {}", e.message))?;
-        Ok(mono_ns() - t0)
-    }
-
-    fn agentctl_list_timed(&self) -> Result<u64> {
-        let t0 = mono_ns();
-        let out = self.agentctl(&["list"])?;
-        let dt = mono_ns() - t0;
-        if !out.status.success() {
-            bail!(
-                "agentctl list failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(dt)
-    }
-
-    /// Write the contract of agent `name` running this binary with `args` and start it.
-    fn start_agent(&self, name: &str, args: &[String]) -> Result<()> {
-        let bin = self.exe.parent().context("bin dir")?.display().to_string();
-        let text = format!(
-            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: {TENANT}\n\
-             class: {{ latency: SRT }}\n\
-             exec:\n  command: {exe}\n  args: {args}\n\
-             capabilities:\n  - bench\n  - fs.read: [{bin}, {ctl}]\n  - fs.exec: [{bin}]\n",
-            exe = self.exe.display(),
-            args = serde_json::to_string(args)?,
-            ctl = self.ctl_dir.display(),
-        );
-        contracts::parse_contract(&text, &format!("{name}.yaml"))
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let f = self.contracts.join(format!("{name}.yaml"));
-        std::fs::write(&f, text)?;
-        let out = self.agentctl(&["start", &f.display().to_string()])?;
-        if !out.status.success() {
-            bail!(
-                "agentctl start {name}: {}{}\ndaemon log:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-                self.daemon_log()
-            );
-        }
-        Ok(())
-    }
-
-    /// Wait until every agent in `names` wrote HOME/out.<ext>; fail when one stopped without.
-    fn wait_for(&self, names: &[String], ext: &str, secs: u64) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        let mut left: Vec<&String> = names.iter().collect();
-        let mut last_check = Instant::now();
-        while !left.is_empty() {
-            left.retain(|n| !self.home(n).join(format!("out.{ext}")).exists());
-            if left.is_empty() {
-                break;
-            }
-            if last_check.elapsed() > Duration::from_millis(500) {
-                last_check = Instant::now();
-                let states = self.list_states()?;
-                for n in &left {
-                    let st = states
-                        .iter()
-                        .find(|(name, _)| name == *n)
-                        .map(|s| s.1.as_str())
-                        .unwrap_or("missing");
-                    if !matches!(st, "running" | "activating" | "starting")
-                        && !self.home(n).join(format!("out.{ext}")).exists()
-                    {
-                        bail!(
-                            "agent {n} is {st} without {ext}; its log:\n{}\ndaemon log:\n{}",
-                            self.agent_log(n),
-                            self.daemon_log()
-                        );
-                    }
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} agents did not write {ext} within {secs} s (first: {}); its log:\n{}",
-                    left.len(),
-                    left[0],
-                    self.agent_log(left[0])
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    }
-
-    /// CPU ticks per thread name of the daemon.
-    fn daemon_threads(&self) -> Vec<(String, u64)> {
-        let mut out: Vec<(String, u64)> = Vec::new();
-        let Ok(rd) = std::fs::read_dir(format!("/proc/{}/task", self.daemon_pid)) else {
-            return out;
-        };
-        for e in rd.flatten() {
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                continue;
-            };
-            let comm = stat[open + 1..close].to_string();
-            let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-            let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-                + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-            match out.iter_mut().find(|(c, _)| *c == comm) {
-                Some(x) => x.1 += ticks,
-                None => out.push((comm, ticks)),
-            }
-        }
-        out
-    }
-}
-
-fn read_samples(p: &Path) -> Result<Vec<u32>> {
-    let b = std::fs::read(p).with_context(|| format!("{}", p.display()))?;
-    Ok(b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-/// Sorted samples with percentiles.
-struct Dist(Vec<u64>);
-
-impl Dist {
-    fn new(mut v: Vec<u64>) -> Dist {
-        v.sort_unstable();
-        Dist(v)
-    }
-    /// Permille.
-    fn p(&self, pm: usize) -> u64 {
-        if self.0.is_empty() {
-            return 0;
-        }
-        self.0[((self.0.len() - 1) * pm / 1000).min(self.0.len() - 1)]
-    }
-    fn max(&self) -> u64 {
-        self.0.last().copied().unwrap_or(0)
-    }
-    fn mean(&self) -> u64 {
-        self.0.iter().sum::<u64>() / self.0.len().max(1) as u64
-    }
-    fn json(&self) -> Value {
-        json!({"n": self.0.len(), "p50_ns": self.p(500), "p99_ns": self.p(990),
-            "p999_ns": self.p(999), "max_ns": self.max(), "mean_ns": self.mean()})
-    }
-}
-
-fn us(ns: u64) -> String {
-    let u = ns as f64 / 1000.0;
-    if u < 100.0 {
-        format!("{u:.1}")
-    } else {
-        format!("{u:.0}")
-    }
-}
-
-fn ms(ns: u64) -> String {
-    format!("{:.1}", ns as f64 / 1e6)
-}
-
-fn sdiff(a: u64, b: u64) -> String {
-    let d = a as f64 - b as f64;
-    format!("{:+.1}", d / 1000.0)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-/// File system type and source of the mount holding `p` (from /proc/self/mountinfo).
-fn filesystem_of(p: &Path) -> String {
-    let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut best: Option<(usize, String)> = None;
-    for l in text.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let Some(dash) = f.iter().position(|x| *x == "-") else {
-            continue;
-        };
-        let (Some(mp), Some(fstype), Some(src)) = (f.get(4), f.get(dash + 1), f.get(dash + 2))
-        else {
-            continue;
-        };
-        if p.starts_with(mp) && best.as_ref().is_none_or(|b| mp.len() >= b.0) {
-            best = Some((mp.len(), format!("{fstype} on {src} (mounted at {mp})")));
-        }
-    }
-    best.map(|b| b.1).unwrap_or_else(|| "unknown".into())
-}
-
-/// `syncs` appends of a 338-byte line, each followed by fdatasync, in `dir`.
-fn fdatasync_floor(dir: &Path, syncs: usize) -> Result<Vec<u64>> {
-    use std::os::fd::AsRawFd;
-    let p = dir.join("fdatasync-probe");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&p)?;
-    let line = [b'x'; 337];
-    let mut v = Vec::with_capacity(syncs);
-    for _ in 0..syncs {
-        let t0 = mono_ns();
-        f.write_all(&line)?;
-        f.write_all(b"\n")?;
-        // SAFETY: fdatasync on an fd this function owns.
-        if unsafe { libc::fdatasync(f.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("fdatasync");
-        }
-        v.push(mono_ns() - t0);
-    }
-    drop(f);
-    let _ = std::fs::remove_file(&p);
-    Ok(v)
-}
-
-/// The floor: a line echo server on a Unix socket, one thread per connection.
 fn floor_server(path: &Path) -> Result<()> {
     let l = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     std::thread::spawn(move || {
@@ -756,99 +451,6 @@ fn floor_server(path: &Path) -> Result<()> {
         }
     });
     Ok(())
-}
-
-fn chmod(p: &Path, mode: u32) -> Result<()> {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("chmod {}", p.display()))
-}
-
-fn start_bus(dir: &Path) -> Result<(Child, String)> {
-    let conf = dir.join("bus.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-  <limit name="max_replies_per_connection">50000</limit>
-  <limit name="max_connections_per_user">100000</limit>
-</busconfig>
-"#,
-            dir.join("bus.sock").display()
-        ),
-    )?;
-    let mut child = Command::new("dbus-daemon")
-        .arg(format!("--config-file={}", conf.display()))
-        .args(["--print-address=1", "--nofork"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start dbus-daemon (apt-get install dbus)")?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("bus stdout")?).read_line(&mut line)?;
-    Ok((child, line.trim().to_string()))
-}
-
-/// Kill everything in `path` and below (cgroup.kill), then remove the tree bottom-up.
-fn destroy_cgroup_tree(path: &Path) {
-    if !path.exists() {
-        return;
-    }
-    let _ = std::fs::write(path.join("cgroup.kill"), "1");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        let ev = std::fs::read_to_string(path.join("cgroup.events")).unwrap_or_default();
-        if !ev.contains("populated 1") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    fn rm(p: &Path) {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    rm(&e.path());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(p);
-    }
-    rm(path);
-}
-
-fn build_bins() -> Result<PathBuf> {
-    let here = std::env::current_exe()?
-        .parent()
-        .context("exe dir")?
-        .to_path_buf();
-    eprintln!("bench mcp: building release agentosd and agentctl…");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let st = Command::new(&cargo)
-        .current_dir(&root)
-        .args(crate::install::build_args(&[
-            "build",
-            "--quiet",
-            "--release",
-        ]))
-        .status()
-        .context("cargo build")?;
-    if !st.success() {
-        bail!(
-            "cargo build --release of {:?} failed",
-            crate::install::BIN_PACKAGES
-        );
-    }
-    Ok(here)
 }
 
 const ECHO_MANIFEST: &str = r#"apiVersion: agentos/v0.2
@@ -903,21 +505,8 @@ pub fn run(a: McpArgs) -> Result<()> {
     let audit_created = a.audit_dir.as_ref().is_some_and(|d| !d.exists());
     let mut procs = Procs(Vec::new());
     let result = bench(&a, &dir, &bin_dir, &cgroup_root, &mut procs);
-    // Teardown: the daemon (SIGTERM: it stops its agents and tool servers), the bus, then
-    // whatever is left in our cgroup tree.
-    if let Some(d) = procs.0.first_mut() {
-        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
-        unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = d.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    drop(procs);
-    destroy_cgroup_tree(&cgroup_root);
+    // The daemon (SIGTERM: it stops its agents and tool servers), the bus, our cgroup tree.
+    teardown(procs, &cgroup_root);
     if a.keep {
         eprintln!("bench mcp: kept {}", dir.display());
     } else {
@@ -942,88 +531,27 @@ fn bench(
     let fs = filesystem_of(&audit_dir);
     let load_before = loadavg();
     // Layout. Agents (their own uids) must reach bin/ and ctl/.
-    let bin = dir.join("bin");
-    let ctl_dir = dir.join("ctl");
+    let l = Layout::new(dir)?;
     let tools = dir.join("tools.d");
-    let contracts = dir.join("contracts");
-    let out = dir.join("out");
-    for d in [&bin, &ctl_dir, &tools, &contracts, &out, &state] {
-        std::fs::create_dir_all(d)?;
-        chmod(d, 0o755)?;
-    }
-    let exe = bin.join("xtask");
-    std::fs::copy(std::env::current_exe()?, &exe)?;
-    chmod(&exe, 0o755)?;
+    std::fs::create_dir_all(&tools)?;
+    chmod(&tools, 0o755)?;
+    let (exe, out, state) = (l.exe.clone(), l.out.clone(), l.state.clone());
     std::fs::write(
         tools.join("bench.yaml"),
         ECHO_MANIFEST
             .replace("EXE", &exe.display().to_string())
-            .replace("BIN", &bin.display().to_string()),
+            .replace("BIN", &l.bin.display().to_string()),
     )?;
     std::fs::write(tools.join("denied.yaml"), DENIED_MANIFEST)?;
-    let agents_d = dir.join("agents.d");
-    std::fs::create_dir_all(&agents_d)?;
-
-    let (bus_child, bus) = start_bus(dir)?;
-    procs.0.push(bus_child);
-    std::fs::create_dir_all(cgroup_root)?;
-    let log = std::fs::File::create(dir.join("agentosd.log"))?;
-    let daemon = Command::new(bin_dir.join("agentosd"))
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--agents-dir")
-        .arg(&agents_d)
-        .arg("--cgroup-root")
-        .arg(cgroup_root)
-        .arg("--bus-address")
-        .arg(&bus)
-        .arg("--tools-dir")
-        .arg(&tools)
-        .arg("--audit-dir")
-        .arg(&audit_dir)
-        .args(["--stop-timeout", "2", "--stop-agents-on-exit"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .context("start agentosd")?;
-    let daemon_pid = daemon.id();
-    // The daemon first: teardown sends it SIGTERM before the rest is killed.
-    procs.0.insert(0, daemon);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let client = loop {
-        let c = rt.block_on(agentctl::client::Client::connect(
-            Some(&bus),
-            Some(Duration::from_secs(25)),
-        ));
-        if let Ok(c) = c
-            && rt.block_on(agentctl::client::list_rows(&c)).is_ok()
-        {
-            break c;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "agentosd did not come up in 30 s; its log:\n{}",
-                std::fs::read_to_string(dir.join("agentosd.log")).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let env = Env {
-        dir: dir.to_path_buf(),
-        exe: exe.clone(),
-        state: state.clone(),
-        ctl_dir,
-        contracts,
-        bin_dir: bin_dir.to_path_buf(),
-        bus,
-        cgroup_root: cgroup_root.to_path_buf(),
-        daemon_pid,
-        rt,
-        client,
-    };
+    let env = Env::launch(
+        &l,
+        bin_dir,
+        cgroup_root,
+        &audit_dir,
+        &["--tools-dir".into(), tools.into_os_string()],
+        procs,
+    )?;
+    let daemon_pid = env.daemon_pid;
     eprintln!(
         "bench mcp: agentosd pid {daemon_pid}, state {} ({fs}), cgroup {}",
         state.display(),
@@ -1391,36 +919,4 @@ fn bench(
         )?;
     }
     Ok(())
-}
-
-fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
-}
-
-/// Per-thread-name CPU ticks used between two snapshots, largest first.
-fn thread_delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
-    let mut v: Vec<(String, u64)> = after
-        .iter()
-        .map(|(n, t)| {
-            let b = before
-                .iter()
-                .find(|(m, _)| m == n)
-                .map(|x| x.1)
-                .unwrap_or(0);
-            (n.clone(), t.saturating_sub(b))
-        })
-        .filter(|x| x.1 > 0)
-        .collect();
-    v.sort_by_key(|b| std::cmp::Reverse(b.1));
-    v
-}
-
-fn fmt_threads(v: &[(String, u64)]) -> String {
-    v.iter()
-        .take(6)
-        .map(|(n, t)| format!("{n} {:.2}", *t as f64 / clk_tck()))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -3,8 +3,12 @@
 use anyhow::Result;
 use clap::Subcommand;
 
+mod harness;
 pub mod hrt;
 pub mod mcp;
+pub mod models;
+mod models_http;
+mod models_report;
 pub mod sandbox;
 
 #[derive(Subcommand)]
@@ -19,6 +23,10 @@ pub enum BenchCmd {
     /// trips vs a Unix-socket echo floor, the tool over a pipe and a D-Bus call; then calls/s
     /// with 100 flooding agents while `agentctl list` is timed. Root.
     Mcp(mcp::McpArgs),
+    /// Model calls through the gateway vs direct to the backend (an instant in-process
+    /// backend and llama.cpp's server): added time to first token and per token (p50/p99),
+    /// then throughput with many agents streaming at once. Root.
+    Models(models::ModelsArgs),
     /// (internal) the periodic loop the HRT benchmark measures.
     #[command(hide = true)]
     RtLoop(hrt::LoopArgs),
@@ -28,6 +36,9 @@ pub enum BenchCmd {
     /// (internal) the instant MCP stdio tool server of `bench mcp`.
     #[command(hide = true)]
     McpEchoServer,
+    /// (internal) the measured HTTP client of `bench models`.
+    #[command(hide = true)]
+    ModelClient(models::ClientArgs),
     /// (internal) a SCHED_IDLE busy loop.
     #[command(hide = true)]
     Burn {
@@ -46,6 +57,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Mcp(a) => mcp::run(a),
         BenchCmd::McpClient(a) => mcp::client(a),
         BenchCmd::McpEchoServer => mcp::echo_server(),
+        BenchCmd::Models(a) => models::run(a),
+        BenchCmd::ModelClient(a) => models::client(a),
         BenchCmd::RtLoop(a) => hrt::rtloop(a),
         BenchCmd::Burn { secs, normal } => hrt::burn(secs, normal),
     }
