@@ -1020,3 +1020,55 @@ fn a_tenant_budget_is_shared_by_its_agents() {
         .sum();
     assert!(used <= 400, "the tenant's budget was overshot: {used}");
 }
+
+/// Streams count as in flight until they end, not until their head was sent: four unread
+/// streams hold an agent's four calls, a fifth is refused, and a call goes through again once
+/// they are closed.
+#[test]
+fn unread_streams_hold_the_agents_in_flight_calls() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    // A backend whose streams last a minute, so that they are surely in flight.
+    let py = common::models::python().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/slow_backend.py");
+    let mut slow = std::process::Command::new(&py)
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(slow.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _slow = Kill(slow);
+    let yaml = format!(
+        "backends:\n  - name: slow\n    url: http://127.0.0.1:{}\n    placement: local\n    models: [{{name: chat}}]\n",
+        line.trim()
+    );
+    let s = setup("models-inflight", &server, &yaml);
+    run_agent(
+        &s,
+        "greedy",
+        "\"inflight\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let all = steps(&s, "greedy", 180);
+    let fifth = step(&all, "fifth");
+    assert_eq!(
+        (fifth["status"].as_u64(), fifth["code"].as_str()),
+        (Some(429), Some("too_many_concurrent_calls")),
+        "{fifth}"
+    );
+    let after = step(&all, "after");
+    assert_eq!(after["status"], 200, "{after}");
+}

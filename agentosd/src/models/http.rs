@@ -229,7 +229,8 @@ async fn call(
     kind: ModelKind,
     endpoint: &'static str,
 ) -> Response<AnswerBody> {
-    let Ok(_slot) = agent.inflight.clone().try_acquire_owned() else {
+    // Held until the answer ends (for a stream, until its last event), not just its head.
+    let Ok(inflight) = agent.inflight.clone().try_acquire_owned() else {
         return error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
@@ -278,7 +279,7 @@ async fn call(
         Ok(r) => r,
         Err(r) => return r,
     };
-    gw.forward(agent, &mut call, entry, fallback, reservation)
+    gw.forward(agent, &mut call, entry, fallback, reservation, inflight)
         .await
 }
 
@@ -452,6 +453,7 @@ impl Gateway {
         mut entry: &ModelEntry,
         mut fallback: Option<(String, &'static str)>,
         reservation: [Reservation; 2],
+        inflight: tokio::sync::OwnedSemaphorePermit,
     ) -> Response<AnswerBody> {
         let settle_nothing = |agent: &AgentModels| {
             agent.meter.settle(reservation[0], 0);
@@ -480,18 +482,18 @@ impl Gateway {
             if call.stream {
                 body["stream_options"] = json!({"include_usage": true});
             }
-            let sent = {
-                let _slot = self.backend_slot(entry.backend).await;
-                upstream::send(
-                    backend,
-                    call.endpoint,
-                    serde_json::to_vec(&body).unwrap_or_default(),
-                )
-                .await
-            };
+            // The backend's slot is held until the answer ends, like the agent's.
+            let slot = self.backend_slot(entry.backend).await;
+            let sent = upstream::send(
+                backend,
+                call.endpoint,
+                serde_json::to_vec(&body).unwrap_or_default(),
+            )
+            .await;
             match sent {
-                Ok(r) => break Ok((r, client_wants_usage)),
+                Ok(r) => break Ok((r, client_wants_usage, slot)),
                 Err(e) => {
+                    drop(slot);
                     if fallback.is_none()
                         && let Some(sub) = agent.access.fallback(WHEN_UNAVAILABLE)
                         && let Ok(alt) = agent.access.check(&self.cfg, sub, call.kind)
@@ -514,7 +516,7 @@ impl Gateway {
                 }
             }
         };
-        let (resp, client_wants_usage) = match resp {
+        let (resp, client_wants_usage, slot) = match resp {
             Ok(x) => x,
             Err(e) => {
                 settle_nothing(agent);
@@ -561,14 +563,17 @@ impl Gateway {
             let (gw, agent) = (self.clone(), agent.clone());
             let call = std::mem::replace(call, placeholder(call));
             let (entry, fallback) = (entry.clone(), fallback.clone());
+            let held = (inflight, slot);
             tokio::spawn(async move {
                 let out = rx.await.unwrap_or_default();
+                drop(held);
                 gw.account(&agent, &call, &out, reservation);
                 gw.finish(&agent, &call, &entry, fallback.as_ref(), &out);
             });
             return r;
         }
         let (r, out) = upstream::whole(resp, &entry.name, call.t0, keep).await;
+        drop((inflight, slot));
         self.account(agent, call, &out, reservation);
         self.finish(agent, call, entry, fallback.as_ref(), &out);
         r

@@ -304,8 +304,13 @@ impl Gateway {
         })
     }
 
-    async fn backend_slot(&self, backend: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.backend_slots.get(backend)?.acquire().await.ok()
+    async fn backend_slot(&self, backend: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.backend_slots
+            .get(backend)?
+            .clone()
+            .acquire_owned()
+            .await
+            .ok()
     }
 
     /// Holds the call for an operator's answer when the contract names the model in

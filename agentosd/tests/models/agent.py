@@ -165,6 +165,39 @@ def tls():
         emit("tls-untrusted", **error_of(e))
 
 
+def inflight():
+    """Four streams the agent does not read hold its four in-flight calls: a fifth is refused
+    until one of them ends."""
+    import threading
+    import time
+    t = httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=120)
+    body = {"model": "chat", "max_tokens": 300, "stream": True,
+            "messages": [{"role": "user", "content": "Count to one hundred."}]}
+    stop = threading.Event()
+    started = []
+
+    def hold():
+        with t.stream("POST", "http://agentos/v1/chat/completions", json=body) as r:
+            started.append(r.status_code)
+            stop.wait(60)
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for th in threads:
+        th.start()
+        time.sleep(0.2)
+    time.sleep(0.5)
+    r = t.post("http://agentos/v1/chat/completions",
+               json={"model": "chat", "max_tokens": 2, "messages": body["messages"]})
+    emit("fifth", status=r.status_code, code=r.json().get("error", {}).get("code"))
+    stop.set()
+    for th in threads:
+        th.join()
+    time.sleep(0.5)
+    r = t.post("http://agentos/v1/chat/completions",
+               json={"model": "chat", "max_tokens": 2, "messages": body["messages"]})
+    emit("after", status=r.status_code, heads=sorted(started))
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -194,6 +227,8 @@ def consent():
 mode = sys.argv[1]
 if mode == "tour":
     tour(sys.argv[2])
+elif mode == "inflight":
+    inflight()
 elif mode == "tls":
     tls()
 elif mode == "sdk-restart":
