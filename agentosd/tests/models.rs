@@ -1072,3 +1072,71 @@ fn unread_streams_hold_the_agents_in_flight_calls() {
     let after = step(&all, "after");
     assert_eq!(after["status"], 200, "{after}");
 }
+
+/// An agent with network grants runs in the host's network namespace: its port is on the
+/// host's loopback, where anyone could connect, so each peer is identified by the kernel
+/// (sock_diag: the socket's cgroup). The agent's SDK works unchanged; root outside the agent gets
+/// no answer and is on the record; after a daemon restart the same port serves again.
+#[test]
+fn an_agent_with_network_grants_gets_a_host_port_only_it_may_use() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let mut s = setup("models-host-port", &server, ONE_BACKEND);
+    run_agent_with(
+        &s,
+        "granted",
+        "\"sdk-restart\"",
+        "  - net.connect: [\"127.0.0.1:9\"]\n",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let log = |s: &Setup| {
+        std::fs::read_to_string(s.dir.path().join("logs/default/granted.log")).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log(&s).contains("\"first\"") {
+        assert!(Instant::now() < deadline, "no first call:\n{}", log(&s));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = s.d.status_json("granted")["main_pid"].as_u64().unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let url = environ
+        .split(|b| *b == 0)
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .find_map(|v| v.strip_prefix("OPENAI_BASE_URL="))
+        .unwrap()
+        .to_string();
+    let port: u16 = url
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/v1")
+        .parse()
+        .unwrap();
+    assert_ne!(port, 8080, "{url}");
+    // Root, not the agent: closed unanswered, and recorded.
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf);
+    assert!(
+        buf.is_empty(),
+        "answered root: {}",
+        String::from_utf8_lossy(&buf)
+    );
+    audit_until(&s, "models-port refusal", |r| {
+        r["detail"]["socket"] == "models-port" && r["agent"] == "granted"
+    });
+    // The daemon restarts; the agent's calls through the same URL work again.
+    s.d.terminate();
+    std::thread::sleep(Duration::from_millis(1500));
+    s.d.spawn();
+    let all = steps(&s, "granted", 120);
+    let r = step(&all, "restored");
+    assert!(
+        r.get("timeout").is_none(),
+        "the port did not come back: {all:?}\n{}",
+        s.d.log_text()
+    );
+}

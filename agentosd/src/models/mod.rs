@@ -16,6 +16,7 @@ pub mod access;
 pub mod budget;
 pub mod config;
 pub mod http;
+mod peer_tcp;
 mod serve;
 pub mod tcp;
 pub mod tls;
@@ -105,6 +106,18 @@ pub struct Gateway {
     ledger: budget::Ledger,
     dirty: std::sync::atomic::AtomicBool,
     telemetry: Arc<crate::telemetry::Telemetry>,
+    /// Agents in the host's network namespace: their port on the host's loopback (kept in
+    /// `STATE_DIR/models/ports.json`, so a re-adopted agent's `OPENAI_BASE_URL` still holds),
+    /// and the listener made for a run that has not started serving yet.
+    host_ports: Mutex<HostPorts>,
+}
+
+/// See [`Gateway::host_port`].
+#[derive(Default)]
+struct HostPorts {
+    path: Option<PathBuf>,
+    ports: std::collections::BTreeMap<String, u16>,
+    pending: HashMap<String, std::net::TcpListener>,
 }
 
 impl Gateway {
@@ -126,6 +139,12 @@ impl Gateway {
             .as_deref()
             .map(budget::Ledger::load)
             .unwrap_or_default();
+        let ports_path = state_dir.map(|d| d.join("models/ports.json"));
+        let ports = ports_path
+            .as_deref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
         Arc::new(Gateway {
             cfg,
             audit,
@@ -138,6 +157,11 @@ impl Gateway {
             ledger,
             dirty: Default::default(),
             telemetry,
+            host_ports: Mutex::new(HostPorts {
+                path: ports_path,
+                ports,
+                pending: HashMap::new(),
+            }),
         })
     }
 
@@ -285,6 +309,65 @@ impl Gateway {
         if let Some(s) = lock(&self.serving).remove(agent_id) {
             s.abort();
         }
+        lock(&self.host_ports).pending.remove(agent_id);
+    }
+
+    /// The port of `agent_id` on the host's loopback (an agent with network grants, in the
+    /// host's network namespace): bound now if it is not, the same port as before when it is
+    /// free (a re-adopted agent's `OPENAI_BASE_URL` names it), else a new one. The listener
+    /// waits for [`Gateway::serve_host_port`].
+    pub fn host_port(&self, agent_id: &str) -> std::io::Result<u16> {
+        let mut hp = lock(&self.host_ports);
+        if let Some(l) = hp.pending.get(agent_id) {
+            return Ok(l.local_addr()?.port());
+        }
+        let before = hp.ports.get(agent_id).copied();
+        let l = before
+            .and_then(|p| std::net::TcpListener::bind(("127.0.0.1", p)).ok())
+            .map_or_else(|| std::net::TcpListener::bind(("127.0.0.1", 0)), Ok)?;
+        l.set_nonblocking(true)?;
+        let port = l.local_addr()?.port();
+        hp.pending.insert(agent_id.to_string(), l);
+        if before != Some(port) {
+            hp.ports.insert(agent_id.to_string(), port);
+            if let Some(p) = &hp.path
+                && let Err(e) = crate::state::write_atomic(
+                    p,
+                    &serde_json::to_vec_pretty(&hp.ports).unwrap_or_default(),
+                )
+            {
+                tracing::warn!("model ports: {e}");
+            }
+        }
+        Ok(port)
+    }
+
+    /// Serve `agent_id` (served already on its socket) on its host loopback port
+    /// ([`Gateway::host_port`]); each peer must be a socket made in `cgroup_dir` or below.
+    pub fn serve_host_port(
+        self: &Arc<Self>,
+        agent_id: &str,
+        cgroup_dir: PathBuf,
+    ) -> std::io::Result<u16> {
+        let l = lock(&self.host_ports)
+            .pending
+            .remove(agent_id)
+            .ok_or_else(|| std::io::Error::other("no port was bound for it"))?;
+        let port = l.local_addr()?.port();
+        let listener = tokio::net::TcpListener::from_std(l)?;
+        let mut serving = lock(&self.serving);
+        let s = serving.get_mut(agent_id).ok_or_else(|| {
+            std::io::Error::other(format!("{agent_id} has no model socket to add a port to"))
+        })?;
+        let task = tokio::spawn(serve::accept_host_tcp(
+            self.clone(),
+            s.agent.clone(),
+            s.conns.clone(),
+            cgroup_dir,
+            listener,
+        ));
+        s.tasks.push(task.abort_handle());
+        Ok(port)
     }
 
     /// The agent's model use so far, `None` when it never had a model socket.

@@ -120,3 +120,87 @@ pub(super) async fn accept_tcp(
         }
     }
 }
+
+/// The agent's port on the host's loopback (an agent with network grants): any local process
+/// can connect, so each peer is identified by the kernel (peer_tcp.rs): its socket must have
+/// been made in the agent's cgroup or below, else the connection is closed and recorded.
+pub(super) async fn accept_host_tcp(
+    gw: Arc<Gateway>,
+    agent: Arc<AgentModels>,
+    conns: Arc<Semaphore>,
+    cgroup_dir: std::path::PathBuf,
+    listener: tokio::net::TcpListener,
+) {
+    loop {
+        let Ok(permit) = conns.clone().acquire_owned().await else {
+            return;
+        };
+        let (s, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("{}: model port accept: {e}", agent.id);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let who = match (peer, s.local_addr()) {
+            (std::net::SocketAddr::V4(p), Ok(std::net::SocketAddr::V4(l))) => {
+                let dir = cgroup_dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    let (id, uid) = super::peer_tcp::peer_of(p, l)?;
+                    let ours = super::peer_tcp::cgroup_ids(&dir, 1024).contains(&id);
+                    Ok::<_, std::io::Error>((ours, id, uid))
+                })
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+            }
+            _ => Err(std::io::Error::other("not an IPv4 loopback peer")),
+        };
+        match who {
+            Ok((true, _, _)) => {
+                let _ = s.set_nodelay(true);
+                serve_conn(gw.clone(), agent.clone(), permit, s);
+            }
+            Ok((false, id, uid)) => refused_port(
+                &gw,
+                &agent,
+                &peer,
+                &format!("its socket was made in cgroup id {id}, not the agent's"),
+                Some(uid),
+            ),
+            Err(e) => refused_port(
+                &gw,
+                &agent,
+                &peer,
+                &format!("who it is is unknown: {e}"),
+                None,
+            ),
+        }
+    }
+}
+
+fn refused_port(
+    gw: &Gateway,
+    agent: &AgentModels,
+    peer: &std::net::SocketAddr,
+    reason: &str,
+    uid: Option<u32>,
+) {
+    tracing::warn!(
+        "{}: model port: refused a connection from {peer} ({reason})",
+        agent.id
+    );
+    if let Some(t) = &gw.audit {
+        t.submit_or_count(
+            t.agent_record(Kind::Gate, &agent.tenant, &agent.name)
+                .decision(Decision::Deny)
+                .detail(json!({
+                    "event": "socket-refused",
+                    "socket": "models-port",
+                    "reason": reason,
+                    "peer": peer.to_string(),
+                    "peer_uid": uid,
+                })),
+        );
+    }
+}

@@ -177,20 +177,31 @@ pub fn prepare(
     name: &str,
     contract: Option<&Contract>,
 ) -> Result<PreparedSandbox, SandboxError> {
-    prepare_with(state_dir, tenant, name, contract, None)
+    prepare_with(state_dir, tenant, name, contract, Gateway::default())
 }
 
-/// [`prepare`] for an agent the model gateway serves on a loopback port: `gateway_netns` is the
-/// network namespace the daemon made with the gateway listening in it (models/tcp.rs). An agent
+/// Where the model gateway waits for an agent over TCP (models/tcp.rs, models/peer_tcp.rs).
+#[derive(Debug, Default)]
+pub struct Gateway {
+    /// The network namespace made for an agent without network grants, the gateway listening
+    /// on its loopback.
+    pub netns: Option<OwnedFd>,
+    /// The gateway's port on the host's loopback, for an agent with network grants.
+    pub host_port: Option<u16>,
+}
+
+/// [`prepare`] for an agent the model gateway serves on a loopback port. `gateway.netns` is the
+/// network namespace the daemon made with the gateway listening in it (models/tcp.rs): an agent
 /// with its own network namespace (no network grants) joins it, and may make inet stream sockets
 /// and connect to that port (seccomp, Landlock); one with grants stays in the host's and the
-/// namespace is dropped.
+/// namespace is dropped. `gateway.host_port`: the port on the host's loopback an agent with
+/// grants may connect to besides them (Landlock).
 pub fn prepare_with(
     state_dir: &Path,
     tenant: &str,
     name: &str,
     contract: Option<&Contract>,
-    gateway_netns: Option<OwnedFd>,
+    gateway: Gateway,
 ) -> Result<PreparedSandbox, SandboxError> {
     let id = format!("{tenant}/{name}");
     let home = identity::home_dir(state_dir, tenant, name);
@@ -204,12 +215,15 @@ pub fn prepare_with(
     let mut notes = Vec::new();
     let abi = landlock::kernel_abi();
     let namespaces = Namespaces::for_grants(&grants);
-    let netns = gateway_netns.filter(|_| namespaces.net);
+    let netns = gateway.netns.filter(|_| namespaces.net);
     let mut plan = grants.plan(&home)?;
-    if netns.is_some()
-        && let Some(ports) = plan.connect.as_mut()
-    {
-        ports.push(crate::models::tcp::TCP_PORT);
+    if let Some(ports) = plan.connect.as_mut() {
+        if netns.is_some() {
+            ports.push(crate::models::tcp::TCP_PORT);
+        }
+        if !namespaces.net {
+            ports.extend(gateway.host_port);
+        }
     }
     let lock = match abi {
         None if grants.must_landlock => {

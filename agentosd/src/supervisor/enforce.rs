@@ -117,6 +117,12 @@ impl Supervisor {
         if self.gateway_port(contract) {
             connect.push(format!("127.0.0.1:{}", crate::models::tcp::TCP_PORT));
         }
+        if let Some(port) = self
+            .model_host_port(&agent.id, contract)
+            .map_err(|e| Error::Unenforceable(format!("{}: the model gateway: {e}", agent.id)))?
+        {
+            connect.push(format!("127.0.0.1:{port}"));
+        }
         // Name resolution is bounded: a start never hangs on DNS (and fails closed).
         let resolve = tokio::task::spawn_blocking(move || {
             net::policy_from_grants(&connect, &bind, &net::system_resolve)

@@ -41,6 +41,9 @@ pub(super) struct Prepared {
     /// The network namespace made for the agent, with the model gateway's port in it
     /// (models_socket.rs); the sandbox has the agent join it.
     pub netns: Option<OwnedFd>,
+    /// The model gateway's port on the host's loopback for an agent with network grants
+    /// (models_socket.rs); the sandbox lets it connect there.
+    pub model_port: Option<u16>,
 }
 
 /// One per-run mechanism. `prepare` runs before the run's first process exists (an error

@@ -39,6 +39,29 @@ impl Supervisor {
                 .any(|cap| cap.name == "net.connect" || cap.name == "net.bind")
     }
 
+    /// Whether the gateway also serves the agent on a port of the host's loopback: a daemon with
+    /// model backends, an agent started from a contract with network grants (it runs in the
+    /// host's network namespace; peers are identified with sock_diag, models/peer_tcp.rs).
+    pub(super) fn gateway_host_port(&self, contract: Option<&contracts::Contract>) -> bool {
+        contract.is_some() && self.models.get().is_some() && !self.gateway_port(contract)
+    }
+
+    /// The agent's port on the host's loopback (bound now if needed), when it gets one.
+    pub(super) fn model_host_port(
+        &self,
+        agent_id: &str,
+        contract: Option<&contracts::Contract>,
+    ) -> Result<Option<u16>, String> {
+        if !self.gateway_host_port(contract) {
+            return Ok(None);
+        }
+        let m = self.models.get().ok_or("no gateway")?;
+        m.gateway
+            .host_port(agent_id)
+            .map(Some)
+            .map_err(|e| format!("its port on 127.0.0.1: {e}"))
+    }
+
     /// Listen on the agent's model socket and serve it; the socket's path.
     fn models_open(
         &self,
@@ -106,6 +129,26 @@ impl Mechanism for ModelSocket<'_> {
                 .push(("OPENAI_BASE_URL".into(), crate::models::tcp::base_url()));
             out.env.push(("OPENAI_API_KEY".into(), "agentos".into()));
         }
+        if let Some(port) = self
+            .0
+            .model_host_port(&run.agent.id, Some(contract))
+            .map_err(refuse)?
+        {
+            let m = self
+                .0
+                .models
+                .get()
+                .ok_or_else(|| refuse("no gateway".into()))?;
+            m.gateway
+                .serve_host_port(&run.agent.id, run.main.path().to_path_buf())
+                .map_err(|e| refuse(e.to_string()))?;
+            out.model_port = Some(port);
+            out.env.push((
+                "OPENAI_BASE_URL".into(),
+                format!("http://127.0.0.1:{port}/v1"),
+            ));
+            out.env.push(("OPENAI_API_KEY".into(), "agentos".into()));
+        }
         Ok(())
     }
 
@@ -115,6 +158,21 @@ impl Mechanism for ModelSocket<'_> {
         };
         if let Err(e) = self.0.models_open(run.agent, contract) {
             return vec![format!("model socket not restored: {e}")];
+        }
+        if self.0.gateway_host_port(Some(contract)) {
+            let port = self
+                .0
+                .model_host_port(&run.agent.id, Some(contract))
+                .and_then(|_| {
+                    let m = self.0.models.get().ok_or("no gateway")?;
+                    m.gateway
+                        .serve_host_port(&run.agent.id, run.main.path().to_path_buf())
+                        .map_err(|e| e.to_string())
+                });
+            return match port {
+                Ok(_) => Vec::new(),
+                Err(e) => vec![format!("model port on 127.0.0.1 not restored: {e}")],
+            };
         }
         if !self.0.gateway_port(Some(contract)) {
             return Vec::new();

@@ -357,7 +357,10 @@ impl Supervisor {
             &self.cfg.state_dir,
             agent,
             contract.as_deref(),
-            prepared.netns,
+            crate::sandbox::Gateway {
+                netns: prepared.netns,
+                host_port: prepared.model_port,
+            },
         )?;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));
         notes.extend(prepared.notes);
@@ -434,9 +437,9 @@ pub(super) fn sandbox_for(
     state_dir: &Path,
     agent: &Agent,
     contract: Option<&contracts::Contract>,
-    netns: Option<std::os::fd::OwnedFd>,
+    gateway: crate::sandbox::Gateway,
 ) -> Result<crate::sandbox::PreparedSandbox, Error> {
-    crate::sandbox::prepare_with(state_dir, &agent.tenant, &agent.name, contract, netns).map_err(
+    crate::sandbox::prepare_with(state_dir, &agent.tenant, &agent.name, contract, gateway).map_err(
         |source| Error::Sandbox {
             agent: agent.id.clone(),
             source,
