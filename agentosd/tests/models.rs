@@ -158,6 +158,49 @@ fn audit_until(s: &Setup, what: &str, f: impl Fn(&Value) -> bool) -> Vec<Value> 
     }
 }
 
+/// A Python helper of these tests (tests/models/NAME with `args`, the model peers' venv), which
+/// prints one line when ready (its port); killed by its PID when dropped.
+struct Helper(std::process::Child);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn helper(name: &str, args: &[&std::ffi::OsStr]) -> (Helper, String) {
+    let py = common::models::python().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/models")
+        .join(name);
+    let mut child = std::process::Command::new(&py)
+        .arg(&script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (Helper(child), line.trim().to_string())
+}
+
+/// Waits until agent `name` printed its `first` step (sdk-restart mode).
+fn wait_first_call(s: &Setup, name: &str) {
+    let log = || {
+        std::fs::read_to_string(s.dir.path().join(format!("logs/default/{name}.log")))
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log().contains("\"first\"") {
+        assert!(Instant::now() < deadline, "no first call:\n{}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 const ONE_BACKEND: &str = "backends:\n  - name: llama\n    url: {chat}\n    placement: local\n    models: [{name: chat}, {name: forbidden}]\n";
 
 #[test]
@@ -822,15 +865,7 @@ fn the_loopback_port_comes_back_after_a_daemon_restart() {
         "\"sdk-restart\"",
         "modelPolicy: { allow: [chat] }\n",
     );
-    let log = |s: &Setup| {
-        let p = s.dir.path().join("logs/default/survivor.log");
-        std::fs::read_to_string(p).unwrap_or_default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !log(&s).contains("\"first\"") {
-        assert!(Instant::now() < deadline, "no first call:\n{}", log(&s));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_first_call(&s, "survivor");
     s.d.terminate();
     std::thread::sleep(Duration::from_millis(1500));
     s.d.spawn();
@@ -915,30 +950,16 @@ fn an_https_backend_gets_the_key_over_verified_tls() {
         "cert.pem",
     ]);
     let auth_log = tmp.path().join("auth.log");
-    let py = common::models::python().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/tls_proxy.py");
-    let mut proxy = std::process::Command::new(&py)
-        .arg(&script)
-        .args([&cert, &key])
-        .arg(&server.url)
-        .arg(&auth_log)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(proxy.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _proxy = Kill(proxy);
-    let port: u16 = line.trim().parse().unwrap();
+    let (_proxy, line) = helper(
+        "tls_proxy.py",
+        &[
+            cert.as_os_str(),
+            key.as_os_str(),
+            server.url.as_ref(),
+            auth_log.as_os_str(),
+        ],
+    );
+    let port: u16 = line.parse().unwrap();
     let keyfile = tmp.path().join("api.key");
     std::fs::write(&keyfile, "sk-test-hosted-123\n").unwrap();
     chmod(&keyfile, 0o600);
@@ -1031,29 +1052,10 @@ fn unread_streams_hold_the_agents_in_flight_calls() {
         return;
     };
     // A backend whose streams last a minute, so that they are surely in flight.
-    let py = common::models::python().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/slow_backend.py");
-    let mut slow = std::process::Command::new(&py)
-        .arg(&script)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(slow.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _slow = Kill(slow);
+    let (_slow, line) = helper("slow_backend.py", &[]);
     let yaml = format!(
         "backends:\n  - name: slow\n    url: http://127.0.0.1:{}\n    placement: local\n    models: [{{name: chat}}]\n",
-        line.trim()
+        line
     );
     let s = setup("models-inflight", &server, &yaml);
     run_agent(
@@ -1091,14 +1093,7 @@ fn an_agent_with_network_grants_gets_a_host_port_only_it_may_use() {
         "  - net.connect: [\"127.0.0.1:9\"]\n",
         "modelPolicy: { allow: [chat] }\n",
     );
-    let log = |s: &Setup| {
-        std::fs::read_to_string(s.dir.path().join("logs/default/granted.log")).unwrap_or_default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !log(&s).contains("\"first\"") {
-        assert!(Instant::now() < deadline, "no first call:\n{}", log(&s));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_first_call(&s, "granted");
     let pid = s.d.status_json("granted")["main_pid"].as_u64().unwrap();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     let url = environ
