@@ -6,6 +6,7 @@
 pub mod check;
 pub mod client;
 pub mod render;
+pub mod top;
 pub mod validate;
 
 /// agentctl exit codes (documented in docs/cli.md).

@@ -101,6 +101,22 @@ enum Cmd {
         #[arg(short, long)]
         follow: bool,
     },
+    /// A live view of the agents like top(1): CPU, memory, tasks, denials, model tokens and
+    /// first-token time, refreshed every --delay; --batch prints plain frames for scripts
+    Top {
+        /// Plain frames one after the other (for scripts and pipes)
+        #[arg(short, long)]
+        batch: bool,
+        /// Frames to show, then exit (0: until interrupted)
+        #[arg(short = 'n', long, default_value_t = 0)]
+        iterations: u32,
+        /// Seconds between frames (the interval the CPU share is over)
+        #[arg(short, long, default_value_t = 2.0)]
+        delay: f64,
+        /// The column to sort by, highest first
+        #[arg(short, long, value_enum, default_value_t = agentctl::top::Sort::Cpu)]
+        sort: agentctl::top::Sort,
+    },
     /// Check contract files without a daemon
     Validate {
         #[arg(required = true)]
@@ -332,6 +348,15 @@ fn run(cli: Cli) -> i32 {
                 ConsentCmd::Approve { ids } => client::consent_answer(&c, true, &ids).await,
                 ConsentCmd::Deny { ids } => client::consent_answer(&c, false, &ids).await,
             },
+            Cmd::Top {
+                batch,
+                iterations,
+                delay,
+                sort,
+            } => {
+                let delay = std::time::Duration::from_secs_f64(delay.clamp(0.1, 3600.0));
+                agentctl::top::top(&c, batch, iterations, delay, sort, &mut out).await
+            }
             Cmd::Validate { .. }
             | Cmd::Completions { .. }
             | Cmd::Check { .. }

@@ -400,6 +400,16 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
         format!("t {}", m["last_first_token_us"])
     );
     assert!(prop("ModelTokensPerSec").starts_with("d "));
+    // And in the live view, batch mode for scripts: the agent's tokens and first-token time.
+    let top =
+        s.d.ctl_ok(&["top", "--batch", "-n", "1", "-d", "0.2", "--sort", "tokens"]);
+    let row = top
+        .lines()
+        .find(|l| l.starts_with("default/tourist "))
+        .unwrap_or_else(|| panic!("{top}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[6], used.to_string(), "{top}");
+    assert!(top.lines().nth(1).unwrap().contains("TOKENS"), "{top}");
     let text = s.d.ctl_ok(&["status", "tourist"]);
     assert!(
         text.contains("Models: ") && text.contains("4 calls"),

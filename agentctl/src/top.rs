@@ -1,0 +1,238 @@
+//! `agentctl top`: a live view of the agents, like top(1): per agent CPU (share of one CPU
+//! over the last interval), memory, tasks, kernel denials, model tokens and the last model
+//! answer's time to first token, refreshed every `--delay`, sorted by `--sort`; `--batch` prints
+//! plain frames for scripts (`-n` of them). The figures come from `DescribeAgents`, the same as
+//! `status` and the D-Bus properties.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use agentos_api::AgentStatus;
+use agentos_api::text::escape_control as esc;
+
+use crate::client::Client;
+use crate::exit;
+
+/// The column `top` sorts by (highest first; `name` alphabetically).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sort {
+    Cpu,
+    Mem,
+    Tasks,
+    Denials,
+    Tokens,
+    Name,
+}
+
+/// One row, computed from two samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub id: String,
+    pub state: String,
+    /// Percent of one CPU over the interval; `None` without the cpu figures.
+    pub cpu: Option<f64>,
+    pub mem: Option<u64>,
+    pub tasks: u64,
+    pub denials: u64,
+    pub tokens: u64,
+    pub first_token_ms: Option<f64>,
+}
+
+/// The rows of `now`, with CPU shares from `before` taken `dt` earlier.
+pub fn rows(before: &[AgentStatus], now: &[AgentStatus], dt: Duration, sort: Sort) -> Vec<Row> {
+    let prev: BTreeMap<&str, Option<u64>> = before
+        .iter()
+        .map(|s| (s.id.as_str(), s.cpu_usage_nsec))
+        .collect();
+    let mut out: Vec<Row> = now
+        .iter()
+        .map(|s| {
+            let cpu = match (prev.get(s.id.as_str()).copied().flatten(), s.cpu_usage_nsec) {
+                (Some(a), Some(b)) if b >= a && dt > Duration::ZERO => {
+                    Some((b - a) as f64 / dt.as_nanos() as f64 * 100.0)
+                }
+                _ => None,
+            };
+            let m = s.models.as_ref();
+            Row {
+                id: s.id.clone(),
+                state: s.state.clone(),
+                cpu,
+                mem: s.memory_current,
+                tasks: s.tasks_current,
+                denials: s.denials,
+                tokens: m.map_or(0, |m| m.prompt_tokens + m.completion_tokens),
+                first_token_ms: m
+                    .filter(|m| m.last_first_token_us > 0)
+                    .map(|m| m.last_first_token_us as f64 / 1000.0),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        let key = |r: &Row| -> f64 {
+            match sort {
+                Sort::Cpu => r.cpu.unwrap_or(-1.0),
+                Sort::Mem => r.mem.map_or(-1.0, |m| m as f64),
+                Sort::Tasks => r.tasks as f64,
+                Sort::Denials => r.denials as f64,
+                Sort::Tokens => r.tokens as f64,
+                Sort::Name => 0.0,
+            }
+        };
+        key(b)
+            .partial_cmp(&key(a))
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    out
+}
+
+fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b}B")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// One frame: a header line and the table.
+pub fn frame(rows: &[Row], dt: Duration) -> String {
+    let running = rows.iter().filter(|r| r.state == "running").count();
+    let mut s = format!(
+        "agents: {} total, {running} running; CPU over the last {:.1} s\n",
+        rows.len(),
+        dt.as_secs_f64()
+    );
+    s.push_str(&format!(
+        "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>9} {:>9}\n",
+        "AGENT", "STATE", "CPU%", "MEM", "TASKS", "DENIALS", "TOKENS", "TTFT(ms)"
+    ));
+    for r in rows {
+        s.push_str(&format!(
+            "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>9} {:>9}\n",
+            esc(&r.id),
+            esc(&r.state),
+            r.cpu.map_or("-".into(), |c| format!("{c:.1}")),
+            r.mem.map_or("-".into(), bytes),
+            r.tasks,
+            r.denials,
+            r.tokens,
+            r.first_token_ms.map_or("-".into(), |t| format!("{t:.1}")),
+        ));
+    }
+    s
+}
+
+async fn sample(c: &Client) -> Result<(Vec<AgentStatus>, Instant), crate::client::CliError> {
+    let text: String = c.call("DescribeAgents", &()).await?;
+    let all: Vec<AgentStatus> = serde_json::from_str(&text)
+        .map_err(|e| crate::client::CliError::new(exit::FAILED, format!("DescribeAgents: {e}")))?;
+    Ok((all, Instant::now()))
+}
+
+/// Runs `top`: `frames` frames (0: until interrupted), `delay` apart; `batch` prints plain
+/// frames, otherwise each frame replaces the last on the terminal.
+pub async fn top(
+    c: &Client,
+    batch: bool,
+    frames: u32,
+    delay: Duration,
+    sort: Sort,
+    out: &mut dyn Write,
+) -> i32 {
+    let (mut before, mut t0) = match sample(c).await {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("agentctl: {}", e.message);
+            return e.code;
+        }
+    };
+    let mut shown = 0;
+    loop {
+        tokio::time::sleep(delay).await;
+        let (now, t1) = match sample(c).await {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("agentctl: {}", e.message);
+                return e.code;
+            }
+        };
+        let dt = t1.duration_since(t0);
+        let text = frame(&rows(&before, &now, dt, sort), dt);
+        let w = if batch {
+            writeln!(out, "{text}")
+        } else {
+            // Clear the screen and home the cursor, as top does without curses.
+            write!(out, "\x1b[H\x1b[2J{text}")
+        };
+        if w.and_then(|_| out.flush()).is_err() {
+            return exit::OK;
+        }
+        shown += 1;
+        if frames > 0 && shown >= frames {
+            return exit::OK;
+        }
+        (before, t0) = (now, t1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(id: &str, cpu: Option<u64>, mem: u64, tokens: u64) -> AgentStatus {
+        AgentStatus {
+            id: id.into(),
+            state: "running".into(),
+            cpu_usage_nsec: cpu,
+            memory_current: Some(mem),
+            tasks_current: 1,
+            models: Some(agentos_api::ModelUsage {
+                prompt_tokens: tokens,
+                last_first_token_us: 1500,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cpu_is_the_share_of_one_cpu_over_the_interval_and_rows_sort() {
+        let a = [st("t/a", Some(0), 10, 5), st("t/b", Some(0), 20, 1)];
+        let b = [
+            st("t/a", Some(500_000_000), 10, 5),
+            st("t/b", Some(1_000_000_000), 20, 1),
+            st("t/new", Some(7), 1, 0),
+        ];
+        let r = rows(&a, &b, Duration::from_secs(1), Sort::Cpu);
+        assert_eq!(r[0].id, "t/b");
+        assert_eq!(r[0].cpu, Some(100.0));
+        assert_eq!(r[1].cpu, Some(50.0));
+        // No earlier sample: no share yet.
+        assert_eq!((r[2].id.as_str(), r[2].cpu), ("t/new", None));
+        let r = rows(&a, &b, Duration::from_secs(1), Sort::Tokens);
+        assert_eq!(r[0].id, "t/a");
+        assert_eq!(r[0].first_token_ms, Some(1.5));
+        let text = frame(&r, Duration::from_secs(1));
+        assert!(text.contains("3 total, 3 running"), "{text}");
+        assert!(text.lines().nth(2).unwrap().starts_with("t/a "), "{text}");
+    }
+
+    #[test]
+    fn names_an_agent_chose_are_escaped() {
+        let b = [st("t/\x1b[2Jevil", Some(0), 1, 0)];
+        let text = frame(
+            &rows(&[], &b, Duration::from_secs(1), Sort::Name),
+            Duration::from_secs(1),
+        );
+        assert!(!text.contains('\x1b'), "{text:?}");
+    }
+}
