@@ -1,6 +1,6 @@
 //! `agentctl top`: a live view of the agents, like top(1): per agent CPU (share of one CPU
-//! over the last interval), memory, tasks, kernel denials, model tokens and the last model
-//! answer's time to first token, refreshed every `--delay`, sorted by `--sort`; `--batch` prints
+//! over the last interval), memory, tasks, kernel denials, tool calls per second, model tokens
+//! and the last model answer's time to first token, refreshed every `--delay`, sorted by `--sort`; `--batch` prints
 //! plain frames for scripts (`-n` of them). The figures come from `DescribeAgents`, the same as
 //! `status` and the D-Bus properties.
 
@@ -22,6 +22,7 @@ pub enum Sort {
     Tasks,
     Denials,
     Tokens,
+    Calls,
     Name,
 }
 
@@ -37,25 +38,32 @@ pub struct Row {
     pub denials: u64,
     pub tokens: u64,
     pub first_token_ms: Option<f64>,
+    /// MCP tool calls per second over the interval.
+    pub tool_calls_per_sec: Option<f64>,
 }
 
 /// The rows of `now`, with CPU shares from `before` taken `dt` earlier.
 pub fn rows(before: &[AgentStatus], now: &[AgentStatus], dt: Duration, sort: Sort) -> Vec<Row> {
-    let prev: BTreeMap<&str, Option<u64>> = before
+    let prev: BTreeMap<&str, (Option<u64>, u64)> = before
         .iter()
-        .map(|s| (s.id.as_str(), s.cpu_usage_nsec))
+        .map(|s| (s.id.as_str(), (s.cpu_usage_nsec, s.tool_calls)))
         .collect();
     let mut out: Vec<Row> = now
         .iter()
         .map(|s| {
-            let cpu = match (prev.get(s.id.as_str()).copied().flatten(), s.cpu_usage_nsec) {
+            let earlier = prev.get(s.id.as_str()).copied();
+            let cpu = match (earlier.and_then(|e| e.0), s.cpu_usage_nsec) {
                 (Some(a), Some(b)) if b >= a && dt > Duration::ZERO => {
                     Some((b - a) as f64 / dt.as_nanos() as f64 * 100.0)
                 }
                 _ => None,
             };
+            let calls = earlier
+                .filter(|e| s.tool_calls >= e.1 && dt > Duration::ZERO)
+                .map(|e| (s.tool_calls - e.1) as f64 / dt.as_secs_f64());
             let m = s.models.as_ref();
             Row {
+                tool_calls_per_sec: calls,
                 id: s.id.clone(),
                 state: s.state.clone(),
                 cpu,
@@ -77,6 +85,7 @@ pub fn rows(before: &[AgentStatus], now: &[AgentStatus], dt: Duration, sort: Sor
                 Sort::Tasks => r.tasks as f64,
                 Sort::Denials => r.denials as f64,
                 Sort::Tokens => r.tokens as f64,
+                Sort::Calls => r.tool_calls_per_sec.unwrap_or(-1.0),
                 Sort::Name => 0.0,
             }
         };
@@ -112,18 +121,20 @@ pub fn frame(rows: &[Row], dt: Duration) -> String {
         dt.as_secs_f64()
     );
     s.push_str(&format!(
-        "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>9} {:>9}\n",
-        "AGENT", "STATE", "CPU%", "MEM", "TASKS", "DENIALS", "TOKENS", "TTFT(ms)"
+        "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>8} {:>9} {:>9}\n",
+        "AGENT", "STATE", "CPU%", "MEM", "TASKS", "DENIALS", "CALLS/s", "TOKENS", "TTFT(ms)"
     ));
     for r in rows {
         s.push_str(&format!(
-            "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>9} {:>9}\n",
+            "{:<32} {:<12} {:>6} {:>9} {:>6} {:>8} {:>8} {:>9} {:>9}\n",
             esc(&r.id),
             esc(&r.state),
             r.cpu.map_or("-".into(), |c| format!("{c:.1}")),
             r.mem.map_or("-".into(), bytes),
             r.tasks,
             r.denials,
+            r.tool_calls_per_sec
+                .map_or("-".into(), |c| format!("{c:.1}")),
             r.tokens,
             r.first_token_ms.map_or("-".into(), |t| format!("{t:.1}")),
         ));
@@ -218,6 +229,13 @@ mod tests {
         assert_eq!(r[1].cpu, Some(50.0));
         // No earlier sample: no share yet.
         assert_eq!((r[2].id.as_str(), r[2].cpu), ("t/new", None));
+        let mut b2 = b.clone();
+        b2[0].tool_calls = 6;
+        let r = rows(&a, &b2, Duration::from_secs(2), Sort::Calls);
+        assert_eq!(
+            (r[0].id.as_str(), r[0].tool_calls_per_sec),
+            ("t/a", Some(3.0))
+        );
         let r = rows(&a, &b, Duration::from_secs(1), Sort::Tokens);
         assert_eq!(r[0].id, "t/a");
         assert_eq!(r[0].first_token_ms, Some(1.5));

@@ -408,7 +408,7 @@ fn an_agent_calls_a_model_only_through_the_gateway_with_the_openai_sdk() {
         .find(|l| l.starts_with("default/tourist "))
         .unwrap_or_else(|| panic!("{top}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cols[6], used.to_string(), "{top}");
+    assert_eq!(cols[7], used.to_string(), "{top}");
     assert!(top.lines().nth(1).unwrap().contains("TOKENS"), "{top}");
     let text = s.d.ctl_ok(&["status", "tourist"]);
     assert!(
@@ -682,6 +682,7 @@ fn the_example_agent_calls_a_model_and_a_tool_in_one_turn() {
         })
         .collect();
     assert_eq!(order, ["model", "tool", "model"], "{recs:#?}");
+    assert_eq!(s.d.status_json("ask-and-count")["tool_calls"], 1);
 
     // The collector has the whole turn: one trace, the turn span and under it the gate
     // decisions, the two model calls (GenAI conventions) and the tool call.

@@ -93,6 +93,9 @@ pub struct AgentStatus {
     /// daemon is older.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<ModelUsage>,
+    /// MCP `tools/call` requests since the daemon started; absent from older daemons.
+    #[serde(default)]
+    pub tool_calls: u64,
     pub log_path: String,
     pub origin: String,
     pub enabled: bool,

@@ -242,6 +242,18 @@ impl AgentObject {
         Ok(self.status().denials)
     }
 
+    /// MCP `tools/call` requests of the agent since the daemon started.
+    #[zbus(property(emits_changed_signal = "false"), name = "ToolCalls")]
+    async fn tool_calls(
+        &self,
+        #[zbus(object_server)] server: &ObjectServer,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.may_read(server, hdr.as_ref(), conn).await?;
+        Ok(self.status().tool_calls)
+    }
+
     /// Model tokens (prompt + completion) used through the gateway since the daemon first
     /// served the agent (kept across daemon restarts).
     #[zbus(property(emits_changed_signal = "false"), name = "ModelTokens")]

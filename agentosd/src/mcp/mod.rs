@@ -133,6 +133,9 @@ pub struct McpService {
     /// Agent id → its `tools/call` permits ([`SessionLimits::max_calls_per_agent`]), shared
     /// by all its connections.
     agent_calls: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Agent id → `tools/call` requests since the daemon started (`agentctl top`, D-Bus
+    /// `ToolCalls`), whatever became of them.
+    call_counts: Mutex<HashMap<String, u64>>,
 }
 
 impl McpService {
@@ -153,12 +156,19 @@ impl McpService {
             limits,
             version: env!("CARGO_PKG_VERSION").to_string(),
             agent_calls: Mutex::new(HashMap::new()),
+            call_counts: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// `tools/call` requests of agent `id` since the daemon started.
+    pub fn calls_of(&self, id: &str) -> u64 {
+        lock(&self.call_counts).get(id).copied().unwrap_or(0)
     }
 
     /// A permit for one more `tools/call` of agent `id`, or `None` when it has
     /// `max_calls_per_agent` in flight already (over all its connections).
     fn agent_call_permit(&self, id: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        *lock(&self.call_counts).entry(id.to_string()).or_insert(0) += 1;
         let sem = lock(&self.agent_calls)
             .entry(id.to_string())
             .or_insert_with(|| Arc::new(Semaphore::new(self.limits.max_calls_per_agent)))

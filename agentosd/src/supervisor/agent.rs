@@ -134,6 +134,7 @@ impl Agent {
                     denials: 0,
                     syscalls: None,
                     models: None,
+                    tool_calls: 0,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,

@@ -367,6 +367,7 @@ impl Supervisor {
         st.denials = self.kernel_denials(&agent.id);
         st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
         st.models = self.models.get().and_then(|m| m.gateway.usage(&agent.id));
+        st.tool_calls = self.mcp.get().map_or(0, |m| m.service.calls_of(&agent.id));
         st
     }
 
