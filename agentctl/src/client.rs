@@ -245,6 +245,23 @@ pub async fn simple(c: &Client, method: &str, agents: &[String]) -> i32 {
     code
 }
 
+/// `reset-failed`: the named agents, or (none named) every failed agent the caller may see.
+pub async fn reset_failed(c: &Client, agents: &[String]) -> i32 {
+    if !agents.is_empty() {
+        return simple(c, "ResetFailedAgent", agents).await;
+    }
+    let rows = match list_rows(c).await {
+        Ok(r) => r,
+        Err(e) => return fail(&mut std::io::stdout(), e),
+    };
+    let failed: Vec<String> = rows
+        .into_iter()
+        .filter(|r| r.state == "failed")
+        .map(|r| r.id)
+        .collect();
+    simple(c, "ResetFailedAgent", &failed).await
+}
+
 pub async fn kill(c: &Client, agents: &[String], whom: &str, signal: &str) -> i32 {
     let Some(sig) = agentos_api::signal::parse_signal(signal) else {
         eprintln!("agentctl: unknown signal {signal:?} (use a name like TERM or a number)");

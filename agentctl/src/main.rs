@@ -65,6 +65,9 @@ enum Cmd {
         #[arg(required = true)]
         agents: Vec<String>,
     },
+    /// Like systemctl reset-failed: failed agents become inactive and their restart counts
+    /// start again (no names: every failed agent)
+    ResetFailed { agents: Vec<String> },
     /// List agents
     List {
         #[arg(long)]
@@ -324,6 +327,7 @@ fn run(cli: Cli) -> i32 {
             Cmd::Thaw { agents } => client::simple(&c, "ThawAgent", &agents).await,
             Cmd::Restart { agents } => client::simple(&c, "RestartAgent", &agents).await,
             Cmd::Remove { agents } => client::simple(&c, "RemoveAgent", &agents).await,
+            Cmd::ResetFailed { agents } => client::reset_failed(&c, &agents).await,
             Cmd::List {
                 json,
                 mut state,

@@ -245,6 +245,34 @@ fn crashing_agent_restarted_then_given_up() {
         !running.contains("crasher") && !running.contains("once"),
         "{running}"
     );
+    // reset-failed, as systemctl's: named, then every failed agent; inactive, no result, the
+    // restart count from zero, on the record.
+    d.ctl_ok(&["reset-failed", "once"]);
+    let st = d.status_json("once");
+    assert_eq!(
+        (st["state"].as_str(), st["result"].as_str()),
+        (Some("inactive"), Some("")),
+        "{st}"
+    );
+    assert_eq!(d.status_json("crasher")["state"], "failed");
+    d.ctl_ok(&["reset-failed"]);
+    let st = d.status_json("crasher");
+    assert_eq!(
+        (st["state"].as_str(), st["restarts"].as_u64()),
+        (Some("inactive"), Some(0)),
+        "{st}"
+    );
+    let failed = d.ctl_ok(&["list", "--failed"]);
+    assert!(
+        !failed.contains("crasher") && !failed.contains("once"),
+        "{failed}"
+    );
+    let audit = std::fs::read_to_string(dir.path().join("audit/audit.log")).unwrap_or_default();
+    assert_eq!(audit.matches("\"reset-failed\"").count(), 2, "{audit}");
+    // And it starts again with its full restart budget.
+    d.ctl_ok(&["start", "crasher"]);
+    let st = d.wait_state("crasher", "failed", 15);
+    assert_eq!(st["restarts"], 2, "{st}");
 }
 
 #[test]

@@ -358,6 +358,21 @@ impl Manager {
         as_caller(&c, self.sup.remove(&a)).await
     }
 
+    /// Like `systemctl reset-failed UNIT`: a failed agent becomes inactive, its restart count
+    /// starts again (a running agent is left alone).
+    async fn reset_failed_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "ResetFailedAgent", Action::ManageAgents, &agent)
+            .await?;
+        as_caller(&c, self.sup.reset_failed(&a)).await.map(drop)
+    }
+
     /// All agents the caller may read: (id, name, tenant, state, result, latency class, main
     /// PID, object path).
     async fn list_agents(

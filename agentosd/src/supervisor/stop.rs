@@ -177,6 +177,34 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Like `systemctl reset-failed`: a failed agent becomes inactive with no result, and the
+    /// restart count behind `start-limit-hit` starts again, for any agent that is not running.
+    /// `Ok(false)`: it was running, nothing to reset.
+    pub async fn reset_failed(self: &Arc<Self>, agent: &Arc<Agent>) -> Result<bool, Error> {
+        let _op = agent.op.lock().await;
+        let was = {
+            let mut i = lock(&agent.inner);
+            if i.state.is_active() {
+                return Ok(false);
+            }
+            let was = i.state;
+            if was == State::Failed {
+                i.state = State::Inactive;
+                i.result.clear();
+            }
+            i.restarts = 0;
+            was
+        };
+        self.audit_event(
+            agent,
+            "reset-failed",
+            None,
+            serde_json::json!({"was": was.as_str()}),
+        );
+        self.changed(agent);
+        Ok(true)
+    }
+
     /// Stop every agent (daemon shutdown with --stop-agents-on-exit).
     pub async fn stop_all(self: &Arc<Self>) {
         for a in self.agents() {
