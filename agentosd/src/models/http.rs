@@ -279,7 +279,7 @@ async fn call(
         Ok(r) => r,
         Err(r) => return r,
     };
-    gw.forward(agent, &mut call, entry, fallback, reservation, inflight)
+    gw.forward(agent, call, entry, fallback, reservation, inflight)
         .await
 }
 
@@ -449,12 +449,13 @@ impl Gateway {
     async fn forward(
         self: &Arc<Self>,
         agent: &Arc<AgentModels>,
-        call: &mut Call,
+        mut owned: Call,
         mut entry: &ModelEntry,
         mut fallback: Option<(String, &'static str)>,
         reservation: [Reservation; 2],
         inflight: tokio::sync::OwnedSemaphorePermit,
     ) -> Response<AnswerBody> {
+        let call = &mut owned;
         let settle_nothing = |agent: &AgentModels| {
             agent.meter.settle(reservation[0], 0);
             agent.tenant_meter.settle(reservation[1], 0);
@@ -561,7 +562,8 @@ impl Gateway {
                 tx,
             );
             let (gw, agent) = (self.clone(), agent.clone());
-            let call = std::mem::replace(call, placeholder(call));
+            // The call moves into the task that accounts for it when the stream ends.
+            let call = owned;
             let (entry, fallback) = (entry.clone(), fallback.clone());
             let held = (inflight, slot);
             tokio::spawn(async move {
@@ -577,23 +579,5 @@ impl Gateway {
         self.account(agent, call, &out, reservation);
         self.finish(agent, call, entry, fallback.as_ref(), &out);
         r
-    }
-}
-
-/// An empty call left behind when the real one moves into a stream's task.
-fn placeholder(c: &Call) -> Call {
-    Call {
-        kind: c.kind,
-        endpoint: c.endpoint,
-        requested: String::new(),
-        body: Value::Null,
-        stream: c.stream,
-        prompt_estimate: 0,
-        prompt_bound: 0,
-        prompt_sha256: String::new(),
-        prompt: None,
-        t0: c.t0,
-        onset: c.onset,
-        trace: None,
     }
 }

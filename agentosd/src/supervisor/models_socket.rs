@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::mechanism::{Mechanism, Prepared, RunCtx};
-use super::{Agent, Error, Supervisor};
+use super::{Agent, Error, Supervisor, lock};
 use crate::models::{Access, Gateway};
 
 /// What the daemon set up for model calls (see [`Supervisor::set_models`]).
@@ -62,6 +62,53 @@ impl Supervisor {
             .map_err(|e| format!("its port on 127.0.0.1: {e}"))
     }
 
+    /// Serve the agent on its TCP port, when it gets one: in the network namespace made for it
+    /// now (no network grants; `adopting`: the one it lives in, entered through its pidfd), or
+    /// on the host's loopback (grants).
+    fn models_port(
+        &self,
+        run: &RunCtx<'_>,
+        contract: &contracts::Contract,
+        adopting: bool,
+    ) -> Result<Option<ModelPort>, String> {
+        let m = self.models.get().ok_or("no model gateway")?;
+        let id = &run.agent.id;
+        if self.gateway_port(Some(contract)) {
+            let (netns, listener) = if adopting {
+                let pidfd = lock(&run.agent.inner)
+                    .pidfd
+                    .clone()
+                    .ok_or("no pidfd of the agent's main process")?;
+                (None, crate::models::tcp::listen_in(&pidfd))
+            } else {
+                match crate::models::tcp::new_namespace() {
+                    Ok((ns, l)) => (Some(ns), Ok(l)),
+                    Err(e) => (None, Err(e)),
+                }
+            };
+            let listener = listener.map_err(|e| format!("its network namespace: {e}"))?;
+            m.gateway
+                .serve_tcp(id, listener)
+                .map_err(|e| e.to_string())?;
+            return Ok(Some(ModelPort {
+                url: crate::models::tcp::base_url(),
+                netns,
+                host_port: None,
+            }));
+        }
+        let Some(port) = self.model_host_port(id, Some(contract))? else {
+            return Ok(None);
+        };
+        m.gateway
+            .serve_host_port(id, run.main.path().to_path_buf())
+            .map_err(|e| e.to_string())?;
+        Ok(Some(ModelPort {
+            url: format!("http://127.0.0.1:{port}/v1"),
+            netns: None,
+            host_port: Some(port),
+        }))
+    }
+
     /// Listen on the agent's model socket and serve it; the socket's path.
     fn models_open(
         &self,
@@ -89,6 +136,15 @@ impl Supervisor {
     }
 }
 
+/// The agent's TCP way to the gateway (`OPENAI_BASE_URL`).
+struct ModelPort {
+    url: String,
+    /// The namespace made for it, which its first process joins.
+    netns: Option<std::os::fd::OwnedFd>,
+    /// Its port on the host's loopback, which its sandbox allows.
+    host_port: Option<u16>,
+}
+
 /// The agent's model socket (`AGENTOS_MODELS_SOCKET`), for agents started from a contract on a
 /// daemon with model backends.
 pub(super) struct ModelSocket<'s>(pub &'s Supervisor);
@@ -111,42 +167,12 @@ impl Mechanism for ModelSocket<'_> {
         let path = self.0.models_open(run.agent, contract).map_err(refuse)?;
         out.env
             .push((crate::models::SOCKET_ENV.into(), path.display().to_string()));
-        if self.0.gateway_port(Some(contract)) {
-            let (ns, listener) = crate::models::tcp::new_namespace()
-                .map_err(|e| refuse(format!("its network namespace: {e}")))?;
-            let m = self
-                .0
-                .models
-                .get()
-                .ok_or_else(|| refuse("no gateway".into()))?;
-            m.gateway
-                .serve_tcp(&run.agent.id, listener)
-                .map_err(|e| refuse(e.to_string()))?;
-            out.netns = Some(ns);
+        if let Some(port) = self.0.models_port(run, contract, false).map_err(refuse)? {
+            out.netns = port.netns;
+            out.model_port = port.host_port;
             // The usual SDKs need no change; the key is a placeholder (the daemon holds the
             // backends' keys), set after the contract's env so none of its own leaks in.
-            out.env
-                .push(("OPENAI_BASE_URL".into(), crate::models::tcp::base_url()));
-            out.env.push(("OPENAI_API_KEY".into(), "agentos".into()));
-        }
-        if let Some(port) = self
-            .0
-            .model_host_port(&run.agent.id, Some(contract))
-            .map_err(refuse)?
-        {
-            let m = self
-                .0
-                .models
-                .get()
-                .ok_or_else(|| refuse("no gateway".into()))?;
-            m.gateway
-                .serve_host_port(&run.agent.id, run.main.path().to_path_buf())
-                .map_err(|e| refuse(e.to_string()))?;
-            out.model_port = Some(port);
-            out.env.push((
-                "OPENAI_BASE_URL".into(),
-                format!("http://127.0.0.1:{port}/v1"),
-            ));
+            out.env.push(("OPENAI_BASE_URL".into(), port.url));
             out.env.push(("OPENAI_API_KEY".into(), "agentos".into()));
         }
         Ok(())
@@ -159,41 +185,9 @@ impl Mechanism for ModelSocket<'_> {
         if let Err(e) = self.0.models_open(run.agent, contract) {
             return vec![format!("model socket not restored: {e}")];
         }
-        if self.0.gateway_host_port(Some(contract)) {
-            let port = self
-                .0
-                .model_host_port(&run.agent.id, Some(contract))
-                .and_then(|_| {
-                    let m = self.0.models.get().ok_or("no gateway")?;
-                    m.gateway
-                        .serve_host_port(&run.agent.id, run.main.path().to_path_buf())
-                        .map_err(|e| e.to_string())
-                });
-            return match port {
-                Ok(_) => Vec::new(),
-                Err(e) => vec![format!("model port on 127.0.0.1 not restored: {e}")],
-            };
-        }
-        if !self.0.gateway_port(Some(contract)) {
-            return Vec::new();
-        }
-        // The namespace lives on with the agent: listen in it again.
-        let pidfd = super::lock(&run.agent.inner).pidfd.clone();
-        let port = pidfd
-            .ok_or_else(|| "no pidfd of the agent's main process".to_string())
-            .and_then(|pidfd| crate::models::tcp::listen_in(&pidfd).map_err(|e| e.to_string()))
-            .and_then(|l| {
-                let m = self.0.models.get().ok_or("no gateway")?;
-                m.gateway
-                    .serve_tcp(&run.agent.id, l)
-                    .map_err(|e| e.to_string())
-            });
-        match port {
-            Ok(()) => Vec::new(),
-            Err(e) => vec![format!(
-                "model port 127.0.0.1:{} not restored: {e}",
-                crate::models::tcp::TCP_PORT
-            )],
+        match self.0.models_port(run, contract, true) {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![format!("model port not restored: {e}")],
         }
     }
 
