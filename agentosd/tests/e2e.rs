@@ -267,8 +267,20 @@ fn crashing_agent_restarted_then_given_up() {
         !failed.contains("crasher") && !failed.contains("once"),
         "{failed}"
     );
-    let audit = std::fs::read_to_string(dir.path().join("audit/audit.log")).unwrap_or_default();
-    assert_eq!(audit.matches("\"reset-failed\"").count(), 2, "{audit}");
+    // Lifecycle records are written in the background: wait for them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let audit = std::fs::read_to_string(dir.path().join("audit/audit.log")).unwrap_or_default();
+        let n = audit.matches("\"reset-failed\"").count();
+        if n == 2 {
+            break;
+        }
+        assert!(
+            n < 2 && Instant::now() < deadline,
+            "{n} reset-failed records:\n{audit}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // And it starts again with its full restart budget.
     d.ctl_ok(&["start", "crasher"]);
     let st = d.wait_state("crasher", "failed", 15);
