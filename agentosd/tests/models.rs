@@ -1146,3 +1146,63 @@ fn an_agent_with_network_grants_gets_a_host_port_only_it_may_use() {
         s.d.log_text()
     );
 }
+
+/// A flood of half-open requests on an agent's own socket costs the daemon a bounded number of
+/// connections (16 served per agent, the rest wait in the kernel's backlog, not in the daemon),
+/// and another agent's call and the operator's commands go through meanwhile.
+#[test]
+fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup("models-flood", &server, ONE_BACKEND);
+    let daemon_fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", s.d.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = daemon_fds();
+    run_agent(
+        &s,
+        "flooder",
+        "\"flood\"",
+        "modelPolicy: { allow: [chat] }\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let log = || {
+        std::fs::read_to_string(s.dir.path().join("logs/default/flooder.log")).unwrap_or_default()
+    };
+    while !log().contains("\"holding\"") {
+        assert!(
+            Instant::now() < deadline,
+            "the flood did not start:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = daemon_fds();
+    // 16 accepted connections and the agent's own socket, log and pidfd, with room to spare;
+    // not the 64 the agent opened.
+    assert!(
+        during < before + 40,
+        "the daemon holds {during} fds during the flood, {before} before"
+    );
+    // Another agent is served at once; the operator too.
+    run_agent(
+        &s,
+        "bystander",
+        "\"fallback\"",
+        "modelPolicy: { allow: [primary, chat] }\nallow_fallbacks:\n  - { when: model_unavailable, substitute: { model: chat } }\n",
+    );
+    let all = steps(&s, "bystander", 60);
+    assert_eq!(step(&all, "fallback")["model"], "chat");
+    let t0 = Instant::now();
+    s.d.ctl_ok(&["list"]);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "agentctl list took {:?}",
+        t0.elapsed()
+    );
+}

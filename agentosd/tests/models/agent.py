@@ -198,6 +198,23 @@ def inflight():
     emit("after", status=r.status_code, heads=sorted(started))
 
 
+def flood():
+    """Slowloris on its own socket: 64 connections, each with half a request head, held."""
+    import time
+    held = []
+    for _ in range(64):
+        c = socket.socket(socket.AF_UNIX)
+        c.setblocking(False)
+        try:
+            c.connect(sock)
+            c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        except OSError:
+            pass
+        held.append(c)
+    emit("holding", n=len(held))
+    time.sleep(40)
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -227,6 +244,8 @@ def consent():
 mode = sys.argv[1]
 if mode == "tour":
     tour(sys.argv[2])
+elif mode == "flood":
+    flood()
 elif mode == "inflight":
     inflight()
 elif mode == "tls":
