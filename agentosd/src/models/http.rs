@@ -449,13 +449,13 @@ impl Gateway {
     async fn forward(
         self: &Arc<Self>,
         agent: &Arc<AgentModels>,
-        mut owned: Call,
+        owned: Call,
         mut entry: &ModelEntry,
         mut fallback: Option<(String, &'static str)>,
         reservation: [Reservation; 2],
         inflight: tokio::sync::OwnedSemaphorePermit,
     ) -> Response<AnswerBody> {
-        let call = &mut owned;
+        let call = &owned;
         let settle_nothing = |agent: &AgentModels| {
             agent.meter.settle(reservation[0], 0);
             agent.tenant_meter.settle(reservation[1], 0);

@@ -199,10 +199,6 @@ impl Gateway {
         }
     }
 
-    pub fn config(&self) -> &ModelsConfig {
-        &self.cfg
-    }
-
     /// Consent requests for models go where the tools' go (`agentctl consent`).
     pub fn set_consents(&self, c: Arc<Consents>) {
         *lock(&self.consents) = Some(c);
@@ -288,6 +284,16 @@ impl Gateway {
         agent_id: &str,
         listener: std::net::TcpListener,
     ) -> std::io::Result<()> {
+        self.add_port(agent_id, listener, None)
+    }
+
+    /// Serves `agent_id` (on its socket already) on `listener` too (serve.rs `accept_tcp`).
+    fn add_port(
+        self: &Arc<Self>,
+        agent_id: &str,
+        listener: std::net::TcpListener,
+        peers_from: Option<PathBuf>,
+    ) -> std::io::Result<()> {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let mut serving = lock(&self.serving);
         let s = serving.get_mut(agent_id).ok_or_else(|| {
@@ -298,6 +304,7 @@ impl Gateway {
             s.agent.clone(),
             s.conns.clone(),
             listener,
+            peers_from,
         ));
         s.tasks.push(task.abort_handle());
         Ok(())
@@ -354,19 +361,7 @@ impl Gateway {
             .remove(agent_id)
             .ok_or_else(|| std::io::Error::other("no port was bound for it"))?;
         let port = l.local_addr()?.port();
-        let listener = tokio::net::TcpListener::from_std(l)?;
-        let mut serving = lock(&self.serving);
-        let s = serving.get_mut(agent_id).ok_or_else(|| {
-            std::io::Error::other(format!("{agent_id} has no model socket to add a port to"))
-        })?;
-        let task = tokio::spawn(serve::accept_host_tcp(
-            self.clone(),
-            s.agent.clone(),
-            s.conns.clone(),
-            cgroup_dir,
-            listener,
-        ));
-        s.tasks.push(task.abort_handle());
+        self.add_port(agent_id, l, Some(cgroup_dir))?;
         Ok(port)
     }
 

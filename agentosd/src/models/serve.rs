@@ -97,39 +97,17 @@ pub(super) async fn accept_unix(
     }
 }
 
-/// The agent's loopback port, in its own network namespace.
+/// The agent's TCP port. `peers_from: None`: the port is in the agent's own network namespace
+/// (tcp.rs), every peer is the agent's. `Some(cgroup_dir)`: the port is on the host's loopback
+/// (an agent with network grants), where any local process can connect, so each peer is
+/// identified by the kernel (peer_tcp.rs): its socket must have been made in `cgroup_dir` or
+/// below, else the connection is closed and recorded.
 pub(super) async fn accept_tcp(
     gw: Arc<Gateway>,
     agent: Arc<AgentModels>,
     conns: Arc<Semaphore>,
     listener: tokio::net::TcpListener,
-) {
-    loop {
-        let Ok(permit) = conns.clone().acquire_owned().await else {
-            return;
-        };
-        match listener.accept().await {
-            Ok((s, _)) => {
-                let _ = s.set_nodelay(true);
-                serve_conn(gw.clone(), agent.clone(), permit, s);
-            }
-            Err(e) => {
-                tracing::warn!("{}: model port accept: {e}", agent.id);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// The agent's port on the host's loopback (an agent with network grants): any local process
-/// can connect, so each peer is identified by the kernel (peer_tcp.rs): its socket must have
-/// been made in the agent's cgroup or below, else the connection is closed and recorded.
-pub(super) async fn accept_host_tcp(
-    gw: Arc<Gateway>,
-    agent: Arc<AgentModels>,
-    conns: Arc<Semaphore>,
-    cgroup_dir: std::path::PathBuf,
-    listener: tokio::net::TcpListener,
+    peers_from: Option<std::path::PathBuf>,
 ) {
     loop {
         let Ok(permit) = conns.clone().acquire_owned().await else {
@@ -143,39 +121,45 @@ pub(super) async fn accept_host_tcp(
                 continue;
             }
         };
-        let who = match (peer, s.local_addr()) {
-            (std::net::SocketAddr::V4(p), Ok(std::net::SocketAddr::V4(l))) => {
-                let dir = cgroup_dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    let (id, uid) = super::peer_tcp::peer_of(p, l)?;
-                    let ours = super::peer_tcp::cgroup_ids(&dir, 1024).contains(&id);
-                    Ok::<_, std::io::Error>((ours, id, uid))
-                })
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
-            }
-            _ => Err(std::io::Error::other("not an IPv4 loopback peer")),
-        };
-        match who {
-            Ok((true, _, _)) => {
-                let _ = s.set_nodelay(true);
-                serve_conn(gw.clone(), agent.clone(), permit, s);
-            }
-            Ok((false, id, uid)) => refused_port(
-                &gw,
-                &agent,
-                &peer,
-                &format!("its socket was made in cgroup id {id}, not the agent's"),
-                Some(uid),
-            ),
-            Err(e) => refused_port(
-                &gw,
-                &agent,
-                &peer,
-                &format!("who it is is unknown: {e}"),
-                None,
-            ),
+        if let Some(dir) = &peers_from
+            && let Err((reason, uid)) = host_peer(dir, peer, s.local_addr()).await
+        {
+            refused_port(&gw, &agent, &peer, &reason, uid);
+            continue;
         }
+        let _ = s.set_nodelay(true);
+        serve_conn(gw.clone(), agent.clone(), permit, s);
+    }
+}
+
+/// Whether the connection `peer` → `local` was made by a socket of the cgroup `dir` or below;
+/// why not, with the peer's uid when known.
+async fn host_peer(
+    dir: &std::path::Path,
+    peer: std::net::SocketAddr,
+    local: std::io::Result<std::net::SocketAddr>,
+) -> Result<(), (String, Option<u32>)> {
+    let (std::net::SocketAddr::V4(p), Ok(std::net::SocketAddr::V4(l))) = (peer, local) else {
+        return Err(("not an IPv4 loopback peer".into(), None));
+    };
+    let dir = dir.to_path_buf();
+    let found = tokio::task::spawn_blocking(move || {
+        let (id, uid) = super::peer_tcp::peer_of(p, l)?;
+        Ok::<_, std::io::Error>((
+            super::peer_tcp::cgroup_ids(&dir, 1024).contains(&id),
+            id,
+            uid,
+        ))
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    match found {
+        Ok((true, _, _)) => Ok(()),
+        Ok((false, id, uid)) => Err((
+            format!("its socket was made in cgroup id {id}, not the agent's"),
+            Some(uid),
+        )),
+        Err(e) => Err((format!("who it is is unknown: {e}"), None)),
     }
 }
 
