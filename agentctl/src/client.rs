@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agentos_api::text::{escape_control as esc, escape_lines as esc_lines};
-use agentos_api::wire::{LogChunk, LogTail};
 use agentos_api::{
     AgentRow, AgentStatus, ApiError, BUS_ADDRESS_ENV, ConsentRequest, ConsentRow, ListRow,
     MANAGER_IFACE, MANAGER_PATH, SERVICE, error,
@@ -15,7 +14,7 @@ use zbus::Connection;
 use zbus::OwnedObjectPath;
 
 use crate::exit;
-use crate::render::{escape_log_text, render_consents, render_list, render_status};
+use crate::render::{render_consents, render_list, render_status};
 
 /// A failed client call: message for stderr and exit code.
 #[derive(Debug)]
@@ -332,41 +331,135 @@ pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut d
         );
         return exit::OK;
     }
-    let log: LogTail = if lines > 0 {
-        c.call("GetLog", &(agent, lines)).await.unwrap_or_default()
+    let log = if lines > 0 {
+        let zero = 0u64;
+        let (text, _): (String, u64) = c
+            .call("GetJournal", &(agent, lines, zero, zero))
+            .await
+            .unwrap_or_default();
+        parse_entries(&text)
     } else {
-        Default::default()
+        Vec::new()
     };
-    let _ = write!(out, "{}", render_status(&st, &log.1));
+    let _ = write!(out, "{}", render_status(&st, &log));
     let _ = out.flush();
     exit::OK
 }
 
-/// `agentctl logs NAME [-n N] [-f]`.
-pub async fn logs(c: &Client, agent: &str, lines: u32, follow: bool) -> i32 {
-    let (_path, l, mut off): LogTail = match c.call("GetLog", &(agent, lines)).await {
-        Ok(r) => r,
-        Err(e) => return fail(&mut std::io::stdout(), e),
-    };
+/// What `agentctl logs` prints, like journalctl's `-o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogOutput {
+    /// `TIME NAME: line`, `TIME NAME[stderr]: line`, `TIME agentosd: note`
+    Short,
+    /// One JSON object per entry: time (µs and text), agent, stream, message
+    Json,
+    /// The message only
+    Cat,
+}
+
+/// `agentctl logs` options.
+#[derive(Debug, Clone)]
+pub struct LogsArgs {
+    /// The newest this many (0: all that match).
+    pub lines: u32,
+    pub follow: bool,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub output: LogOutput,
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn render_entry(e: &agentos_api::LogEntry, agent: &str, output: LogOutput) -> String {
+    let name = agent.rsplit('/').next().unwrap_or(agent);
+    match output {
+        LogOutput::Short => e.short(name),
+        LogOutput::Cat => esc(&e.message),
+        // serde_json escapes every control character: safe for a terminal as it is.
+        LogOutput::Json => serde_json::json!({
+            "time_us": e.time_us,
+            "time": agentos_api::wire::utc_timestamp(e.time_us),
+            "agent": agent,
+            "stream": e.stream,
+            "from_agent": e.from_agent(),
+            "message": e.message,
+        })
+        .to_string(),
+    }
+}
+
+fn parse_entries(text: &str) -> Vec<agentos_api::LogEntry> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `agentctl logs NAME [-n N] [-f] [--since T] [--until T] [-o short|json|cat]`. With `-f`
+/// it follows across a restart of the daemon: calls that fail are retried from the same offset.
+pub async fn logs(c: &Client, agent: &str, a: &LogsArgs) -> i32 {
     let mut out = std::io::stdout();
-    for line in l {
-        if writeln!(out, "{}", esc(&line)).is_err() {
+    let now = now_us();
+    let when = |s: &Option<String>| -> std::result::Result<u64, CliError> {
+        match s {
+            None => Ok(0),
+            Some(t) => crate::when::parse(t, now).map_err(|e| CliError::new(exit::USAGE, e)),
+        }
+    };
+    let (since, until) = match (when(&a.since), when(&a.until)) {
+        (Ok(s), Ok(u)) => (s, u),
+        (Err(e), _) | (_, Err(e)) => return fail(&mut out, e),
+    };
+    let (text, mut off): (String, u64) =
+        match c.call("GetJournal", &(agent, a.lines, since, until)).await {
+            Ok(r) => r,
+            Err(e) => return fail(&mut out, e),
+        };
+    for e in parse_entries(&text) {
+        if writeln!(out, "{}", render_entry(&e, agent, a.output)).is_err() {
             return exit::OK;
         }
     }
     let _ = out.flush();
-    if !follow {
+    if !a.follow {
         return exit::OK;
     }
+    let mut waiting = false;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        match c.call::<_, LogChunk>("ReadLog", &(agent, off)).await {
+        match c
+            .call::<_, (String, u64)>("ReadJournal", &(agent, off))
+            .await
+        {
             Ok((text, next)) => {
-                let text = escape_log_text(&text);
-                if out.write_all(text.as_bytes()).is_err() || out.flush().is_err() {
+                if waiting {
+                    eprintln!("agentctl: agentosd is back, following {agent} again");
+                    waiting = false;
+                }
+                for e in parse_entries(&text) {
+                    if until != 0 && e.time_us > until {
+                        return exit::OK;
+                    }
+                    if writeln!(out, "{}", render_entry(&e, agent, a.output)).is_err() {
+                        return exit::OK;
+                    }
+                }
+                if out.flush().is_err() {
                     return exit::OK;
                 }
                 off = next;
+            }
+            // The daemon restarting (or not answering): keep the offset and wait, as
+            // `journalctl -f` does across a journald restart.
+            Err(e) if e.code == exit::UNREACHABLE => {
+                if !waiting {
+                    eprintln!("agentctl: {}; waiting for it to come back", e.message);
+                    waiting = true;
+                }
             }
             Err(e) => return fail(&mut out, e),
         }

@@ -8,6 +8,7 @@ pub mod client;
 pub mod render;
 pub mod top;
 pub mod validate;
+pub mod when;
 
 /// agentctl exit codes (documented in docs/cli.md).
 pub mod exit {

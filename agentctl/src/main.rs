@@ -95,14 +95,26 @@ enum Cmd {
         #[arg(short, long)]
         quiet: bool,
     },
-    /// Show an agent's log
+    /// Show an agent's journal: what it wrote to stdout and stderr, each line with its time
+    /// and stream, and the daemon's notes about it (marked `agentosd:`), like journalctl -u
     Logs {
         agent: String,
-        #[arg(short = 'n', long, default_value_t = 50)]
-        lines: u32,
-        /// Keep printing new lines
+        /// The newest N entries (0: all that match) [default: 50, or all with --since/--until]
+        #[arg(short = 'n', long)]
+        lines: Option<u32>,
+        /// Keep printing new entries (also across a restart of agentosd)
         #[arg(short, long)]
         follow: bool,
+        /// Entries at or after this time: "2026-11-25 22:40:00" (UTC), "-5m", "1 h ago",
+        /// today, yesterday, @UNIX_SECONDS
+        #[arg(short = 'S', long, allow_hyphen_values = true)]
+        since: Option<String>,
+        /// Entries at or before this time (same forms as --since)
+        #[arg(short = 'U', long, allow_hyphen_values = true)]
+        until: Option<String>,
+        /// short (TIME NAME: line), json (one object per entry) or cat (the lines only)
+        #[arg(short = 'o', long, value_enum, default_value_t = client::LogOutput::Short)]
+        output: client::LogOutput,
     },
     /// A live view of the agents like top(1): CPU, memory, tasks, denials, model tokens and
     /// first-token time, refreshed every --delay; --batch prints plain frames for scripts
@@ -346,7 +358,24 @@ fn run(cli: Cli) -> i32 {
                 agent,
                 lines,
                 follow,
-            } => client::logs(&c, &agent, lines, follow).await,
+                since,
+                until,
+                output,
+            } => {
+                let args = client::LogsArgs {
+                    // --since/--until without -n: everything in the window.
+                    lines: lines.unwrap_or(if since.is_some() || until.is_some() {
+                        0
+                    } else {
+                        50
+                    }),
+                    follow,
+                    since,
+                    until,
+                    output,
+                };
+                client::logs(&c, &agent, &args).await
+            }
             Cmd::Consent { cmd } => match cmd {
                 ConsentCmd::List { json } => client::consent_list(&c, json, &mut out).await,
                 ConsentCmd::Approve { ids } => client::consent_answer(&c, true, &ids).await,

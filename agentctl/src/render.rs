@@ -138,7 +138,8 @@ fn fmt_ago(us: u64) -> String {
 
 /// `agentctl status` text: agent-controlled strings and log lines are escaped
 /// ([`escaped`], [`agentos_api::text::escape_control`]).
-pub fn render_status(st: &AgentStatus, log: &[String]) -> String {
+pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String {
+    let name = st.name.clone();
     let st = &escaped(st);
     let dot = match st.state.as_str() {
         "running" => "●",
@@ -229,8 +230,9 @@ pub fn render_status(st: &AgentStatus, log: &[String]) -> String {
     s.push_str(&render_tree(&st.processes));
     if !log.is_empty() {
         s.push('\n');
-        for l in log {
-            s.push_str(&esc(l));
+        // `short` escapes the message and marks who wrote it.
+        for e in log {
+            s.push_str(&e.short(&name));
             s.push('\n');
         }
     }
@@ -263,20 +265,6 @@ fn render_tree(procs: &[(u32, u32, String)]) -> String {
     }
     for (i, r) in roots.iter().enumerate() {
         walk(r, procs, "", i + 1 == roots.len(), &mut out);
-    }
-    out
-}
-
-/// Log text as `ReadLog` returns it (whole lines), each line escaped.
-pub fn escape_log_text(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let (body, nl) = match line.strip_suffix('\n') {
-            Some(b) => (b, "\n"),
-            None => (line, ""),
-        };
-        out.push_str(&esc(body));
-        out.push_str(nl);
     }
     out
 }
@@ -425,12 +413,17 @@ mod tests {
             "processes": [[7, 1, "sh \u{1b}]0;title\u{7}"]]
         });
         let st: AgentStatus = serde_json::from_value(st).unwrap();
-        let t = render_status(&st, &["\x1b[2Jfake\rline".to_string()]);
+        let forged = agentos_api::LogEntry {
+            time_us: 0,
+            stream: "stdout".into(),
+            message: "\x1b[2Jagentosd: fake\rline".into(),
+        };
+        let t = render_status(&st, &[forged]);
         assert!(
             !t.contains('\x1b') && !t.contains('\x07') && !t.contains('\r'),
             "{t:?}"
         );
-        assert!(t.contains("\\x1b[2Jfake\\rline"), "{t}");
+        assert!(t.contains(" a: \\x1b[2Jagentosd: fake\\rline"), "{t}");
         assert!(t.contains("sh \\x1b]0;title\\x07"), "{t}");
         let rows = vec![ConsentRequest {
             id: 1,
@@ -447,9 +440,5 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains('\u{9b}') && !t.contains('\u{202e}'), "{t}");
-        assert_eq!(
-            escape_log_text("a\x1b[1m\nb\n"),
-            "a\\x1b[1m\nb\n".to_string()
-        );
     }
 }

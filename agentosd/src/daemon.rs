@@ -52,6 +52,9 @@ pub struct Options {
     pub polkit: crate::polkit::Mode,
     /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
     pub denial_records: crate::enforce::limit::Limits,
+    /// How much of each agent's output the daemon keeps and takes in (`--log-journal-max`,
+    /// `--log-rate`); see logs/.
+    pub logs: crate::logs::Limits,
     /// The model gateway's backends (`--models`); `None`: `models::config::DEFAULT_PATH` if it
     /// exists, else no gateway.
     pub models: Option<PathBuf>,
@@ -82,6 +85,7 @@ impl Default for Options {
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
+            logs: Default::default(),
             models: None,
             otlp: None,
         }
@@ -288,18 +292,7 @@ pub async fn run(opts: Options) -> Result<()> {
         root.display()
     );
 
-    if let Some(mut fwd) = crate::logs::JournalForwarder::new() {
-        info!("forwarding agent output to the journal");
-        let sup = sup.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                for a in sup.agents() {
-                    fwd.forward(&a.log_path, &a.id, &a.name);
-                }
-            }
-        });
-    }
+    spawn_log_ingest(&sup);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -530,6 +523,29 @@ type Built = (
     crate::probe::HostReport,
 );
 
+/// Every half second, take in what the agents wrote (logs/ingest.rs): on a thread of its own,
+/// since it reads files.
+fn spawn_log_ingest(sup: &std::sync::Arc<Supervisor>) {
+    if sup.logs().forwards_to_journald() {
+        info!("forwarding agent output to the journal");
+    }
+    let sup = std::sync::Arc::downgrade(sup);
+    let spawned = std::thread::Builder::new()
+        .name("log-ingest".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                let Some(sup) = sup.upgrade() else { return };
+                for a in sup.agents() {
+                    sup.logs().ingest(&a.log_who(), false);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("log ingest thread: {e}; agents' output reaches their journal only when read");
+    }
+}
+
 /// Build the services in order, then the supervisor over them, then its readers and the MCP
 /// service (which needs the supervisor).
 fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
@@ -577,6 +593,10 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         },
         scx: scx.clone(),
         telemetry: crate::telemetry::Telemetry::from_config(opts.otlp.clone())?,
+        logs: std::sync::Arc::new(crate::logs::Logs::new(
+            opts.logs,
+            crate::logs::JournalForwarder::new(),
+        )),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;

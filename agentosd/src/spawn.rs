@@ -58,7 +58,10 @@ pub struct Command {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// Standard output (and standard error unless `err_file`), opened O_APPEND.
     pub log_file: PathBuf,
+    /// Standard error, when it goes to a file of its own.
+    pub err_file: Option<PathBuf>,
     /// The agent's sandbox (uid, capabilities, Landlock, seccomp), applied last before execve.
     pub sandbox: Option<crate::sandbox::PreparedSandbox>,
     /// Scheduling policy the child takes before execve (the latency class).
@@ -154,6 +157,10 @@ pub fn spawn_with_stdio(
         Some(_) => None,
         None => Some(open_log(&cmd.log_file)?),
     };
+    let err_log = match (&stdio, &cmd.err_file) {
+        (None, Some(p)) => Some(open_log(p)?),
+        _ => None,
+    };
     let devnull = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -195,7 +202,11 @@ pub fn spawn_with_stdio(
             s.stdout.as_raw_fd(),
             s.stderr.as_raw_fd(),
         ),
-        (None, Some(l)) => (devnull.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()),
+        (None, Some(l)) => (
+            devnull.as_raw_fd(),
+            l.as_raw_fd(),
+            err_log.as_ref().unwrap_or(l).as_raw_fd(),
+        ),
         (None, None) => (
             devnull.as_raw_fd(),
             devnull.as_raw_fd(),
@@ -404,6 +415,7 @@ mod tests {
             env: Vec::new(),
             cwd: "/nonexistent/agentos-spawn-test".into(),
             log_file: logs.path().join("log"),
+            err_file: None,
             sandbox: None,
             sched: crate::sched::ChildSched::None,
             inherit_fd: None,

@@ -217,7 +217,7 @@ fn crashing_agent_restarted_then_given_up() {
         "{st}"
     );
     assert_eq!(st["exit_status"], "code=exited, status=7");
-    let logs = d.ctl_ok(&["logs", "crasher", "-n", "100"]);
+    let logs = d.ctl_ok(&["logs", "crasher", "-n", "100", "-o", "cat"]);
     assert_eq!(
         logs.matches("\nup\n").count() + usize::from(logs.starts_with("up\n")),
         3,

@@ -220,8 +220,9 @@ fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
     };
     let recs = loop {
         let mut recs = denials_of(state, "denier");
-        let log = std::fs::read_to_string(d.status_json("denier")["log_path"].as_str().unwrap())
-            .unwrap_or_default();
+        let log = common::agent_output(Path::new(
+            d.status_json("denier")["log_path"].as_str().unwrap(),
+        ));
         if log.contains("marker") && recs.iter().filter(|r| is_marker(r)).count() >= 2 {
             let last = recs.pop().unwrap();
             assert!(is_marker(&last), "the marker is the last denial: {last:#}");
@@ -237,8 +238,9 @@ fn landlock_and_seccomp_denials_of_an_agent_reach_the_audit_trail() {
     for r in &recs {
         eprintln!("{r}");
     }
-    let log = std::fs::read_to_string(d.status_json("denier")["log_path"].as_str().unwrap())
-        .unwrap_or_default();
+    let log = common::agent_output(Path::new(
+        d.status_json("denier")["log_path"].as_str().unwrap(),
+    ));
     assert!(log.contains("passwd-ok"), "agent log:\n{log}");
     assert!(log.contains("Permission denied"), "agent log:\n{log}");
     assert!(

@@ -193,3 +193,134 @@ mod tests {
         );
     }
 }
+
+/// One entry of an agent's journal (`LOG_DIR/<tenant>/<name>.journal`, one JSON object per
+/// line), as `GetJournal` and `ReadJournal` return them. Only the daemon writes the journal: the
+/// agent's output reaches it through files the daemon reads, so `stream` says who spoke and an
+/// agent cannot write a line that reads as the daemon's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// Wall-clock time the daemon took the line in, µs since the Unix epoch.
+    #[serde(rename = "t")]
+    pub time_us: u64,
+    /// Who wrote it: `stdout`, `stderr` (the agent) or `agentosd` (the daemon's note).
+    #[serde(rename = "s")]
+    pub stream: String,
+    /// The line, without its newline (invalid UTF-8 replaced; control characters kept: escape
+    /// them before printing).
+    #[serde(rename = "m")]
+    pub message: String,
+}
+
+impl LogEntry {
+    /// Whether the agent wrote it (rather than the daemon).
+    pub fn from_agent(&self) -> bool {
+        self.stream != "agentosd"
+    }
+
+    /// `2026-11-25T22:40:01.123Z NAME: …` for stdout, `NAME[stderr]: …` for stderr and
+    /// `agentosd: …` for the daemon's notes (journalctl's short format, in UTC). The message is
+    /// escaped for a terminal: what an agent wrote cannot move the cursor or pose as the daemon.
+    pub fn short(&self, name: &str) -> String {
+        let who = match self.stream.as_str() {
+            "stdout" => crate::text::escape_control(name),
+            "agentosd" => "agentosd".to_string(),
+            s => format!(
+                "{}[{}]",
+                crate::text::escape_control(name),
+                crate::text::escape_control(s)
+            ),
+        };
+        format!(
+            "{} {who}: {}",
+            utc_timestamp(self.time_us),
+            crate::text::escape_control(&self.message)
+        )
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for µs since the epoch (UTC, proleptic Gregorian).
+pub fn utc_timestamp(us: u64) -> String {
+    let secs = us / 1_000_000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        us % 1_000_000 / 1000
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day); Howard Hinnant's `civil_from_days`.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Days since 1970-01-01 of a date (the inverse of `civil_from_days`).
+pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (i64::from(m) + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod log_entry_tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates() {
+        assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00.000Z");
+        // 2026-11-25T22:40:01.123Z
+        let us = (days_from_civil(2026, 11, 25) as u64 * 86_400 + 22 * 3600 + 40 * 60 + 1)
+            * 1_000_000
+            + 123_456;
+        assert_eq!(utc_timestamp(us), "2026-11-25T22:40:01.123Z");
+        assert_eq!(
+            utc_timestamp(951_782_400_000_000),
+            "2000-02-29T00:00:00.000Z"
+        );
+        for d in [-1000i64, 0, 59, 60, 10_000, 20_000] {
+            let (y, m, dd) = civil_from_days(d);
+            assert_eq!(days_from_civil(y, m, dd), d);
+        }
+    }
+
+    #[test]
+    fn an_agent_line_cannot_read_as_the_daemons() {
+        let e = LogEntry {
+            time_us: 0,
+            stream: "stdout".into(),
+            message: "agentosd: stopped\x1b[2J".into(),
+        };
+        assert_eq!(
+            e.short("ticker"),
+            "1970-01-01T00:00:00.000Z ticker: agentosd: stopped\\x1b[2J"
+        );
+        let n = LogEntry {
+            stream: "agentosd".into(),
+            message: "started".into(),
+            ..e.clone()
+        };
+        assert!(n.short("ticker").ends_with(" agentosd: started"));
+        assert!(!n.from_agent() && e.from_agent());
+        let err = LogEntry {
+            stream: "stderr".into(),
+            ..e
+        };
+        assert!(err.short("t\x1b").contains(" t\\x1b[stderr]: "));
+    }
+}

@@ -100,6 +100,14 @@ struct RunArgs {
     /// Kernel denial records an agent may produce at once before the rate applies
     #[arg(long, global = true, default_value_t = 100)]
     denial_records_burst: u32,
+    /// An agent's journal (its output and the daemon's notes about it) is rotated past this
+    /// many bytes; one rotated file is kept, so at most twice this per agent
+    #[arg(long, global = true, default_value_t = 8 << 20, value_name = "BYTES")]
+    log_journal_max: u64,
+    /// Bytes per second of each agent stream (stdout, stderr) the daemon takes into the journal;
+    /// an agent more than 8 s of this behind has the excess skipped, with a note in its journal
+    #[arg(long, global = true, default_value_t = 2 << 20, value_name = "BYTES")]
+    log_rate: u64,
     /// The model gateway's backends, models and tenant token budgets (YAML; see
     /// docs/models.md) [default: /etc/agentos/models.yaml when it exists]
     #[arg(long, global = true)]
@@ -208,6 +216,11 @@ fn main() -> anyhow::Result<()> {
                 denial_records: agentosd::enforce::limit::Limits {
                     per_sec: r.denial_records_per_sec,
                     burst: r.denial_records_burst,
+                },
+                logs: agentosd::logs::Limits {
+                    journal_max: r.log_journal_max.max(4096),
+                    per_round: (r.log_rate / 2).max(4096),
+                    backlog_max: (r.log_rate * 8).max(4096 * 16),
                 },
                 models: r.models,
                 otlp: r.otlp_endpoint.map(|e| agentosd::telemetry::OtlpConfig {

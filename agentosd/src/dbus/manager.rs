@@ -35,6 +35,32 @@ impl Manager {
         }
     }
 
+    /// A journal query, on a blocking thread (it reads files and takes in new output).
+    async fn journal_query(
+        &self,
+        a: &Arc<crate::supervisor::Agent>,
+        q: crate::logs::journal::Query,
+    ) -> Result<(Vec<agentos_api::LogEntry>, u64)> {
+        let (sup, agent) = (self.sup.clone(), a.clone());
+        tokio::task::spawn_blocking(move || sup.logs().query(&agent.log_who(), q))
+            .await
+            .map_err(|e| ApiError::Io(format!("journal query: {e}")))?
+            .map_err(|e| ApiError::Io(format!("journal of {}: {e}", a.id)))
+    }
+
+    /// The journal entries of `a` from `offset`, on a blocking thread.
+    async fn journal_read(
+        &self,
+        a: &Arc<crate::supervisor::Agent>,
+        offset: u64,
+    ) -> Result<(Vec<agentos_api::LogEntry>, u64)> {
+        let (sup, agent) = (self.sup.clone(), a.clone());
+        tokio::task::spawn_blocking(move || sup.logs().read_from(&agent.log_who(), offset))
+            .await
+            .map_err(|e| ApiError::Io(format!("journal read: {e}")))?
+            .map_err(|e| ApiError::Io(format!("journal of {}: {e}", a.id)))
+    }
+
     fn consents(&self) -> Result<&Arc<crate::mcp::consent::Consents>> {
         self.sup
             .mcp()
@@ -453,7 +479,9 @@ impl Manager {
         serde_json::to_string(&all).map_err(|e| ApiError::Io(e.to_string()))
     }
 
-    /// The last `lines` lines of the agent's log, the log's path and the offset to follow from.
+    /// The last `lines` entries of the agent's journal as text (`TIME NAME: line`, the daemon's
+    /// notes as `TIME agentosd: …`, control characters escaped), the journal's path and the
+    /// offset to follow from with `ReadLog`.
     #[zbus(out_args("path", "lines", "offset"))]
     async fn get_log(
         &self,
@@ -466,12 +494,18 @@ impl Manager {
             .gate()
             .agent(&hdr, conn, "GetLog", Action::Read, &agent)
             .await?;
-        let (l, off) = crate::logs::tail(&a.log_path, lines as usize)
-            .map_err(|e| ApiError::Io(format!("{}: {e}", a.log_path.display())))?;
-        Ok((a.log_path.display().to_string(), l, off))
+        let q = crate::logs::journal::Query {
+            lines: lines as usize,
+            ..Default::default()
+        };
+        let (entries, off) = self.journal_query(&a, q).await?;
+        let text = entries.iter().map(|e| e.short(&a.name)).collect();
+        let path = crate::logs::AgentFiles::of(&a.log_path).journal;
+        Ok((path.display().to_string(), text, off))
     }
 
-    /// Log text from `offset` (at most 64 KiB, whole lines) and the next offset (`-f`).
+    /// Journal text from `offset` (at most 64 KiB, whole entries, as `GetLog` writes them) and
+    /// the next offset (`-f`).
     #[zbus(out_args("text", "next_offset"))]
     async fn read_log(
         &self,
@@ -484,8 +518,56 @@ impl Manager {
             .gate()
             .agent(&hdr, conn, "ReadLog", Action::Read, &agent)
             .await?;
-        crate::logs::read_from(&a.log_path, offset, 64 * 1024)
-            .map_err(|e| ApiError::Io(format!("{}: {e}", a.log_path.display())))
+        let (entries, next) = self.journal_read(&a, offset).await?;
+        let mut text = String::new();
+        for e in entries {
+            text.push_str(&e.short(&a.name));
+            text.push('\n');
+        }
+        Ok((text, next))
+    }
+
+    /// The agent's journal entries as JSON lines (`{"t":µs,"s":"stdout|stderr|agentosd","m":…}`):
+    /// the newest `lines` (0: all) between `since_us` and `until_us` (µs since the epoch, 0: no
+    /// bound), and the offset to follow from with `ReadJournal`.
+    #[zbus(out_args("entries", "offset"))]
+    async fn get_journal(
+        &self,
+        agent: String,
+        lines: u32,
+        since_us: u64,
+        until_us: u64,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, u64)> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "GetJournal", Action::Read, &agent)
+            .await?;
+        let q = crate::logs::journal::Query {
+            lines: lines as usize,
+            since_us,
+            until_us,
+        };
+        let (entries, off) = self.journal_query(&a, q).await?;
+        Ok((crate::logs::journal::to_json_lines(&entries), off))
+    }
+
+    /// Journal entries (JSON lines) appended from `offset`, at most 64 KiB, and the next offset.
+    #[zbus(out_args("entries", "next_offset"))]
+    async fn read_journal(
+        &self,
+        agent: String,
+        offset: u64,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, u64)> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "ReadJournal", Action::Read, &agent)
+            .await?;
+        let (entries, next) = self.journal_read(&a, offset).await?;
+        Ok((crate::logs::journal::to_json_lines(&entries), next))
     }
 
     /// The host probe taken at start-up, as JSON (same as `agentosd check --json`).

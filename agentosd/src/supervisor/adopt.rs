@@ -9,7 +9,6 @@ use super::mechanism::{RunCtx, adopt_all};
 use super::start::agent_contract;
 use super::{Agent, ContractText, Event, State, Supervisor, lock, plan_budgets};
 use crate::cgroup::{self, Cgroup};
-use crate::logs;
 use crate::state::AgentRecord;
 use crate::sys::{self, ExitStatus};
 
@@ -202,10 +201,7 @@ impl Supervisor {
         if spec.deadline().is_some() {
             self.monitor_overruns(agent.clone(), generation, pid);
         }
-        logs::append_note(
-            &agent.log_path,
-            &format!("re-adopted main process PID {pid}"),
-        );
+        self.note(agent, &format!("re-adopted main process PID {pid}"), false);
         self.changed(agent);
         self.watch(agent.clone(), generation, pidfd);
         report

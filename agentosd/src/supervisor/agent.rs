@@ -57,6 +57,16 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Whose journal, for the log keeper (logs/).
+    pub fn log_who(&self) -> crate::logs::Who<'_> {
+        crate::logs::Who {
+            id: &self.id,
+            tenant: &self.tenant,
+            name: &self.name,
+            log_path: &self.log_path,
+        }
+    }
+
     /// The leaf the agent's own processes live in (`<cgroup>/main`); its tools live in
     /// `<cgroup>/tools/<id>`, the budgets are set on [`Agent::cgroup`] above both.
     pub fn main_cgroup(&self) -> Cgroup {

@@ -9,7 +9,6 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 use super::{Agent, State, Supervisor, lifecycle, lock};
-use crate::logs;
 use crate::sys::{self, ExitStatus};
 
 impl Supervisor {
@@ -49,13 +48,14 @@ impl Supervisor {
             pid
         };
         drop(pidfd);
-        logs::append_note(
-            &agent.log_path,
+        self.note(
+            &agent,
             &format!(
                 "main process PID {} exited, {}",
                 pid.unwrap_or(0),
                 status.describe()
             ),
+            true,
         );
         let op = agent.op.lock().await;
         let outcome = {
@@ -108,9 +108,10 @@ impl Supervisor {
             }
             i.restarts = restart_no;
         }
-        logs::append_note(
-            &agent.log_path,
+        self.note(
+            &agent,
             &format!("restart {restart_no} of {}", agent.id),
+            false,
         );
         self.audit_event(
             &agent,

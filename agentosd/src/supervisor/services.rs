@@ -28,6 +28,8 @@ pub struct Services {
     pub scx: Option<Arc<crate::scx::Scx>>,
     /// OpenTelemetry export ([`Telemetry::off`] unless `--otlp-endpoint`); see telemetry/.
     pub telemetry: Arc<Telemetry>,
+    /// The agents' journals (logs/): output taken in, the daemon's notes, journald forwarding.
+    pub logs: Arc<crate::logs::Logs>,
 }
 
 impl Default for Services {
@@ -40,6 +42,7 @@ impl Default for Services {
             sysc: Err("not enabled (agentosd --syscall-counts)".into()),
             scx: None,
             telemetry: Telemetry::off(),
+            logs: Arc::default(),
         }
     }
 }

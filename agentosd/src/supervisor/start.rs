@@ -14,7 +14,6 @@ use super::{
     Agent, ContractText, Error, Event, State, Supervisor, lifecycle, lock, now_us, plan_budgets,
 };
 use crate::cgroup;
-use crate::logs;
 use crate::spawn::{self, SpawnError};
 use crate::spec::AgentSpec;
 use crate::sys;
@@ -206,7 +205,7 @@ impl Supervisor {
                     i.main_pid = None;
                     i.pidfd = None;
                 }
-                logs::append_note(&agent.log_path, &format!("failed to start: {e}"));
+                self.note(agent, &format!("failed to start: {e}"), false);
                 warn!(agent = %agent.id, "start failed: {e}");
                 self.audit_event(
                     agent,
@@ -242,9 +241,10 @@ impl Supervisor {
             i.unenforced = unenforced;
             i.notes = notes;
         }
-        logs::append_note(
-            &agent.log_path,
+        self.note(
+            agent,
             &format!("started {}, main process PID {}", agent.id, child.pid),
+            false,
         );
         info!(agent = %agent.id, pid = child.pid, "started");
         self.audit_event(
@@ -388,13 +388,15 @@ impl Supervisor {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("/")),
             log_file: agent.log_path.clone(),
+            err_file: Some(crate::logs::AgentFiles::of(&agent.log_path).stderr),
             sched: child_sched,
             sandbox: Some(sandbox),
             inherit_fd: prepared.inherit_fd,
         };
-        logs::append_note(
-            &agent.log_path,
+        self.note(
+            agent,
             &format!("starting {}: {}", agent.id, cmd.program.display()),
+            false,
         );
         let dirfd = main.open_dir()?;
         let id = agent.id.clone();

@@ -9,7 +9,6 @@ use tracing::warn;
 
 use super::{Agent, Error, Event, State, Supervisor, lock};
 use crate::cgroup;
-use crate::logs;
 use crate::sys;
 
 impl Supervisor {
@@ -104,12 +103,13 @@ impl Supervisor {
         if graceful.is_ok() {
             self.kill_and_wait(agent).await;
         } else {
-            logs::append_note(
-                &agent.log_path,
+            self.note(
+                agent,
                 &format!(
                     "stop timeout ({:?}) reached, killing the cgroup",
                     self.cfg.stop_timeout
                 ),
+                false,
             );
             self.kill_and_wait(agent).await;
         }
@@ -139,7 +139,7 @@ impl Supervisor {
             i.main_start_time = None;
             i.pidfd = None;
         }
-        logs::append_note(&agent.log_path, &format!("{} {}", result, agent.id));
+        self.note(agent, &format!("{} {}", result, agent.id), true);
         self.audit_event(
             agent,
             "stopped",

@@ -15,6 +15,17 @@ impl Supervisor {
         &self.services.telemetry
     }
 
+    /// The agents' journals (logs/).
+    pub fn logs(&self) -> &Arc<crate::logs::Logs> {
+        &self.services.logs
+    }
+
+    /// A line from the daemon in `agent`'s journal (after what the agent wrote before it);
+    /// `exited`: its run has ended, so its last unterminated line is taken in first.
+    pub(super) fn note(&self, agent: &super::Agent, text: &str, exited: bool) {
+        self.services.logs.note(&agent.log_who(), text, exited);
+    }
+
     /// What telemetry labels agent `id`'s spans and metrics with: its tenant and name, and its
     /// contract's binding hash from the audit trail.
     pub fn telemetry_labels(&self, id: &str, tenant: &str, name: &str) -> AgentLabels {

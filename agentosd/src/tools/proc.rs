@@ -174,6 +174,7 @@ async fn launch_inner(
         env,
         cwd: place.scratch.clone(),
         log_file: PathBuf::from("/dev/null"),
+        err_file: None,
         sandbox: Some(prepared),
         sched: Default::default(),
         inherit_fd: None,

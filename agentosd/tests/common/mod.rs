@@ -549,6 +549,20 @@ impl Drop for Daemon {
     }
 }
 
+/// Everything an agent wrote: its stdout file (`log_path`) then its stderr file next to it.
+pub fn agent_output(log_path: &Path) -> String {
+    let err = log_path.with_file_name(format!(
+        "{}.stderr.log",
+        log_path
+            .file_name()
+            .expect("a log file name")
+            .to_string_lossy()
+            .trim_end_matches(".log")
+    ));
+    std::fs::read_to_string(log_path).unwrap_or_default()
+        + &std::fs::read_to_string(err).unwrap_or_default()
+}
+
 /// Write a contract file and return its path.
 pub fn contract(dir: &Path, name: &str, exec: &str, extra: &str) -> PathBuf {
     let p = dir.join(format!("{name}.yaml"));

@@ -316,6 +316,7 @@ fn run_direct(
         env,
         cwd: "/".into(),
         log_file: log.clone(),
+        err_file: None,
         sandbox: Some(sb),
         sched: Default::default(),
         inherit_fd: None,

@@ -1,13 +1,62 @@
-//! Per-agent log files: `LOG_DIR/<tenant>/<name>.log`, opened O_APPEND by the daemon and
-//! inherited by the agent as stdout and stderr, so output survives a daemon restart.
+//! Per-agent logs, kept like the journal. The agent's standard output and error go to two files
+//! of their own (`LOG_DIR/<tenant>/<name>.log` and `<name>.stderr.log`), opened O_APPEND by the
+//! daemon and inherited by the agent, so output survives a daemon restart. Only the daemon reads
+//! them: it takes in what was appended (ingest.rs), stamps each line with the time and the stream,
+//! and appends it to the agent's **journal** (`<name>.journal`, JSON lines, journal.rs), where
+//! the daemon's own notes go too, marked as its. An agent therefore cannot write a line that reads
+//! as the daemon's, every line has a time, and the journal is size-capped and rotated. Where
+//! journald runs, each entry is also sent there with `AGENTOS_AGENT=`/`AGENTOS_TENANT=` fields.
+
+mod ingest;
+pub mod journal;
+
+pub use ingest::{Limits, Logs, Who};
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// Where the log of `tenant/name` lives.
+/// Where the agent's standard output of `tenant/name` goes (its standard error, journal and
+/// ingest offsets are next to it: [`AgentFiles`]).
 pub fn log_path(log_dir: &Path, tenant: &str, name: &str) -> PathBuf {
     log_dir.join(tenant).join(format!("{name}.log"))
+}
+
+/// The files of one agent's log, derived from its [`log_path`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentFiles {
+    /// What the agent writes to its standard output.
+    pub stdout: PathBuf,
+    /// What it writes to its standard error.
+    pub stderr: PathBuf,
+    /// The journal the daemon keeps from both, with its notes (`.journal`, rotated to `.journal.1`).
+    pub journal: PathBuf,
+    /// How far the daemon has read each stream (survives daemon restarts).
+    pub offsets: PathBuf,
+}
+
+impl AgentFiles {
+    pub fn of(log_path: &Path) -> Self {
+        let name = log_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = name.strip_suffix(".log").unwrap_or(&name).to_string();
+        let sibling = |suffix: &str| log_path.with_file_name(format!("{stem}{suffix}"));
+        AgentFiles {
+            stdout: log_path.to_path_buf(),
+            stderr: sibling(".stderr.log"),
+            journal: sibling(".journal"),
+            offsets: sibling(".offsets"),
+        }
+    }
+
+    /// The journal's rotated predecessor.
+    pub fn journal_old(&self) -> PathBuf {
+        let mut s = self.journal.clone().into_os_string();
+        s.push(".1");
+        PathBuf::from(s)
+    }
 }
 
 /// The last `n` lines of the file (at most the last 1 MiB is read), and the file's size.
@@ -56,17 +105,6 @@ pub fn read_from(path: &Path, offset: u64, max: usize) -> io::Result<(String, u6
     Ok((String::from_utf8_lossy(&buf).into_owned(), next))
 }
 
-/// Append a line from the daemon itself (e.g. `agentosd: started main process 123`).
-pub fn append_note(path: &Path, line: &str) {
-    // In the daemon's own log directory, never through a link (safe_fs).
-    if let Ok(fd) = crate::safe_fs::open_append(path, 0o644) {
-        let mut f = File::from(fd);
-        // One write(2) on an O_APPEND file: the agent writes to the same file, and `writeln!`
-        // would issue a write per piece, letting an agent's line land inside ours.
-        let _ = f.write_all(format!("agentosd: {line}\n").as_bytes());
-    }
-}
-
 /// The journal's native socket; forwarding is on when it exists.
 pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 
@@ -90,13 +128,11 @@ pub fn journal_entry(fields: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-/// Copies new lines of agent logs to the journal (when present), once a second: each line
-/// becomes an entry with `SYSLOG_IDENTIFIER=<name>` and `AGENTOS_AGENT=<tenant/name>`, so
-/// `journalctl AGENTOS_AGENT=default/ticker` works. Offsets start at the end of each file, so a
-/// daemon restart does not replay old lines.
+/// Sends journal entries of agents to journald (when it runs here): each becomes an entry with
+/// `SYSLOG_IDENTIFIER=<name>`, `AGENTOS_AGENT=<tenant/name>`, `AGENTOS_TENANT=`, and
+/// `AGENTOS_STREAM=stdout|stderr|agentosd`, so `journalctl AGENTOS_TENANT=acme` works.
 pub struct JournalForwarder {
     sock: std::os::unix::net::UnixDatagram,
-    offsets: std::collections::HashMap<PathBuf, u64>,
 }
 
 impl JournalForwarder {
@@ -113,41 +149,33 @@ impl JournalForwarder {
         let sock = std::os::unix::net::UnixDatagram::unbound().ok()?;
         sock.connect(socket).ok()?;
         sock.set_nonblocking(true).ok()?;
-        Some(Self {
-            sock,
-            offsets: Default::default(),
-        })
+        Some(Self { sock })
     }
 
-    /// Forward what was appended to `path` since the last call.
-    pub fn forward(&mut self, path: &Path, id: &str, name: &str) {
-        let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
-            return;
+    /// Send one entry of `who`'s journal.
+    pub fn send(&self, who: &Who<'_>, e: &agentos_api::LogEntry) {
+        let priority = match e.stream.as_str() {
+            "stderr" => "4",
+            "agentosd" => "5",
+            _ => "6",
         };
-        let off = *self.offsets.entry(path.to_path_buf()).or_insert(len);
-        if len == off {
-            return;
-        }
-        let Ok((text, next)) = read_from(path, off, 256 * 1024) else {
-            return;
-        };
-        self.offsets.insert(path.to_path_buf(), next);
-        for line in text.lines() {
-            let entry = journal_entry(&[
-                ("MESSAGE", line),
-                ("PRIORITY", "6"),
-                ("SYSLOG_IDENTIFIER", name),
-                ("AGENTOS_AGENT", id),
-            ]);
-            // Best effort: a full journal socket drops lines rather than blocking the daemon.
-            let _ = self.sock.send(&entry);
-        }
+        let entry = journal_entry(&[
+            ("MESSAGE", &e.message),
+            ("PRIORITY", priority),
+            ("SYSLOG_IDENTIFIER", who.name),
+            ("AGENTOS_AGENT", who.id),
+            ("AGENTOS_TENANT", who.tenant),
+            ("AGENTOS_STREAM", &e.stream),
+        ]);
+        // Best effort: a full journal socket drops lines rather than blocking the daemon.
+        let _ = self.sock.send(&entry);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn tail_and_follow() {
@@ -161,16 +189,20 @@ mod tests {
         let (t, next) = read_from(&p, 4, 1000).unwrap();
         assert_eq!(t, "3\n4\n");
         assert_eq!(next, 8);
-        append_note(&p, "x");
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&p)
-            .unwrap()
-            .write_all(b"partial")
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"x\npartial").unwrap();
         let (t, next2) = read_from(&p, next, 1000).unwrap();
-        assert_eq!(t, "agentosd: x\n");
-        assert_eq!(next2, next + 12);
+        assert_eq!(t, "x\n");
+        assert_eq!(next2, next + 2);
+    }
+
+    #[test]
+    fn files_of_an_agent() {
+        let f = AgentFiles::of(Path::new("/l/acme/bot.log"));
+        assert_eq!(f.stderr, Path::new("/l/acme/bot.stderr.log"));
+        assert_eq!(f.journal, Path::new("/l/acme/bot.journal"));
+        assert_eq!(f.journal_old(), Path::new("/l/acme/bot.journal.1"));
+        assert_eq!(f.offsets, Path::new("/l/acme/bot.offsets"));
     }
 
     #[test]
@@ -180,29 +212,5 @@ mod tests {
         want.extend_from_slice(&3u64.to_le_bytes());
         want.extend_from_slice(b"a\nb\n");
         assert_eq!(e, want);
-    }
-
-    #[test]
-    fn forwards_new_lines_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock_path = dir.path().join("journal.sock");
-        let journal = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
-        journal.set_nonblocking(true).unwrap();
-        let log = dir.path().join("a.log");
-        std::fs::write(&log, "old\n").unwrap();
-        let mut fwd = JournalForwarder::connect(&sock_path).unwrap();
-        fwd.forward(&log, "default/a", "a");
-        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-        f.write_all(b"new line\n").unwrap();
-        fwd.forward(&log, "default/a", "a");
-        let mut buf = [0u8; 512];
-        let n = journal.recv(&mut buf).unwrap();
-        let got = String::from_utf8_lossy(&buf[..n]);
-        assert!(got.contains("MESSAGE=new line\n"), "{got}");
-        assert!(got.contains("AGENTOS_AGENT=default/a\n"), "{got}");
-        assert!(
-            journal.recv(&mut buf).is_err(),
-            "old line must not be replayed"
-        );
     }
 }
