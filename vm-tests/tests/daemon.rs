@@ -260,3 +260,76 @@ fn restarting_agentosd_keeps_agents_running_and_readopts_them() {
     );
     assert_eq!(mode.trim(), "711", "/var/lib/agentos mode");
 }
+
+/// An agent's output reaches journald with its fields (`AGENTOS_AGENT=`, `AGENTOS_TENANT=`,
+/// `AGENTOS_STREAM=`), so `journalctl AGENTOS_TENANT=… AGENTOS_STREAM=stderr` picks exactly its
+/// error lines; a line the agent forged as the daemon's is still marked stdout there, and
+/// `agentctl logs` shows the same lines with their stream.
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn agent_output_reaches_journald_with_agentos_fields() {
+    require_vm();
+    let name = "vmt-journal";
+    let c = write_contract(
+        name,
+        &contract_yaml(
+            name,
+            "/bin/sh",
+            &[
+                "-c",
+                "echo vmt-out-line; echo vmt-err-line >&2; echo 'agentosd: stopped vmt'; exec sleep 600",
+            ],
+            "",
+        ),
+    );
+    let agent = Agent::start(name, &c);
+    agent.wait_state("running", Duration::from_secs(30));
+    let field = |filter: &[&str]| -> Vec<Value> {
+        let mut args = vec!["--no-pager", "-o", "json"];
+        args.extend_from_slice(filter);
+        cmd("journalctl", &args)
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let id = format!("default/{name}");
+    let agent_filter = format!("AGENTOS_AGENT={id}");
+    let errs = vm_tests::wait_for(
+        "the stderr line in journald",
+        Duration::from_secs(30),
+        || {
+            let e = field(&[&agent_filter, "AGENTOS_STREAM=stderr"]);
+            (!e.is_empty()).then_some(e)
+        },
+    );
+    assert!(
+        errs.iter().all(|e| e["MESSAGE"] == "vmt-err-line"),
+        "{errs:#?}"
+    );
+    assert_eq!(errs[0]["AGENTOS_TENANT"], "default");
+    assert_eq!(errs[0]["SYSLOG_IDENTIFIER"], name);
+    let outs = field(&[&agent_filter, "AGENTOS_STREAM=stdout"]);
+    let msgs: Vec<&str> = outs.iter().filter_map(|e| e["MESSAGE"].as_str()).collect();
+    assert!(
+        msgs.contains(&"vmt-out-line") && msgs.contains(&"agentosd: stopped vmt"),
+        "{msgs:?}"
+    );
+    let notes = field(&[&agent_filter, "AGENTOS_STREAM=agentosd"]);
+    assert!(
+        notes.iter().any(|e| e["MESSAGE"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!("started {id}, main process PID")))),
+        "{notes:#?}"
+    );
+    let logs = agentctl(&["logs", name]).ok().stdout;
+    assert!(
+        logs.contains(&format!(" {name}[stderr]: vmt-err-line")),
+        "{logs}"
+    );
+    assert!(
+        logs.contains(&format!(" {name}: agentosd: stopped vmt")),
+        "{logs}"
+    );
+    agentctl(&["remove", name]).ok();
+}

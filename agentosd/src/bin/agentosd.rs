@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -20,6 +21,11 @@ struct Cli {
 
 #[derive(clap::Args, Debug, Clone)]
 struct RunArgs {
+    /// Read options from this TOML file: each key is a long flag's name (`stop-timeout = 5`,
+    /// `authz = ["group:ops=read@acme"]`, `sched-ext = true`), flags given here win; "none":
+    /// read no file [default: /etc/agentos/agentosd.toml when it exists]
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// State directory (agent records, logs)
     #[arg(long, global = true, default_value = "/var/lib/agentos")]
     state_dir: PathBuf,
@@ -135,6 +141,9 @@ enum Cmd {
     Run,
     /// Create the audit signing key if it is missing (0600, public key KEY.pub); print the public key
     Keygen,
+    /// Print every option with the value in effect (built-in default, configuration file or
+    /// flag) in the configuration file's form
+    Config,
     /// Probe what this host can enforce and print it
     Check {
         /// Print JSON
@@ -147,9 +156,103 @@ enum Cmd {
     },
 }
 
+/// The flags a configuration file may set: every long option but `--config`, help and version.
+fn known_flags() -> Vec<agentosd::conf::Known> {
+    Cli::command()
+        .get_arguments()
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            (!matches!(long, "config" | "help" | "version")).then(|| agentosd::conf::Known {
+                long: long.to_string(),
+                takes_value: a.get_action().takes_values(),
+                repeats: matches!(a.get_action(), clap::ArgAction::Append),
+            })
+        })
+        .collect()
+}
+
+/// The command line with the configuration file's settings in front of it (flags given on the
+/// command line replace the file's), parsed. A bad file ends the process with its path and line.
+fn parse_args() -> (Cli, Vec<OsString>) {
+    let raw: Vec<OsString> = std::env::args_os().collect();
+    let Some((path, _explicit)) = agentosd::conf::chosen(&raw) else {
+        return (Cli::parse_from(&raw), raw);
+    };
+    let given: Vec<String> = raw
+        .iter()
+        .skip(1)
+        .filter_map(|a| {
+            let a = a.to_str()?.strip_prefix("--")?;
+            Some(a.split('=').next().unwrap_or(a).to_string())
+        })
+        .collect();
+    let bin = raw.first().cloned().unwrap_or_else(|| "agentosd".into());
+    let file = match agentosd::conf::load(&path, &known_flags(), &given) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("agentosd: {e}");
+            std::process::exit(2);
+        }
+    };
+    // The file's values on their own first, so that a bad one is reported as the file's.
+    if let Err(e) = Cli::try_parse_from(std::iter::once(bin.clone()).chain(file.iter().cloned())) {
+        let msg = e.to_string();
+        let first = msg.lines().next().unwrap_or_default();
+        eprintln!(
+            "agentosd: {}: {}",
+            path.display(),
+            first.trim_start_matches("error: ")
+        );
+        std::process::exit(2);
+    }
+    let mut all = vec![bin];
+    all.extend(file);
+    all.extend(raw.into_iter().skip(1));
+    (Cli::parse_from(&all), all)
+}
+
+/// `agentosd config`: every option with the value in effect (default, file or flag), as a
+/// configuration file would set it.
+fn print_config(argv: &[OsString]) {
+    let m = Cli::command().get_matches_from(argv);
+    let quote = |v: &str| {
+        if v.parse::<f64>().is_ok() {
+            v.to_string()
+        } else {
+            format!("{v:?}")
+        }
+    };
+    for k in known_flags() {
+        let id = k.long.replace('-', "_");
+        let vals: Vec<String> = m
+            .get_raw(&id)
+            .map(|v| v.map(|s| s.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let src = match m.value_source(&id) {
+            Some(clap::parser::ValueSource::DefaultValue) | None => "default",
+            _ => "configured",
+        };
+        let line = if !k.takes_value {
+            format!("{} = {}", k.long, m.get_flag(&id))
+        } else if k.repeats {
+            let items: Vec<String> = vals.iter().map(|v| quote(v)).collect();
+            format!("{} = [{}]", k.long, items.join(", "))
+        } else if let Some(v) = vals.first() {
+            format!("{} = {}", k.long, quote(v))
+        } else {
+            format!("# {} =", k.long)
+        };
+        println!("{line:<60} # {src}");
+    }
+}
+
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let (cli, argv) = parse_args();
     match cli.cmd {
+        Some(Cmd::Config) => {
+            print_config(&argv);
+            Ok(())
+        }
         Some(Cmd::Keygen) => {
             let key = cli
                 .run
