@@ -92,6 +92,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// The bus connection (for signal streams).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
     /// Connect to `address`, else `$AGENTOS_BUS_ADDRESS`, else the system bus. Every method call
     /// fails after `timeout` without an answer (`None`: waits forever), like busctl's
     /// `--timeout`, so a stuck daemon is reported rather than waited for.
@@ -155,7 +160,7 @@ impl Client {
     }
 
     /// Call `method`, which answers nothing.
-    async fn call0<B>(&self, method: &str, body: &B) -> Result<()>
+    pub(crate) async fn call0<B>(&self, method: &str, body: &B) -> Result<()>
     where
         B: serde::Serialize + zbus::zvariant::DynamicType,
     {

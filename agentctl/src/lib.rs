@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod client;
+pub mod monitor;
 pub mod render;
 pub mod top;
 pub mod validate;

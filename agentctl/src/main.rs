@@ -132,6 +132,14 @@ enum Cmd {
         #[arg(short, long, value_enum, default_value_t = agentctl::top::Sort::Cpu)]
         sort: agentctl::top::Sort,
     },
+    /// Print what happens to the agents you may read as it happens (state changes, new and
+    /// removed agents, calls waiting for consent), one line each; resubscribes when agentosd
+    /// restarts
+    Monitor {
+        /// One JSON object per event
+        #[arg(long)]
+        json: bool,
+    },
     /// Check contract files without a daemon
     Validate {
         #[arg(required = true)]
@@ -390,6 +398,7 @@ fn run(cli: Cli) -> i32 {
                 let delay = std::time::Duration::from_secs_f64(delay.clamp(0.1, 3600.0));
                 agentctl::top::top(&c, batch, iterations, delay, sort, &mut out).await
             }
+            Cmd::Monitor { json } => agentctl::monitor::monitor(&c, json, &mut out).await,
             Cmd::Validate { .. }
             | Cmd::Completions { .. }
             | Cmd::Check { .. }

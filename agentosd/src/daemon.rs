@@ -354,6 +354,7 @@ async fn serve_bus(
         ),
         (None, _) => info!("authorization: built-in rules (--authz), root holds every action"),
     }
+    let subscribers = std::sync::Arc::new(dbus::signals::Subscribers::default());
     let manager = Manager {
         authz: std::sync::Arc::new(policy),
         polkit,
@@ -361,6 +362,7 @@ async fn serve_bus(
         host_report_json: report.to_json(),
         missing_budgets: missing,
         version: env!("CARGO_PKG_VERSION").to_string(),
+        subscribers: subscribers.clone(),
     };
     conn.object_server()
         .at(MANAGER_PATH, manager)
@@ -369,8 +371,18 @@ async fn serve_bus(
     for a in sup.agents() {
         dbus::register_agent(conn.object_server(), sup, &a).await;
     }
-    tokio::spawn(dbus::pump_events(conn.clone(), sup.clone(), rx));
-    tokio::spawn(dbus::pump_consents(conn.clone(), sup.clone()));
+    tokio::spawn(dbus::pump_events(
+        conn.clone(),
+        sup.clone(),
+        subscribers.clone(),
+        rx,
+    ));
+    tokio::spawn(dbus::pump_consents(
+        conn.clone(),
+        sup.clone(),
+        subscribers.clone(),
+    ));
+    tokio::spawn(dbus::signals::reap_departed(conn.clone(), subscribers));
     let reply = conn
         .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
         .await

@@ -612,3 +612,153 @@ fn property_call(
         .trim_end_matches(':')
         .to_string())
 }
+
+/// `cmd` as `who`, in the background, its output piped.
+fn spawn_as(who: Who, mut cmd: Command) -> std::process::Child {
+    let groups: Vec<libc::gid_t> = who.groups.to_vec();
+    let (uid, gid) = (who.uid, who.gid);
+    if uid != 0 {
+        cmd.env_remove("HOME").env("HOME", "/");
+        // SAFETY: as in `run_as`: async-signal-safe calls only, `groups` owned by the closure.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn client")
+}
+
+fn stop_and_read(mut c: std::process::Child) -> (String, String) {
+    let _ = c.kill();
+    let o = c.wait_with_output().expect("wait");
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Signals follow read rights: each subscriber (`agentctl monitor`, `Subscribe`) hears of the
+/// agents it may read and of no other tenant's; one without `read` anywhere cannot subscribe;
+/// and no signal of the daemon is broadcast (a bus monitor sees each addressed to a subscriber).
+#[test]
+fn signals_reach_only_subscribers_who_may_read_the_agent() {
+    skip_unless_capable!();
+    let bus = Bus::start_with_policy(OPS_GROUP);
+    let cg = TestCgroup::new("authz-signals");
+    let dir = tempfile::tempdir().unwrap();
+    let contracts = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(contracts.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // Tenant operators read their tenant only; the plain member reads nothing.
+    let r = [
+        format!("--authz=gid:{ACME_GID}=manage-agents,read@acme"),
+        format!("--authz=gid:{BETA_GID}=manage-agents,read@beta"),
+    ];
+    let extra: Vec<&str> = r.iter().map(String::as_str).collect();
+    let d = Daemon::start_with(&bus, &cg.path, dir.path(), &extra);
+    let b = d.bus.clone();
+    let monitor = |who: Who| {
+        let mut c = Command::new(common::agentctl_bin());
+        c.args(["--bus-address", &b, "monitor", "--json"]);
+        spawn_as(who, c)
+    };
+    // Every message on the bus, as the bus's owner sees it (dbus-monitor becomes a monitor).
+    let watched = dir.path().join("monitor.txt");
+    let mut watch = Command::new("dbus-monitor")
+        .args(["--address", &b, "type='signal'"])
+        .stdout(std::fs::File::create(&watched).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("dbus-monitor (package dbus-bin)");
+    let acme_mon = monitor(ACME_OP);
+    let beta_mon = monitor(BETA_OP);
+    let root_mon = monitor(ROOT);
+    // A member without read anywhere is refused; an unrelated uid is refused by the bus.
+    let o = ctl(&b, MEMBER, &["monitor"]);
+    assert_eq!(o.status.code(), Some(1), "{}", out_text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Subscribe"),
+        "{}",
+        out_text(&o)
+    );
+    let o = ctl(&b, STRANGER, &["monitor"]);
+    assert_ne!(o.status.code(), Some(0), "{}", out_text(&o));
+    std::thread::sleep(Duration::from_millis(1500)); // the monitors have subscribed
+    let acme = write_contract(contracts.path(), "acme", "worker");
+    let beta = write_contract(contracts.path(), "beta", "job");
+    for f in [&acme, &beta] {
+        let o = ctl(&b, ROOT, &["start", f]);
+        assert!(o.status.success(), "{}", out_text(&o));
+    }
+    d.wait_state("acme/worker", "running", 10);
+    d.wait_state("beta/job", "running", 10);
+    let o = ctl(&b, ROOT, &["stop", "acme/worker", "beta/job"]);
+    assert!(o.status.success(), "{}", out_text(&o));
+    std::thread::sleep(Duration::from_millis(1500));
+    let heard = |c: std::process::Child| {
+        let (out, err) = stop_and_read(c);
+        let events: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        (events, err)
+    };
+    let agents = |ev: &[serde_json::Value]| -> std::collections::BTreeSet<String> {
+        ev.iter()
+            .map(|e| e["agent"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (acme_ev, err) = heard(acme_mon);
+    assert_eq!(
+        agents(&acme_ev),
+        ["acme/worker".to_string()].into(),
+        "{acme_ev:#?} {err}"
+    );
+    for want in ["new", "state"] {
+        assert!(acme_ev.iter().any(|e| e["event"] == want), "{acme_ev:#?}");
+    }
+    assert!(
+        acme_ev
+            .iter()
+            .any(|e| e["event"] == "state" && e["state"] == "inactive"),
+        "{acme_ev:#?}"
+    );
+    let (beta_ev, err) = heard(beta_mon);
+    assert_eq!(
+        agents(&beta_ev),
+        ["beta/job".to_string()].into(),
+        "{beta_ev:#?} {err}"
+    );
+    let (root_ev, err) = heard(root_mon);
+    assert_eq!(
+        agents(&root_ev),
+        ["acme/worker".to_string(), "beta/job".to_string()].into(),
+        "{root_ev:#?} {err}"
+    );
+    // Nothing broadcast: root listening for every signal without subscribing (dbus-monitor,
+    // which this bus does not let eavesdrop) hears the bus's own broadcasts and none of the
+    // daemon's.
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = std::fs::read_to_string(&watched).unwrap_or_default();
+    assert!(
+        seen.contains("member=NameOwnerChanged"),
+        "the listener heard nothing at all:\n{seen}"
+    );
+    assert!(
+        !seen.contains("path=/org/agentos1"),
+        "a signal of the daemon was broadcast:\n{seen}"
+    );
+}

@@ -236,15 +236,16 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
         }
     };
     let s = setup("mcp", &peers);
-    // Operators hear about held calls: the ConsentRequested signal, seen by dbus-monitor.
+    // Operators hear about held calls: the ConsentRequested signal, addressed to a subscriber
+    // (`agentctl monitor`).
     let signals = s.dir.path().join("signals.txt");
-    let mut monitor = std::process::Command::new("dbus-monitor")
-        .args(["--address", &s.d.bus])
-        .arg("type='signal',interface='org.agentos1.Manager',member='ConsentRequested'")
+    let mut monitor = std::process::Command::new(common::agentctl_bin())
+        .args(["--bus-address", &s.d.bus, "monitor", "--json"])
         .stdout(std::fs::File::create(&signals).unwrap())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("dbus-monitor (package dbus-bin)");
+        .expect("agentctl monitor");
+    std::thread::sleep(Duration::from_millis(500)); // it has subscribed
     let f = agent_contract(&s, &peers, "buyer");
     s.d.ctl_ok(&["start", f.to_str().unwrap()]);
     let log = s.dir.path().join("logs/default/buyer.log");
@@ -295,7 +296,7 @@ fn an_agent_uses_its_tools_through_the_python_mcp_sdk() {
     let _ = monitor.wait();
     let heard = std::fs::read_to_string(&signals).unwrap_or_default();
     assert_eq!(
-        heard.matches("member=ConsentRequested").count(),
+        heard.matches("\"event\":\"consent\"").count(),
         4,
         "one ConsentRequested per held call:\n{heard}"
     );

@@ -24,6 +24,8 @@ pub struct Manager {
     pub host_report_json: String,
     pub missing_budgets: Vec<String>,
     pub version: String,
+    /// Who gets the signals (`Subscribe`); see signals.rs.
+    pub subscribers: Arc<super::signals::Subscribers>,
 }
 
 impl Manager {
@@ -568,6 +570,29 @@ impl Manager {
             .await?;
         let (entries, next) = self.journal_read(&a, offset).await?;
         Ok((crate::logs::journal::to_json_lines(&entries), next))
+    }
+
+    /// Receive the signals (`AgentNew`, `AgentRemoved`, `AgentStateChanged`, `ConsentRequested`,
+    /// agents' `PropertiesChanged`) about the agents the caller may read, addressed to this
+    /// connection, until it calls `Unsubscribe` or leaves the bus. Needs `read` for some tenant.
+    async fn subscribe(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<()> {
+        let caller = self
+            .gate()
+            .check(&hdr, conn, "Subscribe", Action::Read, Scope::AnyTenant)
+            .await?;
+        self.subscribers.add(caller)
+    }
+
+    /// End this connection's subscription (no error when there is none).
+    async fn unsubscribe(&self, #[zbus(header)] hdr: Header<'_>) -> Result<()> {
+        if let Some(s) = hdr.sender() {
+            self.subscribers.remove(s.as_str());
+        }
+        Ok(())
     }
 
     /// The host probe taken at start-up, as JSON (same as `agentosd check --json`).

@@ -10,15 +10,17 @@
 mod agent;
 mod gate;
 mod manager;
+pub mod signals;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use signals::Subscribers;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::warn;
 use zbus::Connection;
-use zbus::object_server::{ObjectServer, SignalEmitter};
+use zbus::object_server::ObjectServer;
 use zbus::{ObjectPath, OwnedObjectPath, Variant as Value};
 
 use crate::authz::Caller;
@@ -94,28 +96,31 @@ where
         .await?)
 }
 
-/// Emit `ConsentRequested` for every new held call.
-pub async fn pump_consents(conn: Connection, sup: Arc<Supervisor>) {
+/// Send `ConsentRequested` for every new held call to the subscribers who may read its agent.
+pub async fn pump_consents(conn: Connection, sup: Arc<Supervisor>, subs: Arc<Subscribers>) {
     let Some(m) = sup.mcp() else {
         return;
     };
     let mut rx = m.service.consents().subscribe();
-    let Ok(manager) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+    let Ok(gate) = gate::gate_of(conn.object_server()).await else {
         return;
     };
     loop {
         match rx.recv().await {
             Ok(r) => {
-                let _ = Manager::consent_requested(
-                    &manager,
-                    r.id,
-                    &r.agent,
-                    &r.tool,
-                    &r.capability,
-                    &r.arguments.to_string(),
-                    r.expires_us,
-                )
-                .await;
+                let tenant = r.agent.split('/').next().unwrap_or_default();
+                for em in subs.readers(&conn, &gate, MANAGER_PATH, tenant).await {
+                    let _ = Manager::consent_requested(
+                        &em,
+                        r.id,
+                        &r.agent,
+                        &r.tool,
+                        &r.capability,
+                        &r.arguments.to_string(),
+                        r.expires_us,
+                    )
+                    .await;
+                }
             }
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                 warn!("{n} ConsentRequested signal(s) not sent (ListConsentRequests has them)");
@@ -136,18 +141,30 @@ pub async fn register_agent(server: &ObjectServer, sup: &Arc<Supervisor>, agent:
     }
 }
 
-/// Turn supervisor events into objects and signals. Runs until the supervisor goes away.
-pub async fn pump_events(conn: Connection, sup: Arc<Supervisor>, mut rx: UnboundedReceiver<Event>) {
+/// Turn supervisor events into objects and signals (sent to the subscribers who may read the
+/// agent: dbus/signals.rs). Runs until the supervisor goes away.
+pub async fn pump_events(
+    conn: Connection,
+    sup: Arc<Supervisor>,
+    subs: Arc<Subscribers>,
+    mut rx: UnboundedReceiver<Event>,
+) {
     let server = conn.object_server();
-    let Ok(manager) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+    let Ok(gate) = gate::gate_of(server).await else {
         return;
     };
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::New(agent) => {
                 register_agent(server, &sup, &agent).await;
-                if let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) {
-                    let _ = Manager::agent_new(&manager, &agent.id, p).await;
+                let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) else {
+                    continue;
+                };
+                for em in subs
+                    .readers(&conn, &gate, MANAGER_PATH, &agent.tenant)
+                    .await
+                {
+                    let _ = Manager::agent_new(&em, &agent.id, p.clone()).await;
                 }
             }
             Event::Changed(agent) => {
@@ -157,39 +174,52 @@ pub async fn pump_events(conn: Connection, sup: Arc<Supervisor>, mut rx: Unbound
                 }
                 register_agent(server, &sup, &agent).await;
                 let st = sup.status_of(&agent);
-                if let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) {
+                let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) else {
+                    continue;
+                };
+                for em in subs
+                    .readers(&conn, &gate, MANAGER_PATH, &agent.tenant)
+                    .await
+                {
                     let _ = Manager::agent_state_changed(
-                        &manager,
+                        &em,
                         &agent.id,
                         p.clone(),
                         &st.state,
                         &st.result,
                     )
                     .await;
-                    if let Ok(em) = SignalEmitter::new(&conn, p) {
-                        let mut changed: HashMap<&str, Value<'_>> = HashMap::new();
-                        changed.insert("State", Value::from(st.state.clone()));
-                        changed.insert("Result", Value::from(st.result.clone()));
-                        changed.insert("MainPID", Value::from(st.main_pid));
-                        changed.insert("NRestarts", Value::from(st.restarts));
-                        changed.insert("ExecMainStatus", Value::from(st.exit_status.clone()));
-                        changed.insert("ActiveEnterTimestamp", Value::from(st.started_at_us));
-                        if let Ok(iface) = zbus::names::InterfaceName::try_from(AGENT_IFACE) {
-                            let _ = zbus::fdo::Properties::properties_changed(
-                                &em,
-                                iface,
-                                changed,
-                                Cow::Borrowed(&[]),
-                            )
-                            .await;
-                        }
-                    }
+                }
+                let Ok(iface) = zbus::names::InterfaceName::try_from(AGENT_IFACE) else {
+                    continue;
+                };
+                for em in subs
+                    .readers(&conn, &gate, agent.object_path.as_str(), &agent.tenant)
+                    .await
+                {
+                    let mut changed: HashMap<&str, Value<'_>> = HashMap::new();
+                    changed.insert("State", Value::from(st.state.clone()));
+                    changed.insert("Result", Value::from(st.result.clone()));
+                    changed.insert("MainPID", Value::from(st.main_pid));
+                    changed.insert("NRestarts", Value::from(st.restarts));
+                    changed.insert("ExecMainStatus", Value::from(st.exit_status.clone()));
+                    changed.insert("ActiveEnterTimestamp", Value::from(st.started_at_us));
+                    let _ = zbus::fdo::Properties::properties_changed(
+                        &em,
+                        iface.clone(),
+                        changed,
+                        Cow::Borrowed(&[]),
+                    )
+                    .await;
                 }
             }
             Event::Removed { id, object_path } => {
                 let _ = server.remove::<AgentObject, _>(object_path.as_str()).await;
+                let tenant = id.split('/').next().unwrap_or_default();
                 if let Ok(p) = ObjectPath::try_from(object_path.as_str()) {
-                    let _ = Manager::agent_removed(&manager, &id, p).await;
+                    for em in subs.readers(&conn, &gate, MANAGER_PATH, tenant).await {
+                        let _ = Manager::agent_removed(&em, &id, p.clone()).await;
+                    }
                 }
             }
         }
