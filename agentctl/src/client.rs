@@ -346,7 +346,16 @@ pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut d
     } else {
         Vec::new()
     };
-    let _ = write!(out, "{}", render_status(&st, &log));
+    let mut text = render_status(&st, &log);
+    let warnings = crate::files::change_warnings(c, &st).await;
+    if !warnings.is_empty() {
+        // After the header block, before the log lines (systemctl prints its warning last).
+        for w in warnings {
+            text.push_str(&w);
+            text.push('\n');
+        }
+    }
+    let _ = write!(out, "{text}");
     let _ = out.flush();
     exit::OK
 }

@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod client;
+pub mod files;
 pub mod monitor;
 pub mod render;
 pub mod top;

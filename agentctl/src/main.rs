@@ -65,6 +65,48 @@ enum Cmd {
         #[arg(required = true)]
         agents: Vec<String>,
     },
+    /// Read the agents directory again: changed contracts of known agents are loaded (a running
+    /// agent gets its new contract when it next starts), new ones are loaded but not started
+    DaemonReload,
+    /// Take an agent's contract again from the file it was started from (or --file) and
+    /// restart it with it if it runs (--no-restart: at its next start)
+    Reload {
+        agent: String,
+        /// Read the contract from this file instead
+        #[arg(long)]
+        file: Option<String>,
+        /// Leave a running agent alone: the contract applies when it next starts
+        #[arg(long)]
+        no_restart: bool,
+    },
+    /// Put agents' contracts in the agents directory so that they start at boot
+    Enable {
+        #[arg(required = true)]
+        agents: Vec<String>,
+        /// Also start them
+        #[arg(long)]
+        now: bool,
+    },
+    /// Take agents' contracts out of the agents directory (they keep running)
+    Disable {
+        #[arg(required = true)]
+        agents: Vec<String>,
+        /// Also stop them
+        #[arg(long)]
+        now: bool,
+    },
+    /// Print the contract an agent runs with (and one loaded for its next start)
+    Cat { agent: String },
+    /// Print an agent's D-Bus properties as Name=value, like systemctl show
+    Show {
+        agent: String,
+        /// Only these properties (comma-separated or repeated)
+        #[arg(short = 'p', long = "property")]
+        property: Vec<String>,
+        /// Print the values only
+        #[arg(long)]
+        value: bool,
+    },
     /// Like systemctl reset-failed: failed agents become inactive and their restart counts
     /// start again (no names: every failed agent)
     ResetFailed { agents: Vec<String> },
@@ -348,6 +390,24 @@ fn run(cli: Cli) -> i32 {
             Cmd::Restart { agents } => client::simple(&c, "RestartAgent", &agents).await,
             Cmd::Remove { agents } => client::simple(&c, "RemoveAgent", &agents).await,
             Cmd::ResetFailed { agents } => client::reset_failed(&c, &agents).await,
+            Cmd::DaemonReload => agentctl::files::daemon_reload(&c, &mut out).await,
+            Cmd::Reload {
+                agent,
+                file,
+                no_restart,
+            } => agentctl::files::reload(&c, &agent, file.as_deref(), no_restart, &mut out).await,
+            Cmd::Enable { agents, now } => {
+                agentctl::files::enable(&c, &agents, now, &mut out).await
+            }
+            Cmd::Disable { agents, now } => {
+                agentctl::files::disable(&c, &agents, now, &mut out).await
+            }
+            Cmd::Cat { agent } => agentctl::files::cat(&c, &agent, &mut out).await,
+            Cmd::Show {
+                agent,
+                property,
+                value,
+            } => agentctl::files::show(&c, &agent, &property, value, &mut out).await,
             Cmd::List {
                 json,
                 mut state,

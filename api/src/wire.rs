@@ -98,7 +98,12 @@ pub struct AgentStatus {
     pub tool_calls: u64,
     pub log_path: String,
     pub origin: String,
+    /// A file of the agents directory holds its contract (started at boot).
     pub enabled: bool,
+    /// A newer contract is loaded (`daemon-reload`, `reload`) and applies when the agent next
+    /// starts; absent from older daemons.
+    #[serde(default)]
+    pub pending_contract: bool,
     pub object_path: String,
     pub command: String,
     /// `(pid, ppid, command line)` of every process in the cgroup.

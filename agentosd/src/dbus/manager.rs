@@ -7,9 +7,8 @@ use zbus::object_server::{ObjectServer, SignalEmitter};
 use zbus::{Connection, interface};
 use zbus::{ObjectPath, OwnedObjectPath};
 
-use super::gate::Gate;
-use super::{Result, as_caller, opath, register_agent};
-use crate::authz::{Action, Caller, Policy, Scope};
+use super::{Result, as_caller, opath};
+use crate::authz::{Action, Policy, Scope};
 use crate::supervisor::{self, Supervisor};
 use agentos_api::{AgentRow, ApiError, ConsentRow};
 
@@ -26,188 +25,6 @@ pub struct Manager {
     pub version: String,
     /// Who gets the signals (`Subscribe`); see signals.rs.
     pub subscribers: Arc<super::signals::Subscribers>,
-}
-
-impl Manager {
-    pub(super) fn gate(&self) -> Gate {
-        Gate {
-            policy: self.authz.clone(),
-            polkit: self.polkit.clone(),
-            sup: self.sup.clone(),
-        }
-    }
-
-    /// A journal query, on a blocking thread (it reads files and takes in new output).
-    async fn journal_query(
-        &self,
-        a: &Arc<crate::supervisor::Agent>,
-        q: crate::logs::journal::Query,
-    ) -> Result<(Vec<agentos_api::LogEntry>, u64)> {
-        let (sup, agent) = (self.sup.clone(), a.clone());
-        tokio::task::spawn_blocking(move || sup.logs().query(&agent.log_who(), q))
-            .await
-            .map_err(|e| ApiError::Io(format!("journal query: {e}")))?
-            .map_err(|e| ApiError::Io(format!("journal of {}: {e}", a.id)))
-    }
-
-    /// The journal entries of `a` from `offset`, on a blocking thread.
-    async fn journal_read(
-        &self,
-        a: &Arc<crate::supervisor::Agent>,
-        offset: u64,
-    ) -> Result<(Vec<agentos_api::LogEntry>, u64)> {
-        let (sup, agent) = (self.sup.clone(), a.clone());
-        tokio::task::spawn_blocking(move || sup.logs().read_from(&agent.log_who(), offset))
-            .await
-            .map_err(|e| ApiError::Io(format!("journal read: {e}")))?
-            .map_err(|e| ApiError::Io(format!("journal of {}: {e}", a.id)))
-    }
-
-    fn consents(&self) -> Result<&Arc<crate::mcp::consent::Consents>> {
-        self.sup
-            .mcp()
-            .map(|m| m.service.consents())
-            .ok_or_else(|| ApiError::Unavailable("this agentosd serves no tools".into()))
-    }
-
-    async fn answer_consent(
-        &self,
-        id: u64,
-        approve: bool,
-        hdr: &Header<'_>,
-        conn: &Connection,
-    ) -> Result<()> {
-        let method = if approve {
-            "ApproveConsent"
-        } else {
-            "DenyConsent"
-        };
-        let gate = self.gate();
-        let caller = gate
-            .check(hdr, conn, method, Action::AnswerConsent, Scope::AnyTenant)
-            .await?;
-        let consents = self.consents()?;
-        let req = consents.list().into_iter().find(|r| r.id == id);
-        // The request's agent decides the tenant; an unknown id needs an unscoped grant so
-        // that a scoped operator cannot probe other tenants' request ids.
-        let (tenant, name) = match &req {
-            Some(r) => r.agent.split_once('/').unwrap_or(("", &r.agent)),
-            None => ("", ""),
-        };
-        let scope = if req.is_some() {
-            Scope::Tenant(tenant)
-        } else {
-            Scope::Global
-        };
-        if !gate.allows(&caller, Action::AnswerConsent, scope).await {
-            let target = req.as_ref().map(|_| (tenant, name));
-            return Err(gate.refuse(&caller, method, Action::AnswerConsent, target));
-        }
-        let r = consents
-            .answer(id, approve, caller.uid)
-            .map_err(|e| ApiError::NoSuchConsent(e.to_string()))?;
-        if let Some(t) = self.sup.audit_trail() {
-            let (tenant, name) = r.agent.split_once('/').unwrap_or(("", &r.agent));
-            t.submit(t.lifecycle(
-                tenant,
-                name,
-                if approve {
-                    "consent-approved"
-                } else {
-                    "consent-denied"
-                },
-                Some(if approve {
-                    audit::Decision::Approved
-                } else {
-                    audit::Decision::Rejected
-                }),
-                serde_json::json!({"consent_id": id, "tool": r.tool, "caller": caller.to_json()}),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Pre-parse contract text to learn its tenant for the authorization check. `echo`: the
-    /// caller may see the parse error (it sent the text); otherwise the error says only that
-    /// the file does not parse (its content is not the caller's to read).
-    fn tenant_of(text: &str, origin: &str, echo: bool) -> Result<(String, String)> {
-        match contracts::parse_contract(text, origin) {
-            Ok(c) => {
-                let spec = crate::spec::AgentSpec::from_contract(&c);
-                Ok((spec.tenant, spec.name))
-            }
-            Err(e) if echo => Err(ApiError::InvalidContract(e.to_string())),
-            Err(_) => Err(ApiError::InvalidContract(format!(
-                "contract {origin} does not parse (run `agentctl validate` on it as a user who may read it)"
-            ))),
-        }
-    }
-
-    /// Start from contract `text` once the caller holds manage-agents for its tenant.
-    async fn start_text(
-        &self,
-        caller: &Caller,
-        method: &str,
-        text: &str,
-        origin: &str,
-        server: &ObjectServer,
-    ) -> Result<OwnedObjectPath> {
-        // A contract from the agents directory is enabled; the daemon read it, so only root
-        // sees why it does not parse or validate. Other texts are the caller's own (sent, or
-        // a file root named).
-        let enabled = method == "StartAgentByName";
-        let echo = !enabled || caller.uid == 0;
-        let gate = self.gate();
-        let (tenant, name) = match Self::tenant_of(text, origin, echo) {
-            Ok(x) => x,
-            Err(e) => {
-                // On the record like the supervisor's own refusals, with the caller; the
-                // reason quotes the text only when the caller sent it.
-                if let Some(t) = self.sup.audit_trail() {
-                    // Diagnostics quote the text: only text the caller sent goes on the
-                    // record (the trail is readable by operators); never a file's.
-                    let reason = match &e {
-                        ApiError::InvalidContract(m) if method == "StartAgent" => m.clone(),
-                        _ => format!(
-                            "the contract does not parse (diagnostic withheld: {origin} was read by agentosd)"
-                        ),
-                    };
-                    t.submit(t.lifecycle(
-                        "",
-                        "",
-                        "refused",
-                        Some(audit::Decision::Deny),
-                        serde_json::json!({
-                            "reason": reason,
-                            "error": "InvalidContract",
-                            "origin": origin,
-                            "method": method,
-                            "caller": caller.to_json(),
-                        }),
-                    ));
-                }
-                return Err(e);
-            }
-        };
-        if !gate
-            .allows(caller, Action::ManageAgents, Scope::Tenant(&tenant))
-            .await
-        {
-            return Err(gate.refuse(caller, method, Action::ManageAgents, Some((&tenant, &name))));
-        }
-        let r = as_caller(caller, self.sup.start_contract(text, origin, enabled)).await;
-        let agent = match r {
-            Ok(a) => a,
-            Err(ApiError::InvalidContract(_)) if !echo => {
-                return Err(ApiError::InvalidContract(format!(
-                    "contract {origin} is not valid (run `agentctl validate` on it as a user who may read it)"
-                )));
-            }
-            Err(e) => return Err(e),
-        };
-        register_agent(server, &self.sup, &agent).await;
-        opath(&agent.object_path)
-    }
 }
 
 #[interface(name = "org.agentos1.Manager")]
@@ -570,6 +387,108 @@ impl Manager {
             .await?;
         let (entries, next) = self.journal_read(&a, offset).await?;
         Ok((crate::logs::journal::to_json_lines(&entries), next))
+    }
+
+    /// `daemon-reload`: read the agents directory again. A known agent whose file changed gets
+    /// it as its contract (applied at its next start if it runs); new files are loaded but not
+    /// started; nothing is stopped or restarted. Returns one line per change. Needs
+    /// manage-agents for the whole daemon.
+    async fn reload(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<String>> {
+        let caller = self
+            .gate()
+            .check(&hdr, conn, "Reload", Action::ManageAgents, Scope::Global)
+            .await?;
+        let done = as_caller(&caller, async {
+            Ok::<_, supervisor::Error>(self.sup.reload_agents_dir().await)
+        })
+        .await?;
+        Ok(done
+            .into_iter()
+            .map(|r| format!("{}: {}", r.file.display(), r.what))
+            .collect())
+    }
+
+    /// A new contract for a known agent (the same tenant and name), sent as text like
+    /// `StartAgent`: applied now if the agent is not running; if it runs, at its next start, or
+    /// at once when `restart` is true (the agent is restarted). Returns whether it restarted.
+    async fn reload_agent(
+        &self,
+        agent: String,
+        contract: String,
+        origin: String,
+        restart: bool,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<bool> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "ReloadAgent", Action::ManageAgents, &agent)
+            .await?;
+        let origin = if origin.is_empty() {
+            "<dbus>".to_string()
+        } else {
+            crate::authz::escape_control(&origin)
+        };
+        as_caller(
+            &c,
+            self.sup.reload_contract(&a, &contract, &origin, restart),
+        )
+        .await
+    }
+
+    /// `enable`: put the agent's contract in the agents directory (started at boot). Returns
+    /// the file and whether it was written now (false: it was there already).
+    #[zbus(out_args("file", "created"))]
+    async fn enable_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, bool)> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "EnableAgent", Action::ManageAgents, &agent)
+            .await?;
+        let (p, created) = as_caller(&c, async { self.sup.enable(&a) }).await?;
+        Ok((p.display().to_string(), created))
+    }
+
+    /// `disable`: remove the agents directory's files holding the agent's contract; returns
+    /// them. The agent keeps running.
+    async fn disable_agent(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<String>> {
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "DisableAgent", Action::ManageAgents, &agent)
+            .await?;
+        let removed = as_caller(&c, async { self.sup.disable(&a) }).await?;
+        Ok(removed.iter().map(|p| p.display().to_string()).collect())
+    }
+
+    /// The contract text the agent runs with (or last ran with) and its origin, and the one
+    /// waiting for its next start (empty strings when none): `agentctl cat`.
+    #[zbus(out_args("contract", "origin", "pending_contract", "pending_origin"))]
+    async fn get_contract(
+        &self,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(String, String, String, String)> {
+        let (_, a) = self
+            .gate()
+            .agent(&hdr, conn, "GetContract", Action::Read, &agent)
+            .await?;
+        let (text, origin, pending) = self.sup.contract_of(&a);
+        let (pt, po) = pending.unwrap_or_default();
+        Ok((text, origin, pt, po))
     }
 
     /// Receive the signals (`AgentNew`, `AgentRemoved`, `AgentStateChanged`, `ConsentRequested`,

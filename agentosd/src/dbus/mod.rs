@@ -10,6 +10,7 @@
 mod agent;
 mod gate;
 mod manager;
+mod manager_ops;
 pub mod signals;
 
 use std::borrow::Cow;
@@ -48,6 +49,7 @@ impl From<supervisor::Error> for ApiError {
             K::Unenforceable => ApiError::Unenforceable(m),
             K::ExecFailed => ApiError::ExecFailed(m),
             K::Unschedulable => ApiError::Unschedulable(m),
+            K::Io => ApiError::Io(m),
         }
     }
 }

@@ -22,6 +22,9 @@ pub(super) struct Inner {
     pub(super) parsed: Option<Arc<contracts::Contract>>,
     pub(super) origin: String,
     pub(super) enabled: bool,
+    /// A contract loaded while the agent ran (`daemon-reload`, `reload`): it becomes the
+    /// agent's at its next start (supervisor/reload.rs).
+    pub(super) pending: Option<(AgentSpec, super::ContractText)>,
     pub(super) state: State,
     pub(super) result: String,
     pub(super) main_pid: Option<u32>,
@@ -148,6 +151,7 @@ impl Agent {
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,
+                    pending_contract: i.pending.is_some(),
                     object_path: self.object_path.clone(),
                     command: cmd,
                     processes: Vec::new(),

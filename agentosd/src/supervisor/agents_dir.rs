@@ -11,21 +11,7 @@ impl Supervisor {
     /// from this boot are left as they are (running, or stopped by an operator).
     pub async fn load_agents_dir(self: &Arc<Self>) -> Vec<String> {
         let mut report = Vec::new();
-        let dir = &self.cfg.agents_dir;
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return report;
-        };
-        let mut files: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml") | Some("yml")
-                )
-            })
-            .collect();
-        files.sort();
+        let files = self.agents_dir_files();
         for f in files {
             let contract = match contracts::load_contract(&f) {
                 Ok(c) => c,
@@ -39,14 +25,27 @@ impl Supervisor {
                 report.push(format!("{}: no exec, nothing to start", f.display()));
                 continue;
             }
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
             if let Ok(existing) = self.find(&spec.id()) {
                 let same_boot = lock(&existing.inner).boot_id == self.boot_id;
                 if same_boot || existing.state().is_active() {
                     lock(&existing.inner).enabled = true;
+                    // Edited while the daemon was down: the new contract applies at the next
+                    // start, as after `daemon-reload` (supervisor/reload.rs).
+                    let changed = lock(&existing.inner).contract != text;
+                    if changed {
+                        let origin = f.display().to_string();
+                        match self.reload_contract(&existing, &text, &origin, false).await {
+                            Ok(_) => report.push(format!(
+                                "{origin}: changed since {} was started; loaded, applies at its next start",
+                                existing.id
+                            )),
+                            Err(e) => report.push(format!("{origin}: not reloaded: {e}")),
+                        }
+                    }
                     continue;
                 }
             }
-            let text = std::fs::read_to_string(&f).unwrap_or_default();
             match self
                 .start_spec(spec, text, f.display().to_string(), true)
                 .await

@@ -57,6 +57,9 @@ pub enum Error {
     /// HRT admission refused the reservation (the message has the numbers).
     #[error("{0}")]
     Unschedulable(String),
+    /// A file of the daemon's configuration could not be read or written (`enable`).
+    #[error("{0}")]
+    Io(String),
 }
 
 fn socket_text(agent: &str, e: &SocketError) -> String {
@@ -86,6 +89,7 @@ pub enum ErrorKind {
     Unenforceable,
     ExecFailed,
     Unschedulable,
+    Io,
 }
 
 impl Error {
@@ -108,6 +112,7 @@ impl Error {
             Error::Unenforceable(_) => ErrorKind::Unenforceable,
             Error::ExecFailed(_) => ErrorKind::ExecFailed,
             Error::Unschedulable(_) => ErrorKind::Unschedulable,
+            Error::Io(_) => ErrorKind::Io,
         }
     }
 
@@ -122,6 +127,7 @@ impl Error {
             ErrorKind::Unenforceable => "Unenforceable",
             ErrorKind::ExecFailed => "ExecFailed",
             ErrorKind::Unschedulable => "Unschedulable",
+            ErrorKind::Io => "Io",
         }
     }
 }

@@ -22,6 +22,7 @@ mod lifecycle;
 mod mcp_socket;
 mod mechanism;
 mod models_socket;
+mod reload;
 mod services;
 mod start;
 mod stop;
@@ -368,6 +369,8 @@ impl Supervisor {
         st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
         st.models = self.models.get().and_then(|m| m.gateway.usage(&agent.id));
         st.tool_calls = self.mcp.get().map_or(0, |m| m.service.calls_of(&agent.id));
+        // Whether the file is there now, not when it was loaded (a deleted file is not enabled).
+        st.enabled = self.enabled_now(agent);
         st
     }
 
@@ -387,6 +390,7 @@ impl Supervisor {
                 contract: contract.text,
                 origin: contract.origin,
                 enabled,
+                pending: None,
                 state: State::Inactive,
                 result: String::new(),
                 main_pid: None,

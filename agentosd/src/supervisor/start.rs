@@ -141,10 +141,8 @@ impl Supervisor {
                     i.main_pid.unwrap_or(0)
                 )));
             }
-            i.spec = spec;
-            i.parsed = contract.parsed;
-            i.contract = contract.text;
-            i.origin = contract.origin;
+            i.pending = None;
+            super::reload::apply(&mut i, spec, contract);
             i.enabled |= enabled;
             i.restarts = 0;
         } else {
@@ -178,6 +176,9 @@ impl Supervisor {
     pub(super) async fn launch(self: &Arc<Self>, agent: &Arc<Agent>) -> Result<(), Error> {
         let (spec, generation) = {
             let mut i = lock(&agent.inner);
+            if let Some((spec, contract)) = i.pending.take() {
+                super::reload::apply(&mut i, spec, contract);
+            }
             i.generation += 1;
             i.state = State::Starting;
             i.result.clear();
