@@ -279,6 +279,7 @@ fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
         env: sandbox.env(),
         cwd: PathBuf::from("/"),
         log_file: dir.join("agent.log"),
+        err_file: None,
         sandbox: Some(sandbox),
         sched: agentosd::sched::ChildSched::Deadline(agentosd::sched::SchedAttr::deadline(&d)),
         inherit_fd: None,

@@ -140,6 +140,7 @@ impl Bench {
             env: vec![],
             cwd: PathBuf::from("/"),
             log_file: log.clone(),
+            err_file: None,
             sandbox,
             sched: Default::default(),
             inherit_fd: None,
