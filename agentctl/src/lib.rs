@@ -4,6 +4,7 @@
 //! asked of the daemon, or of `agentosd check` ([`check`]).
 
 pub mod check;
+pub mod cli;
 pub mod client;
 pub mod files;
 pub mod monitor;

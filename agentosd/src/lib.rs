@@ -3,6 +3,7 @@
 pub mod audit_trail;
 pub mod authz;
 pub mod cgroup;
+pub mod cli;
 pub mod conf;
 pub mod daemon;
 pub mod dbus;

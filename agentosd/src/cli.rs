@@ -1,0 +1,171 @@
+//! agentosd's command line: every flag and default (the configuration file's keys are the same
+//! names, conf.rs). In the library so that tests can parse the command lines the docs show.
+
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentosd",
+    version,
+    about = "The agentos daemon: runs agents under their contracts"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Option<Cmd>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Read options from this TOML file: each key is a long flag's name (`stop-timeout = 5`,
+    /// `authz = ["group:ops=read@acme"]`, `sched-ext = true`), flags given here win; "none":
+    /// read no file [default: /etc/agentos/agentosd.toml when it exists]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// State directory (agent records, logs)
+    #[arg(long, global = true, default_value = "/var/lib/agentos")]
+    pub state_dir: PathBuf,
+    /// Contracts started at daemon start, like enabled units
+    #[arg(long, global = true, default_value = "/etc/agentos/agents.d")]
+    pub agents_dir: PathBuf,
+    /// cgroup2 directory the daemon owns [default: its delegated cgroup under systemd, else
+    /// CGROUP2_MOUNT/agentos]
+    #[arg(long, global = true)]
+    pub cgroup_root: Option<PathBuf>,
+    /// Where agent logs go [default: STATE_DIR/logs]
+    #[arg(long, global = true)]
+    pub log_dir: Option<PathBuf>,
+    /// D-Bus address to serve on [default: the system bus]
+    #[arg(long, global = true)]
+    pub bus_address: Option<String>,
+    /// Seconds between SIGTERM and cgroup.kill when stopping an agent
+    #[arg(long, global = true, default_value_t = 10.0)]
+    pub stop_timeout: f64,
+    /// Stop all agents when the daemon exits (default: leave them running)
+    #[arg(long, global = true)]
+    pub stop_agents_on_exit: bool,
+    /// Audit log directory [default: STATE_DIR/audit]
+    #[arg(long, global = true)]
+    pub audit_dir: Option<PathBuf>,
+    /// Audit signing key, created 0600 when missing [default: STATE_DIR/audit.key]
+    #[arg(long, global = true)]
+    pub audit_key: Option<PathBuf>,
+    /// Do not forward audit records to the journal
+    #[arg(long, global = true)]
+    pub no_audit_journal: bool,
+    /// Load the sched_ext scheduler scx_agentos (SRT agents first, DT on idle time) when the
+    /// kernel has sched_ext; without it, say so and keep the cpu.weight fallback. Also enabled
+    /// by AGENTOSD_SCHED_EXT=1 in the environment (a systemd drop-in)
+    #[arg(long, global = true)]
+    pub sched_ext: bool,
+    /// Count each agent's syscalls (`agentctl status`: Syscalls) with a BPF program on the
+    /// global syscall-entry hook. Every process on the host pays for it on every syscall (see
+    /// docs/benchmarks.md), so it is off by default. Also enabled by AGENTOSD_SYSCALL_COUNTS=1
+    #[arg(long, global = true)]
+    pub syscall_counts: bool,
+    /// Tool manifests (`*.yaml`) agents may call through their MCP socket
+    #[arg(long, global = true, default_value = "/etc/agentos/tools.d")]
+    pub tools_dir: PathBuf,
+    /// Runtime directory for the agents' sockets (RUN_DIR/agents/TENANT/NAME.sock)
+    /// [default: /run/agentos with the default state directory, else STATE_DIR/run]
+    #[arg(long, global = true)]
+    pub run_dir: Option<PathBuf>,
+    /// Seconds a call held for consent waits for `agentctl consent approve` before it is denied
+    #[arg(long, global = true, default_value_t = 120.0)]
+    pub consent_timeout: f64,
+    /// Tool calls one agent may have in flight at once over all its MCP connections (each may
+    /// run a process in the agent's cgroup); more are refused with error -32003
+    #[arg(long, global = true, default_value_t = crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT)]
+    pub max_tool_calls_per_agent: usize,
+    /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
+    /// stay attached while agentosd is down or restarting (the next daemon takes them over);
+    /// mounted as a bpffs instance when it is not one. "none": do not pin. Also
+    /// AGENTOSD_BPF_PIN_DIR [default: /sys/fs/bpf/agentos]
+    #[arg(long, global = true)]
+    pub bpf_pin_dir: Option<PathBuf>,
+    /// Who may do what over D-Bus, one rule per flag: PRINCIPAL=ACTIONS[@TENANTS] with PRINCIPAL
+    /// uid:N, gid:N, user:NAME or group:NAME, ACTIONS from manage-agents, answer-consent,
+    /// read-audit, read, all, and TENANTS limiting the rule to those tenants' agents. Root may
+    /// always do everything. Given rules replace the default (docs/dbus.md, "Authorization")
+    /// [default: group:agentos=read,read-audit]
+    #[arg(long = "authz", global = true, value_name = "RULE")]
+    pub authz: Vec<String>,
+    /// Ask polkit (org.freedesktop.PolicyKit1.CheckAuthorization) whether a caller other than
+    /// root holds an action: auto = when polkitd is on the daemon's bus (then the --authz rules
+    /// are not used), yes = always (refused when polkitd does not answer), no = never
+    #[arg(long, global = true, value_enum, default_value_t = crate::polkit::Mode::Auto)]
+    pub polkit: crate::polkit::Mode,
+    /// Kernel denial records per agent and second once the burst is spent; the rest are
+    /// counted per agent and hook in a "denials-suppressed" record every 2 s
+    #[arg(long, global = true, default_value_t = 20)]
+    pub denial_records_per_sec: u32,
+    /// Kernel denial records an agent may produce at once before the rate applies
+    #[arg(long, global = true, default_value_t = 100)]
+    pub denial_records_burst: u32,
+    /// An agent's journal (its output and the daemon's notes about it) is rotated past this
+    /// many bytes; one rotated file is kept, so at most twice this per agent
+    #[arg(long, global = true, default_value_t = 8 << 20, value_name = "BYTES")]
+    pub log_journal_max: u64,
+    /// Bytes per second of each agent stream (stdout, stderr) the daemon takes into the journal;
+    /// an agent more than 8 s of this behind has the excess skipped, with a note in its journal
+    #[arg(long, global = true, default_value_t = 2 << 20, value_name = "BYTES")]
+    pub log_rate: u64,
+    /// The model gateway's backends, models and tenant token budgets (YAML; see
+    /// docs/models.md) [default: /etc/agentos/models.yaml when it exists]
+    #[arg(long, global = true)]
+    pub models: Option<PathBuf>,
+    /// Export OpenTelemetry traces (a span per agent turn, tool call, gate decision and consent
+    /// wait) and per-agent metrics over OTLP/HTTP protobuf to this collector, e.g.
+    /// http://127.0.0.1:4318 (off when absent; docs/telemetry.md)
+    #[arg(long, global = true, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Spans waiting for export at most; when the collector is slow or down more are dropped
+    /// and counted, calls never wait
+    #[arg(long, global = true, default_value_t = crate::telemetry::DEFAULT_QUEUE)]
+    pub otlp_queue_size: usize,
+    /// Seconds between two exports of the per-agent metrics
+    #[arg(long, global = true, default_value_t = 10.0)]
+    pub otlp_metrics_interval: f64,
+    /// Seconds without activity after which an agent's turn (its trace) ends
+    #[arg(long, global = true, default_value_t = 30.0)]
+    pub otlp_turn_idle: f64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run the daemon (the default)
+    Run,
+    /// Create the audit signing key if it is missing (0600, public key KEY.pub); print the public key
+    Keygen,
+    /// Print every option with the value in effect (built-in default, configuration file or
+    /// flag) in the configuration file's form
+    Config,
+    /// Probe what this host can enforce and print it
+    Check {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+        /// Print this report (the JSON of `agentosd check --json` or of the D-Bus `Check`
+        /// call; `-`: stdin) instead of probing; `agentctl check` draws the daemon's with it
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
+}
+
+/// The flags a configuration file may set: every long option but `--config`, help and version.
+pub fn known_flags() -> Vec<crate::conf::Known> {
+    Cli::command()
+        .get_arguments()
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            (!matches!(long, "config" | "help" | "version")).then(|| crate::conf::Known {
+                long: long.to_string(),
+                takes_value: a.get_action().takes_values(),
+                repeats: matches!(a.get_action(), clap::ArgAction::Append),
+            })
+        })
+        .collect()
+}
