@@ -545,11 +545,22 @@ fn spawn_log_ingest(sup: &std::sync::Arc<Supervisor>) {
     let spawned = std::thread::Builder::new()
         .name("log-ingest".into())
         .spawn(move || {
+            // Bounded per round over all agents; the next round starts where this one stopped,
+            // so a few flooding agents cannot starve the others' logs.
+            let mut next = 0usize;
             loop {
                 std::thread::sleep(Duration::from_millis(500));
                 let Some(sup) = sup.upgrade() else { return };
-                for a in sup.agents() {
-                    sup.logs().ingest(&a.log_who(), false);
+                let agents = sup.agents();
+                let (n, max) = (agents.len(), sup.logs().round_max());
+                let mut taken = 0u64;
+                for k in 0..n {
+                    let a = &agents[(next + k) % n];
+                    taken += sup.logs().ingest(&a.log_who(), false);
+                    if taken >= max {
+                        next = (next + k + 1) % n;
+                        break;
+                    }
                 }
             }
         });

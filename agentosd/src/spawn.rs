@@ -110,7 +110,7 @@ fn cstr(bytes: &[u8], what: &'static str) -> Result<CString, SpawnError> {
 /// its own descriptor.
 pub fn open_log(path: &Path) -> Result<OwnedFd, SpawnError> {
     // In the daemon's own log directory, never through a link (safe_fs).
-    crate::safe_fs::open_append(path, 0o644).map_err(|e| SpawnError::Log {
+    crate::safe_fs::open_append(path, 0o640).map_err(|e| SpawnError::Log {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
     })

@@ -110,14 +110,20 @@ impl Logs {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Take in what `who` wrote since the last call. `all`: also a last line without its newline
-    /// (the agent has exited).
-    pub fn ingest(&self, who: &Who<'_>, all: bool) {
+    /// Take in what `who` wrote since the last call; returns how many bytes. `all`: also a last
+    /// line without its newline (the agent has exited).
+    pub fn ingest(&self, who: &Who<'_>, all: bool) -> u64 {
         let mut seen = self.lock();
-        self.ingest_locked(&mut seen, who, all);
+        self.ingest_locked(&mut seen, who, all)
     }
 
-    fn ingest_locked(&self, seen: &mut HashMap<PathBuf, Offsets>, who: &Who<'_>, all: bool) {
+    /// What one round of the daemon's ingest thread takes in at most, over all agents (the
+    /// next round starts with the agents this one did not reach).
+    pub fn round_max(&self) -> u64 {
+        self.limits.per_round.saturating_mul(32)
+    }
+
+    fn ingest_locked(&self, seen: &mut HashMap<PathBuf, Offsets>, who: &Who<'_>, all: bool) -> u64 {
         let files = AgentFiles::of(who.log_path);
         let off = seen
             .entry(files.journal.clone())
@@ -149,23 +155,26 @@ impl Logs {
             stderr: err,
         };
         if after == before {
-            return;
+            return 0;
         }
         if let Err(e) = journal::append(&files, &entries, l.journal_max) {
             // Kept unread: taken in again when the journal can be written.
             warn!("journal {}: {e}", files.journal.display());
-            return;
+            return 0;
         }
         *off = after;
         store_offsets(&files.offsets, after);
         self.forward(who, &entries);
+        // Bytes read (a skip moves the offset further without reading).
+        let moved = |a: u64, b: u64| (if b >= a { b - a } else { b }).min(l.per_round);
+        moved(before.stdout, after.stdout) + moved(before.stderr, after.stderr)
     }
 
     /// A line from the daemon about `who` (`started main process …`), after what the agent wrote
     /// before it. `exited`: the agent has ended, so its last partial line is taken in first.
     pub fn note(&self, who: &Who<'_>, text: &str, exited: bool) {
         let mut seen = self.lock();
-        self.ingest_locked(&mut seen, who, exited);
+        let _ = self.ingest_locked(&mut seen, who, exited);
         let e = LogEntry {
             time_us: now_us(),
             stream: "agentosd".into(),
@@ -180,13 +189,13 @@ impl Logs {
 
     /// The entries `q` asks for (after taking in what is new) and the offset to follow from.
     pub fn query(&self, who: &Who<'_>, q: journal::Query) -> io::Result<(Vec<LogEntry>, u64)> {
-        self.ingest(who, false);
+        let _ = self.ingest(who, false);
         journal::query(&AgentFiles::of(who.log_path), q)
     }
 
     /// New entries from `offset` (`-f`).
     pub fn read_from(&self, who: &Who<'_>, offset: u64) -> io::Result<(Vec<LogEntry>, u64)> {
-        self.ingest(who, false);
+        let _ = self.ingest(who, false);
         journal::read_from(&AgentFiles::of(who.log_path), offset, 64 * 1024)
     }
 
@@ -413,7 +422,9 @@ mod tests {
         // 100 KiB at once: more than the backlog allows, so the excess is skipped and said.
         let line = format!("{}\n", "y".repeat(99));
         append(&p, line.repeat(1024).as_bytes());
-        logs.ingest(&w, false);
+        // What one call takes in is bounded (the daemon's rounds add these up to round_max).
+        let took = logs.ingest(&w, false);
+        assert!(took > 0 && took <= limits.per_round, "{took}");
         let got = all(&logs, &w);
         let skipped = got
             .iter()
