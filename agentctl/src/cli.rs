@@ -95,6 +95,13 @@ pub enum Cmd {
     },
     /// Print the contract an agent runs with (and one loaded for its next start)
     Cat { agent: String },
+    /// The tool manifests the daemon loaded, which agents may call each, and those that did not
+    /// load (`daemon-reload` reads the tools directory again)
+    Tools {
+        /// One JSON object per tool
+        #[arg(long)]
+        json: bool,
+    },
     /// Print an agent's D-Bus properties as Name=value, like systemctl show
     Show {
         agent: String,

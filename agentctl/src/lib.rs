@@ -9,6 +9,7 @@ pub mod client;
 pub mod files;
 pub mod monitor;
 pub mod render;
+pub mod tools;
 pub mod top;
 pub mod validate;
 pub mod when;

@@ -132,6 +132,7 @@ fn run(cli: Cli) -> i32 {
             Cmd::Disable { agents, now } => {
                 agentctl::files::disable(&c, &agents, now, &mut out).await
             }
+            Cmd::Tools { json } => agentctl::tools::tools(&c, json, &mut out).await,
             Cmd::Cat { agent } => agentctl::files::cat(&c, &agent, &mut out).await,
             Cmd::Show {
                 agent,

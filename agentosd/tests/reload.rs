@@ -197,3 +197,78 @@ fn reload_enable_and_disable_an_agent_started_from_a_file() {
     );
     assert!(!target.exists(), "enable wrote through a link");
 }
+
+const TOOL: &str = "apiVersion: agentos/v0.2\nkind: Tool\nname: NAME\ndescription: A test tool.\nrisk: low\ntimeout_ms: 5000\nexec:\n  command: /bin/cat\ninput_schema: {type: object}\n";
+
+/// `agentctl tools` lists the loaded manifests with the agents whose contract grants each and
+/// the manifests that did not load; `daemon-reload` reads the tools directory again.
+#[test]
+fn tools_are_listed_and_reloaded() {
+    skip_unless_capable!();
+    let bus = Bus::start();
+    let cg = TestCgroup::new("reload-tools");
+    let dir = tempfile::tempdir().unwrap();
+    let tools_d = dir.path().join("tools.d");
+    std::fs::create_dir_all(&tools_d).unwrap();
+    std::fs::write(tools_d.join("echo.yaml"), TOOL.replace("NAME", "t.echo")).unwrap();
+    std::fs::write(
+        tools_d.join("broken.yaml"),
+        TOOL.replace("NAME", "t.broken") + "timout: 1\n",
+    )
+    .unwrap();
+    let d = Daemon::start_with(
+        &bus,
+        &cg.path,
+        dir.path(),
+        &["--tools-dir", tools_d.to_str().unwrap()],
+    );
+    let granted = dir.path().join("granted.yaml");
+    std::fs::write(
+        &granted,
+        contract("granted", "g") + "capabilities:\n  - t.echo\n  - t.later\n",
+    )
+    .unwrap();
+    let other = dir.path().join("other.yaml");
+    std::fs::write(&other, contract("other", "o")).unwrap();
+    d.ctl_ok(&["start", granted.to_str().unwrap()]);
+    d.ctl_ok(&["start", other.to_str().unwrap()]);
+
+    let out = d.ctl_ok(&["tools"]);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("t.echo"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains(" exec ") && row.contains(" low "), "{row}");
+    assert!(
+        row.contains("default/granted") && !row.contains("default/other"),
+        "{row}"
+    );
+    assert!(
+        out.contains(&format!(
+            "not loaded: {}",
+            tools_d.join("broken.yaml").display()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("timout"), "{out}");
+
+    // A new manifest and the broken one fixed: loaded by daemon-reload.
+    std::fs::write(tools_d.join("later.yaml"), TOOL.replace("NAME", "t.later")).unwrap();
+    std::fs::write(
+        tools_d.join("broken.yaml"),
+        TOOL.replace("NAME", "t.broken"),
+    )
+    .unwrap();
+    let reload = d.ctl_ok(&["daemon-reload"]);
+    assert!(reload.contains("3 tool(s) loaded"), "{reload}");
+    let rows: Vec<serde_json::Value> = d
+        .ctl_ok(&["tools", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["tool"].as_str()).collect();
+    assert_eq!(names, ["t.broken", "t.echo", "t.later"], "{rows:?}");
+    assert!(rows.iter().all(|r| r.get("error").is_none()), "{rows:?}");
+    let later = rows.iter().find(|r| r["tool"] == "t.later").unwrap();
+    assert_eq!(later["agents"], serde_json::json!(["default/granted"]));
+}

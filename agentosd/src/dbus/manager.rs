@@ -12,6 +12,9 @@ use crate::authz::{Action, Policy, Scope};
 use crate::supervisor::{self, Supervisor};
 use agentos_api::{AgentRow, ApiError, ConsentRow};
 
+/// `ListTools`' rows: name, kind, risk, file, description, agents that may call it.
+type ToolRows = Vec<(String, String, String, String, String, Vec<String>)>;
+
 /// What the manager object serves.
 pub struct Manager {
     /// Who may do what (`agentosd --authz`).
@@ -406,10 +409,79 @@ impl Manager {
             Ok::<_, supervisor::Error>(self.sup.reload_agents_dir().await)
         })
         .await?;
-        Ok(done
+        let mut lines: Vec<String> = done
             .into_iter()
             .map(|r| format!("{}: {}", r.file.display(), r.what))
-            .collect())
+            .collect();
+        // The tools directory too: a new set from the next call on.
+        if let Some(m) = self.sup.mcp() {
+            let (n, errors) = m.service.reload_tools().await;
+            let tools = m.service.tools();
+            lines.push(format!(
+                "{}: {n} tool(s) loaded",
+                tools.source().0.display()
+            ));
+            lines.extend(errors.into_iter().map(|e| format!("tool not loaded: {e}")));
+        }
+        Ok(lines)
+    }
+
+    /// The tools agents may call through their MCP socket: (name, kind `exec`/`mcp`, risk, the
+    /// manifest's file, description, the agents whose contract grants it, of those the caller
+    /// may read), and the manifests that did not load (their diagnostics to root only).
+    async fn list_tools(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(ToolRows, Vec<String>)> {
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, "ListTools", Action::Read, Scope::AnyTenant)
+            .await?;
+        let Some(m) = self.sup.mcp() else {
+            return Err(ApiError::Unavailable(
+                "this agentosd serves no tools".into(),
+            ));
+        };
+        let tools = m.service.tools();
+        let mut policies = Vec::new();
+        for a in self.sup.agents() {
+            if gate.may_read(&caller, &a.tenant).await
+                && let Some(p) = self.sup.tool_policy(&a)
+            {
+                policies.push((a.id.clone(), p));
+            }
+        }
+        let rows = tools
+            .manifests()
+            .map(|t| {
+                let agents = policies
+                    .iter()
+                    .filter(|(_, p)| p.granted.contains(&t.name) && !p.denied.contains(&t.name))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let kind = if t.is_mcp() { "mcp" } else { "exec" };
+                (
+                    t.name.clone(),
+                    kind.to_string(),
+                    t.risk.as_str().to_string(),
+                    t.origin.clone(),
+                    t.description.clone(),
+                    agents,
+                )
+            })
+            .collect();
+        let errors = tools.source().1;
+        let errors = if caller.uid == 0 || errors.is_empty() {
+            errors.to_vec()
+        } else {
+            vec![format!(
+                "{} manifest(s) of {} did not load (root sees why: agentctl tools as root, or the daemon's log)",
+                errors.len(),
+                tools.source().0.display()
+            )]
+        };
+        Ok((rows, errors))
     }
 
     /// A new contract for a known agent (the same tenant and name), sent as text like

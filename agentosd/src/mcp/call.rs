@@ -46,8 +46,8 @@ impl McpService {
                 ));
             }
         };
-        let capability = self.tools.capability_of(name);
-        let redacted = bounded(self.tools.redact(name, &args), AUDIT_VALUE_MAX);
+        let capability = self.tools().capability_of(name);
+        let redacted = bounded(self.tools().redact(name, &args), AUDIT_VALUE_MAX);
         let base = json!({"tool": name, "capability": capability, "request_id": id, "arguments": redacted});
         let call = Call {
             ctx,
@@ -270,7 +270,7 @@ impl McpService {
     ) -> Option<Vec<u8>> {
         let (started, wall) = (Instant::now(), SystemTime::now());
         let outcome = self
-            .tools
+            .tools()
             .call(&call.ctx.caller, call.name, args, cancel)
             .await;
         let elapsed = started.elapsed();
@@ -303,7 +303,7 @@ impl McpService {
         match outcome {
             Ok(v) => {
                 let is_error = v.get("isError").and_then(Value::as_bool).unwrap_or(false);
-                let digest = bounded(self.tools.redact(call.name, &v), AUDIT_VALUE_MAX);
+                let digest = bounded(self.tools().redact(call.name, &v), AUDIT_VALUE_MAX);
                 (
                     Some(jsonrpc::result(id, v)),
                     json!({"ok": !is_error, "result": digest}),

@@ -124,7 +124,9 @@ pub trait Callers: Send + Sync {
 pub struct McpService {
     callers: Arc<dyn Callers>,
     audit: Option<Arc<AuditTrail>>,
-    tools: Arc<Tools>,
+    /// Replaced as a whole by `daemon-reload` ([`McpService::reload_tools`]); a call in flight
+    /// keeps the set it started with.
+    tools: std::sync::RwLock<Arc<Tools>>,
     consents: Arc<Consents>,
     /// Spans of calls and tool-call metrics (telemetry/; off unless `--otlp-endpoint`).
     telemetry: Arc<Telemetry>,
@@ -150,7 +152,7 @@ impl McpService {
         Arc::new(McpService {
             callers,
             audit,
-            tools,
+            tools: std::sync::RwLock::new(tools),
             consents,
             telemetry,
             limits,
@@ -180,8 +182,23 @@ impl McpService {
         &self.consents
     }
 
-    pub fn tools(&self) -> &Arc<Tools> {
-        &self.tools
+    /// The tools in use now.
+    pub fn tools(&self) -> Arc<Tools> {
+        self.tools.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `daemon-reload`: read the tools directory again and use the new set from the next call
+    /// on; the old set's MCP servers are stopped (they start again on demand). Returns how many
+    /// tools loaded and what did not.
+    pub async fn reload_tools(&self) -> (usize, Vec<String>) {
+        let (new, errors) = self.tools().reload();
+        let n = new.manifests().count();
+        let old = std::mem::replace(
+            &mut *self.tools.write().unwrap_or_else(|p| p.into_inner()),
+            new,
+        );
+        old.shutdown().await;
+        (n, errors)
     }
 
     fn audit(&self) -> Option<&Arc<AuditTrail>> {
@@ -460,7 +477,7 @@ impl Session {
 
 impl McpService {
     async fn list(&self, ctx: &CallerCtx, id: &Value) -> Vec<u8> {
-        let Ok(listed) = tokio::time::timeout(LIST_TIMEOUT, self.tools.list(&ctx.caller)).await
+        let Ok(listed) = tokio::time::timeout(LIST_TIMEOUT, self.tools().list(&ctx.caller)).await
         else {
             return jsonrpc::error(
                 id,

@@ -168,6 +168,14 @@ impl Supervisor {
         }
     }
 
+    /// What `agent`'s contract says about tool capabilities (None: no parsed contract).
+    pub fn tool_policy(&self, agent: &super::Agent) -> Option<crate::mcp::Policy> {
+        super::lock(&agent.inner)
+            .parsed
+            .as_ref()
+            .map(|c| crate::mcp::Policy::from_contract(c))
+    }
+
     /// The gate's view of the registry (see [`Callers`]): a weak handle, so the MCP service
     /// the supervisor holds does not hold the supervisor (no `Arc` cycle).
     pub fn mcp_callers(self: &Arc<Self>) -> Arc<dyn Callers> {

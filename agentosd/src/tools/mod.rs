@@ -187,6 +187,10 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<mcp::Server>>>>;
 /// The loaded tools and the running MCP servers.
 pub struct Tools {
     cfg: RunnerConfig,
+    /// Where the manifests were read from (empty: built from manifests in memory), and what
+    /// could not be loaded from there (`agentctl tools`).
+    dir: PathBuf,
+    load_errors: Vec<String>,
     tools: BTreeMap<String, Loaded>,
     servers: tokio::sync::Mutex<HashMap<(String, String), Slot>>,
     seq: AtomicU64,
@@ -253,9 +257,23 @@ impl Tools {
                 Err(e) => errors.extend(e.diagnostics.iter().map(ToString::to_string)),
             }
         }
-        let (tools, more) = Tools::from_manifests(manifests, cfg);
+        let (mut tools, more) = Tools::build(manifests, cfg);
         errors.extend(more);
-        (tools, errors)
+        tools.dir = dir.to_path_buf();
+        tools.load_errors = errors.clone();
+        (Arc::new(tools), errors)
+    }
+
+    /// The same directory read again (`daemon-reload`): a new set of tools, and what could not
+    /// be loaded. The running MCP servers are this set's; stop them with [`Tools::shutdown`]
+    /// once the new set is in use.
+    pub fn reload(&self) -> (Arc<Tools>, Vec<String>) {
+        Tools::load(&self.dir, self.cfg.clone())
+    }
+
+    /// Where the manifests come from, and the files (or manifests) that did not load.
+    pub fn source(&self) -> (&Path, &[String]) {
+        (&self.dir, &self.load_errors)
     }
 
     /// Build from parsed manifests (tests, and `load`): compiles schemas and refuses duplicate
@@ -264,6 +282,11 @@ impl Tools {
         manifests: Vec<ToolManifest>,
         cfg: RunnerConfig,
     ) -> (Arc<Tools>, Vec<String>) {
+        let (tools, errors) = Tools::build(manifests, cfg);
+        (Arc::new(tools), errors)
+    }
+
+    fn build(manifests: Vec<ToolManifest>, cfg: RunnerConfig) -> (Tools, Vec<String>) {
         let mut errors = Vec::new();
         let mut tools: BTreeMap<String, Loaded> = BTreeMap::new();
         for m in manifests {
@@ -317,12 +340,14 @@ impl Tools {
             }
         }
         (
-            Arc::new(Tools {
+            Tools {
                 cfg,
+                dir: PathBuf::new(),
+                load_errors: Vec::new(),
                 tools,
                 servers: tokio::sync::Mutex::new(HashMap::new()),
                 seq: AtomicU64::new(0),
-            }),
+            },
             errors,
         )
     }
