@@ -368,6 +368,7 @@ async fn serve_bus(
         .at(MANAGER_PATH, manager)
         .await
         .context("serving the manager object")?;
+    dbus::introspect::install_tree(conn.object_server()).await;
     for a in sup.agents() {
         dbus::register_agent(conn.object_server(), sup, &a).await;
     }

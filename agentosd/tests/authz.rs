@@ -704,6 +704,31 @@ fn signals_reach_only_subscribers_who_may_read_the_agent() {
     }
     d.wait_state("acme/worker", "running", 10);
     d.wait_state("beta/job", "running", 10);
+    // Introspection names only the agents the caller may read.
+    let introspect = |who: Who, path: &str| {
+        let mut c = Command::new("busctl");
+        c.args([
+            "--address",
+            &b,
+            "--xml-interface",
+            "introspect",
+            "org.agentos1",
+            path,
+        ]);
+        String::from_utf8_lossy(&run_as(who, c).stdout).into_owned()
+    };
+    let acme_view = introspect(ACME_OP, "/org/agentos1/agent");
+    assert!(
+        acme_view.contains("<node name=\"acme_worker\"/>") && !acme_view.contains("beta_job"),
+        "{acme_view}"
+    );
+    let root_view = introspect(ROOT, "/org/agentos1/agent");
+    assert!(
+        root_view.contains("acme_worker") && root_view.contains("beta_job"),
+        "{root_view}"
+    );
+    let beta_obj = introspect(ACME_OP, "/org/agentos1/agent/beta_job");
+    assert!(!beta_obj.contains("org.agentos1.Agent"), "{beta_obj}");
     let o = ctl(&b, ROOT, &["stop", "acme/worker", "beta/job"]);
     assert!(o.status.success(), "{}", out_text(&o));
     std::thread::sleep(Duration::from_millis(1500));

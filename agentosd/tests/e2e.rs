@@ -602,3 +602,81 @@ fn check_prints_the_daemons_probe_or_a_local_one() {
     );
     assert!(stdout.contains("MECHANISM"), "{stdout}");
 }
+
+/// D-Bus as systemd serves it: `busctl tree` reads the tree without a warning, introspecting an
+/// object lists its children by name only, and each state change is signalled once (a
+/// subscriber never hears the same state twice in a row).
+#[test]
+fn dbus_tree_introspection_and_one_signal_per_change() {
+    let (bus, _cg, dir, d) = setup!("tree");
+    let mut monitor = Command::new(common::agentctl_bin())
+        .args(["--bus-address", &bus.address, "monitor", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let f = contract(dir.path(), "ticker", TICKER, "");
+    d.ctl_ok(&["start", f.to_str().unwrap()]);
+    d.wait_state("ticker", "running", 10);
+    let busctl = |args: &[&str]| {
+        let o = Command::new("busctl")
+            .arg("--address")
+            .arg(&bus.address)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (tree, warnings) = busctl(&["tree", "org.agentos1"]);
+    assert!(warnings.is_empty(), "busctl tree warns:\n{warnings}");
+    assert!(
+        tree.contains("/org/agentos1/agent/default_ticker"),
+        "{tree}"
+    );
+    let (root, _) = busctl(&["--xml-interface", "introspect", "org.agentos1", "/"]);
+    assert!(root.contains("<node name=\"org\"/>"), "{root}");
+    assert!(
+        !root.contains("org.agentos1.Manager"),
+        "the whole tree under /:\n{root}"
+    );
+    let (mgr, _) = busctl(&[
+        "--xml-interface",
+        "introspect",
+        "org.agentos1",
+        "/org/agentos1",
+    ]);
+    assert!(
+        mgr.contains("<interface name=\"org.agentos1.Manager\">")
+            && mgr.contains("<node name=\"agent\"/>"),
+        "{mgr}"
+    );
+    assert!(!mgr.contains("org.agentos1.Agent\""), "{mgr}");
+    for verb in ["freeze", "thaw", "stop"] {
+        d.ctl_ok(&[verb, "ticker"]);
+    }
+    d.ctl_ok(&["start", "ticker"]);
+    d.wait_state("ticker", "running", 10);
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = monitor.kill();
+    let out = monitor.wait_with_output().unwrap();
+    let states: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "state" && e["agent"] == "default/ticker")
+        .map(|e| format!("{} {}", e["state"], e["result"]))
+        .collect();
+    assert!(
+        states.windows(2).all(|w| w[0] != w[1]),
+        "a state signalled twice: {states:?}"
+    );
+    for want in ["running", "frozen", "inactive"] {
+        assert!(
+            states.iter().any(|s| s.starts_with(&format!("\"{want}\""))),
+            "{want} not signalled: {states:?}"
+        );
+    }
+}

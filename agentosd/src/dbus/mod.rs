@@ -9,6 +9,7 @@
 
 mod agent;
 mod gate;
+pub mod introspect;
 mod manager;
 mod manager_ops;
 pub mod signals;
@@ -138,8 +139,62 @@ pub async fn register_agent(server: &ObjectServer, sup: &Arc<Supervisor>, agent:
         sup: sup.clone(),
         agent: agent.clone(),
     };
-    if let Err(e) = server.at(agent.object_path.as_str(), obj).await {
-        warn!(agent = %agent.id, "cannot register D-Bus object: {e}");
+    match server.at(agent.object_path.as_str(), obj).await {
+        Ok(None) => {
+            introspect::install(server, agent.object_path.as_str()).await;
+            introspect::install(server, "/org/agentos1/agent").await;
+        }
+        Ok(Some(_)) => {}
+        Err(e) => warn!(agent = %agent.id, "cannot register D-Bus object: {e}"),
+    }
+}
+
+/// The agent properties `PropertiesChanged` carries, as last signalled.
+#[derive(Debug, Clone, PartialEq)]
+struct Shown {
+    state: String,
+    result: String,
+    main_pid: u32,
+    restarts: u32,
+    exit_status: String,
+    started_at_us: u64,
+}
+
+impl Shown {
+    fn of(st: &supervisor::AgentStatus) -> Shown {
+        Shown {
+            state: st.state.clone(),
+            result: st.result.clone(),
+            main_pid: st.main_pid,
+            restarts: st.restarts,
+            exit_status: st.exit_status.clone(),
+            started_at_us: st.started_at_us,
+        }
+    }
+
+    /// The properties that differ from `before` (all of them when nothing was signalled yet).
+    fn changed_since(&self, before: Option<&Shown>) -> HashMap<&'static str, Value<'static>> {
+        let mut m: HashMap<&'static str, Value<'static>> = HashMap::new();
+        let b = before;
+        if b.map(|b| &b.state) != Some(&self.state) {
+            m.insert("State", Value::from(self.state.clone()));
+        }
+        if b.map(|b| &b.result) != Some(&self.result) {
+            m.insert("Result", Value::from(self.result.clone()));
+        }
+        if b.map(|b| b.main_pid) != Some(self.main_pid) {
+            m.insert("MainPID", Value::from(self.main_pid));
+        }
+        if b.map(|b| b.restarts) != Some(self.restarts) {
+            m.insert("NRestarts", Value::from(self.restarts));
+        }
+        if b.map(|b| &b.exit_status) != Some(&self.exit_status) {
+            m.insert("ExecMainStatus", Value::from(self.exit_status.clone()));
+        }
+        if b.map(|b| b.started_at_us) != Some(self.started_at_us) {
+            m.insert("ActiveEnterTimestamp", Value::from(self.started_at_us));
+        }
+        m
     }
 }
 
@@ -155,6 +210,7 @@ pub async fn pump_events(
     let Ok(gate) = gate::gate_of(server).await else {
         return;
     };
+    let mut last: HashMap<String, Shown> = HashMap::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::New(agent) => {
@@ -168,6 +224,7 @@ pub async fn pump_events(
                 {
                     let _ = Manager::agent_new(&em, &agent.id, p.clone()).await;
                 }
+                n_agents_changed(&conn, &gate, &subs, &sup, &agent.tenant).await;
             }
             Event::Changed(agent) => {
                 let current = sup.find(&agent.id).is_ok_and(|a| Arc::ptr_eq(&a, &agent));
@@ -179,18 +236,28 @@ pub async fn pump_events(
                 let Ok(p) = ObjectPath::try_from(agent.object_path.as_str()) else {
                     continue;
                 };
-                for em in subs
-                    .readers(&conn, &gate, MANAGER_PATH, &agent.tenant)
-                    .await
+                // Each change is signalled once: only what differs from the last signal.
+                let now = Shown::of(&st);
+                let before = last.insert(agent.id.clone(), now.clone());
+                if before.as_ref().map(|b| (&b.state, &b.result)) != Some((&now.state, &now.result))
                 {
-                    let _ = Manager::agent_state_changed(
-                        &em,
-                        &agent.id,
-                        p.clone(),
-                        &st.state,
-                        &st.result,
-                    )
-                    .await;
+                    for em in subs
+                        .readers(&conn, &gate, MANAGER_PATH, &agent.tenant)
+                        .await
+                    {
+                        let _ = Manager::agent_state_changed(
+                            &em,
+                            &agent.id,
+                            p.clone(),
+                            &st.state,
+                            &st.result,
+                        )
+                        .await;
+                    }
+                }
+                let changed = now.changed_since(before.as_ref());
+                if changed.is_empty() {
+                    continue;
                 }
                 let Ok(iface) = zbus::names::InterfaceName::try_from(AGENT_IFACE) else {
                     continue;
@@ -199,23 +266,17 @@ pub async fn pump_events(
                     .readers(&conn, &gate, agent.object_path.as_str(), &agent.tenant)
                     .await
                 {
-                    let mut changed: HashMap<&str, Value<'_>> = HashMap::new();
-                    changed.insert("State", Value::from(st.state.clone()));
-                    changed.insert("Result", Value::from(st.result.clone()));
-                    changed.insert("MainPID", Value::from(st.main_pid));
-                    changed.insert("NRestarts", Value::from(st.restarts));
-                    changed.insert("ExecMainStatus", Value::from(st.exit_status.clone()));
-                    changed.insert("ActiveEnterTimestamp", Value::from(st.started_at_us));
                     let _ = zbus::fdo::Properties::properties_changed(
                         &em,
                         iface.clone(),
-                        changed,
+                        changed.clone(),
                         Cow::Borrowed(&[]),
                     )
                     .await;
                 }
             }
             Event::Removed { id, object_path } => {
+                last.remove(&id);
                 let _ = server.remove::<AgentObject, _>(object_path.as_str()).await;
                 let tenant = id.split('/').next().unwrap_or_default();
                 if let Ok(p) = ObjectPath::try_from(object_path.as_str()) {
@@ -223,7 +284,31 @@ pub async fn pump_events(
                         let _ = Manager::agent_removed(&em, &id, p.clone()).await;
                     }
                 }
+                n_agents_changed(&conn, &gate, &subs, &sup, tenant).await;
             }
         }
+    }
+}
+
+/// `PropertiesChanged` of the manager's `NAgents`, once per agent added or removed.
+async fn n_agents_changed(
+    conn: &Connection,
+    gate: &gate::Gate,
+    subs: &Subscribers,
+    sup: &Supervisor,
+    tenant: &str,
+) {
+    let (Ok(iface), n) = (
+        zbus::names::InterfaceName::try_from(agentos_api::MANAGER_IFACE),
+        sup.agents().len() as u32,
+    ) else {
+        return;
+    };
+    for em in subs.readers(conn, gate, MANAGER_PATH, tenant).await {
+        let mut m: HashMap<&str, Value<'_>> = HashMap::new();
+        m.insert("NAgents", Value::from(n));
+        let _ =
+            zbus::fdo::Properties::properties_changed(&em, iface.clone(), m, Cow::Borrowed(&[]))
+                .await;
     }
 }
