@@ -15,6 +15,10 @@ pub struct Cli {
     /// D-Bus address of the daemon's bus [env: AGENTOS_BUS_ADDRESS; default: the system bus]
     #[arg(long, global = true)]
     pub bus_address: Option<String>,
+    /// start, stop, restart, freeze, thaw: queue the job and return at once (`agentctl
+    /// list-jobs` shows it, `agentctl monitor` its end), like systemctl --no-block
+    #[arg(long, global = true)]
+    pub no_block: bool,
     /// Seconds to wait for the daemon's answer to each call (0: wait forever), like busctl's
     /// --timeout
     #[arg(long, global = true, default_value_t = 25.0, value_name = "SECS")]
@@ -63,6 +67,8 @@ pub enum Cmd {
         #[arg(required = true)]
         agents: Vec<String>,
     },
+    /// The jobs queued with --no-block that are still running
+    ListJobs,
     /// Read the agents directory again: changed contracts of known agents are loaded (a running
     /// agent gets its new contract when it next starts), new ones are loaded but not started
     DaemonReload,

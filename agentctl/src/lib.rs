@@ -7,6 +7,7 @@ pub mod check;
 pub mod cli;
 pub mod client;
 pub mod files;
+pub mod jobs;
 pub mod monitor;
 pub mod render;
 pub mod tools;

@@ -108,6 +108,22 @@ fn run(cli: Cli) -> i32 {
         };
         let mut out = std::io::stdout();
         match cli.cmd {
+            Cmd::Start { target } if cli.no_block => {
+                agentctl::jobs::queue(&c, "start", std::slice::from_ref(&target), &mut out).await
+            }
+            Cmd::Stop { agents } if cli.no_block => {
+                agentctl::jobs::queue(&c, "stop", &agents, &mut out).await
+            }
+            Cmd::Freeze { agents } if cli.no_block => {
+                agentctl::jobs::queue(&c, "freeze", &agents, &mut out).await
+            }
+            Cmd::Thaw { agents } if cli.no_block => {
+                agentctl::jobs::queue(&c, "thaw", &agents, &mut out).await
+            }
+            Cmd::Restart { agents } if cli.no_block => {
+                agentctl::jobs::queue(&c, "restart", &agents, &mut out).await
+            }
+            Cmd::ListJobs => agentctl::jobs::list(&c, &mut out).await,
             Cmd::Start { target } => client::start(&c, &target).await,
             Cmd::Stop { agents } => client::simple(&c, "StopAgent", &agents).await,
             Cmd::Kill {

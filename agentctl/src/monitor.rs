@@ -56,6 +56,21 @@ pub fn render(member: &str, body: &zbus::message::Body, json: bool) -> Option<St
                                    "arguments": arguments, "expires_us": expires_us}),
             )
         }
+        "JobNew" => {
+            let (id, job, agent): (u32, zbus::OwnedObjectPath, String) = body.deserialize().ok()?;
+            (
+                "job",
+                serde_json::json!({"agent": agent, "id": id, "job": job.as_str()}),
+            )
+        }
+        "JobRemoved" => {
+            let (id, _job, agent, result): (u32, zbus::OwnedObjectPath, String, String) =
+                body.deserialize().ok()?;
+            (
+                "job-done",
+                serde_json::json!({"agent": agent, "id": id, "result": result}),
+            )
+        }
         _ => return None,
     };
     if json {
@@ -70,6 +85,8 @@ pub fn render(member: &str, body: &zbus::message::Body, json: bool) -> Option<St
             format!("{} ({})", s("state"), s("result"))
         }
         "state" => s("state"),
+        "job" => format!("job {} queued ({})", fields["id"], s("job")),
+        "job-done" => format!("job {}: {}", fields["id"], s("result")),
         "consent" => format!(
             "#{} {} ({}) waits for consent: agentctl consent approve|deny {}",
             fields["id"],

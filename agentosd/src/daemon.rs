@@ -363,6 +363,7 @@ async fn serve_bus(
         missing_budgets: missing,
         version: env!("CARGO_PKG_VERSION").to_string(),
         subscribers: subscribers.clone(),
+        jobs: std::sync::Arc::default(),
     };
     conn.object_server()
         .at(MANAGER_PATH, manager)

@@ -680,3 +680,95 @@ fn dbus_tree_introspection_and_one_signal_per_change() {
         );
     }
 }
+
+/// `--no-block`: a stop that takes the agent's whole stop timeout is queued as a job and the
+/// call returns at once; `list-jobs` shows it, a second job for the agent is refused, and
+/// `JobRemoved` (seen by `agentctl monitor`) says how it ended.
+#[test]
+fn no_block_queues_a_job_and_returns_at_once() {
+    let (bus, _cg, dir, d) = setup!("jobs");
+    let f = contract(
+        dir.path(),
+        "stubborn",
+        r#"{ command: /bin/sh, args: ["-c", "trap '' TERM; while true; do sleep 0.2; done"] }"#,
+        "",
+    );
+    d.ctl_ok(&["start", f.to_str().unwrap()]);
+    d.wait_state("stubborn", "running", 10);
+    let mut monitor = Command::new(common::agentctl_bin())
+        .args(["--bus-address", &bus.address, "monitor", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let out = d.ctl_ok(&["--no-block", "stop", "stubborn"]);
+    // The daemon's stop timeout is 2 s here (tests/common): the call did not wait for it.
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        out.starts_with("Queued job ") && out.contains("stop stubborn (/org/agentos1/job/"),
+        "{out}"
+    );
+    let jobs = d.ctl_ok(&["list-jobs"]);
+    assert!(
+        jobs.contains("default/stubborn") && jobs.contains(" stop"),
+        "{jobs}"
+    );
+    let again = d.ctl(&["--no-block", "restart", "stubborn"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("has job"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    d.wait_state("stubborn", "inactive", 15);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.ctl_ok(&["list-jobs"]).contains("No jobs running.") {
+        assert!(Instant::now() < deadline, "the job never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = monitor.kill();
+    let heard = String::from_utf8_lossy(&monitor.wait_with_output().unwrap().stdout).into_owned();
+    let events: Vec<serde_json::Value> = heard
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(events.iter().any(|e| e["event"] == "job"), "{heard}");
+    assert!(
+        events.iter().any(|e| e["event"] == "job-done"
+            && e["result"] == "done"
+            && e["agent"] == "default/stubborn"),
+        "{heard}"
+    );
+    // A file cannot be queued; an unknown verb is refused by the daemon.
+    let o = d.ctl(&["--no-block", "start", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = Command::new("busctl")
+        .args([
+            "--address",
+            &bus.address,
+            "call",
+            "org.agentos1",
+            "/org/agentos1",
+        ])
+        .args([
+            "org.agentos1.Manager",
+            "QueueJob",
+            "ss",
+            "explode",
+            "stubborn",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no verb"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -12,6 +12,7 @@ use zbus::names::InterfaceName;
 use zbus::object_server::{Interface, ObjectServer};
 
 use super::agent::AgentObject;
+use super::jobs::JobObject;
 use super::manager::Manager;
 use super::{caller_of, gate};
 use crate::authz::{Action, Scope};
@@ -19,6 +20,8 @@ use agentos_api::MANAGER_PATH;
 
 /// Where the agents' objects live.
 const AGENTS_PATH: &str = "/org/agentos1/agent";
+/// Where running jobs' objects live (dbus/jobs.rs).
+const JOBS_PATH: &str = "/org/agentos1/job";
 
 /// The interfaces every object has (as zbus serves them).
 const STANDARD: &str = r#"  <interface name="org.freedesktop.DBus.Introspectable">
@@ -89,8 +92,12 @@ impl Introspect {
                 if gate.allows(&caller, Action::Read, Scope::AnyTenant).await
                     && let Ok(m) = server.interface::<_, Manager>(MANAGER_PATH).await
                 {
-                    m.get().await.introspect_to_writer(&mut xml, 2);
+                    let m = m.get().await;
+                    m.introspect_to_writer(&mut xml, 2);
                     children.push("agent".into());
+                    if !m.jobs.list().is_empty() {
+                        children.push("job".into());
+                    }
                 }
             }
             AGENTS_PATH => {
@@ -102,6 +109,27 @@ impl Introspect {
                     }
                 }
                 children.sort();
+            }
+            JOBS_PATH => {
+                if let Ok(m) = server.interface::<_, Manager>(MANAGER_PATH).await {
+                    for j in m.get().await.jobs.list() {
+                        if gate.may_read(&caller, &j.tenant).await {
+                            children.push(j.id.to_string());
+                        }
+                    }
+                }
+            }
+            p if p.starts_with(JOBS_PATH) => {
+                let job = match server.interface::<_, Manager>(MANAGER_PATH).await {
+                    Ok(m) => m.get().await.jobs.list().into_iter().find(|j| j.path == p),
+                    Err(_) => None,
+                };
+                if let Some(j) = job
+                    && gate.may_read(&caller, &j.tenant).await
+                    && let Ok(o) = server.interface::<_, JobObject>(p).await
+                {
+                    o.get().await.introspect_to_writer(&mut xml, 2);
+                }
             }
             p => {
                 let readable = match gate.sup.agents().into_iter().find(|a| a.object_path == p) {

@@ -28,6 +28,8 @@ pub struct Manager {
     pub version: String,
     /// Who gets the signals (`Subscribe`); see signals.rs.
     pub subscribers: Arc<super::signals::Subscribers>,
+    /// Jobs queued with `QueueJob` and still running; see jobs.rs.
+    pub jobs: Arc<super::jobs::Jobs>,
 }
 
 #[interface(name = "org.agentos1.Manager")]
@@ -563,6 +565,60 @@ impl Manager {
         Ok((text, origin, pt, po))
     }
 
+    /// Queue `verb` (`start`, `stop`, `restart`, `freeze`, `thaw`) for `agent` and answer at once
+    /// with the job's object; `JobRemoved` says how it ended (`agentctl … --no-block`). Needs
+    /// what the verb needs; one job per agent at a time.
+    async fn queue_job(
+        &self,
+        verb: String,
+        agent: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<OwnedObjectPath> {
+        let Some(v) = super::jobs::Verb::parse(&verb) else {
+            return Err(ApiError::InvalidArgs(format!(
+                "QueueJob: no verb {:?} (start, stop, restart, freeze, thaw)",
+                crate::authz::escape_control(&verb)
+            )));
+        };
+        let (c, a) = self
+            .gate()
+            .agent(&hdr, conn, "QueueJob", Action::ManageAgents, &agent)
+            .await?;
+        let q = super::jobs::Queue {
+            conn: conn.clone(),
+            sup: self.sup.clone(),
+            gate: self.gate(),
+            subs: self.subscribers.clone(),
+            jobs: self.jobs.clone(),
+        };
+        q.queue(c, a, v).await
+    }
+
+    /// The jobs running now, of the agents the caller may read: (id, agent, verb, job).
+    async fn list_jobs(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<(u32, String, String, OwnedObjectPath)>> {
+        let gate = self.gate();
+        let caller = gate
+            .check(&hdr, conn, "ListJobs", Action::Read, Scope::AnyTenant)
+            .await?;
+        let mut out = Vec::new();
+        for j in self.jobs.list() {
+            if gate.may_read(&caller, &j.tenant).await {
+                out.push((
+                    j.id,
+                    j.agent.clone(),
+                    j.verb.as_str().to_string(),
+                    opath(&j.path)?,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
     /// Receive the signals (`AgentNew`, `AgentRemoved`, `AgentStateChanged`, `ConsentRequested`,
     /// agents' `PropertiesChanged`) about the agents the caller may read, addressed to this
     /// connection, until it calls `Unsubscribe` or leaves the bus. Needs `read` for some tenant.
@@ -744,6 +800,23 @@ impl Manager {
         capability: &str,
         arguments: &str,
         expires_us: u64,
+    ) -> zbus::Result<()>;
+
+    #[zbus(signal, name = "JobNew")]
+    pub(super) async fn job_new(
+        emitter: &SignalEmitter<'_>,
+        id: u32,
+        job: ObjectPath<'_>,
+        agent: &str,
+    ) -> zbus::Result<()>;
+
+    #[zbus(signal, name = "JobRemoved")]
+    pub(super) async fn job_removed(
+        emitter: &SignalEmitter<'_>,
+        id: u32,
+        job: ObjectPath<'_>,
+        agent: &str,
+        result: &str,
     ) -> zbus::Result<()>;
 
     #[zbus(signal, name = "AgentNew")]

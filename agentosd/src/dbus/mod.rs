@@ -10,6 +10,7 @@
 mod agent;
 mod gate;
 pub mod introspect;
+pub mod jobs;
 mod manager;
 mod manager_ops;
 pub mod signals;
