@@ -14,6 +14,8 @@
 //! | `agentos.conf` (sysusers, tmpfiles) | `/usr/lib/sysusers.d/`, `/usr/lib/tmpfiles.d/` |
 //! | configuration directories | `/etc/agentos/agents.d`, `/etc/agentos/tools.d` |
 //! | shell completions (`agentctl completions SHELL`) | `PREFIX/share/{bash-completion,zsh,fish}/…` |
+//! | `examples/` (agents, contracts, tool manifests), paths in them rewritten to PREFIX | `PREFIX/share/agentos/examples/` |
+//! | the example tools' scripts, where their manifests point | `/usr/lib/agentos/tools/` |
 //!
 //! It never runs systemctl: with `--destdir` it is packaging; without, it prints the next steps.
 
@@ -240,6 +242,9 @@ pub fn run(args: InstallArgs) -> Result<()> {
         log.add("config directory", &dest);
     }
 
+    // The examples, where their contracts and manifests point.
+    install_examples(&root.join("examples"), destdir, &args.prefix, &mut log)?;
+
     // Shell completions, if agentctl can print them.
     let agentctl = bin_dir.join("agentctl");
     let share = args.prefix.join("share");
@@ -317,6 +322,79 @@ pub fn run(args: InstallArgs) -> Result<()> {
              \x20 usermod -aG agentos USER         # let USER run agentctl",
             args.prefix.join("bin/agentosd").display()
         );
+    }
+    Ok(())
+}
+
+/// Where the examples' contracts say they are installed (with the default prefix).
+const EXAMPLES_AT: &str = "/usr/local/share/agentos/examples";
+/// Where the example tool manifests say their scripts are.
+const TOOL_SCRIPTS_AT: &str = "/usr/lib/agentos/tools";
+
+/// `examples/` to `PREFIX/share/agentos/examples/` (text files with [`EXAMPLES_AT`] rewritten
+/// to the real prefix, so the contracts run as installed), and each script of
+/// `examples/tools/` to [`TOOL_SCRIPTS_AT`], executable, as the manifests expect.
+fn install_examples(
+    src: &Path,
+    destdir: Option<&Path>,
+    prefix: &Path,
+    log: &mut Log,
+) -> Result<()> {
+    if !src.is_dir() {
+        return Ok(());
+    }
+    let at = prefix.join("share/agentos/examples");
+    let to = staged(destdir, &at);
+    copy_examples(src, &to, &at.display().to_string())?;
+    log.add("examples", &to);
+    let tools = src.join("tools");
+    if let Ok(rd) = std::fs::read_dir(&tools) {
+        let mut scripts: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "py"))
+            .collect();
+        scripts.sort();
+        for s in scripts {
+            let Some(name) = s.file_name() else { continue };
+            let data = std::fs::read(&s).with_context(|| format!("reading {}", s.display()))?;
+            let dest = staged(destdir, &Path::new(TOOL_SCRIPTS_AT).join(name));
+            write_file(&dest, &data, 0o755)?;
+            log.add("example tool script", &dest);
+        }
+        log.lines.push(format!(
+            "  (to offer the example tools: cp {}/tools/*.yaml /etc/agentos/tools.d/ && agentctl daemon-reload)",
+            at.display()
+        ));
+    }
+    Ok(())
+}
+
+fn copy_examples(from: &Path, to: &Path, installed_at: &str) -> Result<()> {
+    make_dir(to, 0o755)?;
+    let mut entries: Vec<_> = std::fs::read_dir(from)
+        .with_context(|| format!("reading {}", from.display()))?
+        .flatten()
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let (src, dest) = (e.path(), to.join(e.file_name()));
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            copy_examples(&src, &dest, installed_at)?;
+        } else if ft.is_file() {
+            let data = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+            let data = match String::from_utf8(data) {
+                Ok(t) => t.replace(EXAMPLES_AT, installed_at).into_bytes(),
+                Err(e) => e.into_bytes(),
+            };
+            let exec = src
+                .metadata()
+                .map(|m| m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+                || src.extension().is_some_and(|x| x == "py");
+            write_file(&dest, &data, if exec { 0o755 } else { 0o644 })?;
+        }
     }
     Ok(())
 }
@@ -452,6 +530,24 @@ mod tests {
             "{unit}"
         );
         assert!(!unit.contains("/usr/local"), "{unit}");
+        // The examples where their contracts point, with the real prefix.
+        let notes = d.join("opt/agentos/share/agentos/examples/agents/notes-stats/contract.yaml");
+        let contract = std::fs::read_to_string(&notes).expect("notes-stats contract");
+        assert!(
+            contract
+                .contains("/opt/agentos/share/agentos/examples/agents/notes-stats/notes_stats.py")
+                && !contract.contains("/usr/local/share"),
+            "{contract}"
+        );
+        assert_eq!(
+            mode(&d.join("opt/agentos/share/agentos/examples/agents/notes-stats/notes_stats.py")),
+            0o755
+        );
+        assert_eq!(mode(&d.join("usr/lib/agentos/tools/wordcount.py")), 0o755);
+        assert_eq!(
+            mode(&d.join("opt/agentos/share/agentos/examples/tools/text-wordcount.yaml")),
+            0o644
+        );
         let bash = std::fs::read_to_string(
             d.join("opt/agentos/share/bash-completion/completions/agentctl"),
         )

@@ -217,24 +217,6 @@ fn install_agentos(b: &Build, root: &Path, run_dir: &Path) -> Result<()> {
         unit_dir: None,
     })
     .context("cargo xtask install into the guest payload")?;
-    let examples = workspace_root().join("examples");
-    if examples.is_dir() {
-        copy_tree(&examples, &root.join("usr/local/share/agentos/examples"))?;
-    }
-    Ok(())
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    fs::create_dir_all(to)?;
-    for e in fs::read_dir(from)? {
-        let e = e?;
-        let t = to.join(e.file_name());
-        if e.file_type()?.is_dir() {
-            copy_tree(&e.path(), &t)?;
-        } else if e.file_type()?.is_file() {
-            fs::copy(e.path(), &t)?;
-        }
-    }
     Ok(())
 }
 
