@@ -113,6 +113,13 @@ pub struct RunArgs {
     /// an agent more than 8 s of this behind has the excess skipped, with a note in its journal
     #[arg(long, global = true, default_value_t = 2 << 20, value_name = "BYTES")]
     pub log_rate: u64,
+    /// The daemon's own memory.max (bytes, or "max"), written to its leaf ROOT/supervisor when
+    /// it runs in one (under systemd): what the daemon may take whatever its agents do
+    #[arg(long, global = true, default_value = crate::daemon::SELF_MEMORY_MAX, value_name = "BYTES")]
+    pub self_memory_max: String,
+    /// The daemon's own pids.max (or "max"), likewise
+    #[arg(long, global = true, default_value = crate::daemon::SELF_TASKS_MAX, value_name = "N")]
+    pub self_tasks_max: String,
     /// The model gateway's backends, models and tenant token budgets (YAML; see
     /// docs/models.md) [default: /etc/agentos/models.yaml when it exists]
     #[arg(long, global = true)]

@@ -13,6 +13,13 @@ use crate::cgroup::{self, Cgroup};
 use crate::dbus::{self, MANAGER_PATH, Manager, SERVICE};
 use crate::supervisor::{Config, Supervisor};
 
+/// The daemon's own memory bound by default: about seven times its resident size with 200
+/// agents (75 MB measured, debug build; docs/daemon.md).
+pub const SELF_MEMORY_MAX: &str = "536870912";
+/// Its own tasks bound by default: tokio's blocking pool (512) and the runtime's threads, with
+/// room for tool runners' short-lived helpers.
+pub const SELF_TASKS_MAX: &str = "4096";
+
 /// Daemon settings (flags of `agentosd run`).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -52,6 +59,10 @@ pub struct Options {
     pub polkit: crate::polkit::Mode,
     /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
     pub denial_records: crate::enforce::limit::Limits,
+    /// The daemon's own `memory.max` and `pids.max` (its leaf `ROOT/supervisor`, when it runs
+    /// in one): `--self-memory-max`, `--self-tasks-max`.
+    pub self_memory_max: String,
+    pub self_tasks_max: String,
     /// How much of each agent's output the daemon keeps and takes in (`--log-journal-max`,
     /// `--log-rate`); see logs/.
     pub logs: crate::logs::Limits,
@@ -86,6 +97,8 @@ impl Default for Options {
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
             logs: Default::default(),
+            self_memory_max: SELF_MEMORY_MAX.to_string(),
+            self_tasks_max: SELF_TASKS_MAX.to_string(),
             models: None,
             otlp: None,
         }
@@ -138,6 +151,31 @@ fn leave_root(root: &Path) -> Result<()> {
         .with_context(|| format!("moving agentosd into {}", sup.path().display()))?;
     info!("moved agentosd into {}", sup.path().display());
     Ok(())
+}
+
+/// The daemon's own budget: `memory.max` and `pids.max` of `ROOT/supervisor`, the leaf it runs
+/// in (`--self-memory-max`, `--self-tasks-max`), so that the daemon cannot take what its agents'
+/// budgets leave (the unit's `MemoryMax=` would bound the agents too). Said when it cannot.
+fn bound_self(root: &Path, opts: &Options) {
+    let leaf = Cgroup::new(root.join("supervisor"));
+    let own = cgroup::cgroup2_mount()
+        .zip(cgroup::proc_cgroup("self"))
+        .map(|(m, c)| m.join(c.trim_start_matches('/')));
+    if own.as_deref() != Some(leaf.path()) {
+        return;
+    }
+    for (file, value, flag) in [
+        ("memory.max", &opts.self_memory_max, "--self-memory-max"),
+        ("pids.max", &opts.self_tasks_max, "--self-tasks-max"),
+    ] {
+        match leaf.set(file, value) {
+            Ok(()) => info!("{}/{file} = {value} ({flag})", leaf.path().display()),
+            Err(e) => warn!(
+                "the daemon's own {file} is not bounded ({flag}): {e}; is the controller enabled in {}/cgroup.subtree_control?",
+                root.display()
+            ),
+        }
+    }
 }
 
 /// The agents' MCP sockets (io_uring), the tools in `--tools-dir`, the gate and consent. Without
@@ -255,6 +293,7 @@ pub async fn run(opts: Options) -> Result<()> {
         leave_root(&root)?;
     }
     let (sup, rx, trail, scx, report) = build_supervisor(&opts, &root)?;
+    bound_self(&root, &opts);
     let missing = sup.missing_controllers();
     report_budgets(&root, &missing);
 

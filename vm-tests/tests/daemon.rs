@@ -44,6 +44,17 @@ fn systemd_runs_agentosd_as_notify_service() {
         cg.trim().ends_with("/agentosd.service/supervisor"),
         "agentosd runs in {cg}"
     );
+    // Its own leaf is bounded (--self-memory-max, --self-tasks-max), the agents' cgroups beside
+    // it are not touched by that bound.
+    let leaf = format!("/sys/fs/cgroup{}", cg.trim().trim_start_matches("0::"));
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{leaf}/{f}"))
+            .unwrap_or_else(|e| panic!("{leaf}/{f}: {e}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read("memory.max"), "536870912");
+    assert_eq!(read("pids.max"), "4096");
     // It stays up: its bus-connection check (every 5 s, exits after two failures) must work
     // under the system bus's policy, so the same process is there 12 s later and systemd
     // never had to restart it.

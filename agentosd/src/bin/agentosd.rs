@@ -156,6 +156,8 @@ fn main() -> anyhow::Result<()> {
                     per_sec: r.denial_records_per_sec,
                     burst: r.denial_records_burst,
                 },
+                self_memory_max: r.self_memory_max,
+                self_tasks_max: r.self_tasks_max,
                 logs: agentosd::logs::Limits {
                     journal_max: r.log_journal_max.max(4096),
                     per_round: (r.log_rate / 2).max(4096),
