@@ -12,8 +12,12 @@ use crate::client::{CliError, Client};
 use crate::exit;
 
 /// `agentctl check [--json]`.
-pub async fn check(address: Option<&str>, timeout: Option<Duration>, json: bool) -> i32 {
-    let remote = match Client::connect(address, timeout).await {
+pub async fn check(
+    target: Option<&crate::client::BusTarget>,
+    timeout: Option<Duration>,
+    json: bool,
+) -> i32 {
+    let remote = match Client::connect(target, timeout).await {
         Ok(c) => c.call::<_, String>("Check", &()).await,
         Err(e) => Err(e),
     };
@@ -28,6 +32,11 @@ pub async fn check(address: Option<&str>, timeout: Option<Duration>, json: bool)
             exit::OK
         }
         Ok(report) => run_agentosd(&["check", "--report", "-"], Some(&report)),
+        // `-H`: this host's probe would describe the wrong machine.
+        Err(e) if target.is_some_and(|t| t.is_remote()) => {
+            eprintln!("agentctl: {}", e.message);
+            e.code
+        }
         Err(e) => {
             eprintln!(
                 "agentctl: {} — probing this host locally instead",

@@ -13,8 +13,15 @@ use clap::{Parser, Subcommand};
 )]
 pub struct Cli {
     /// D-Bus address of the daemon's bus [env: AGENTOS_BUS_ADDRESS; default: the system bus]
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "host")]
     pub bus_address: Option<String>,
+    /// Talk to the agentosd of another machine over ssh, like systemctl -H: its system bus
+    /// through `ssh -xT [USER@]HOST systemd-stdio-bridge`
+    #[arg(short = 'H', long, global = true, value_name = "[USER@]HOST")]
+    pub host: Option<String>,
+    /// Accepted for systemctl's habit; agentctl never pages
+    #[arg(long, global = true)]
+    pub no_pager: bool,
     /// start, stop, restart, freeze, thaw: queue the job and return at once (`agentctl
     /// list-jobs` shows it, `agentctl monitor` its end), like systemctl --no-block
     #[arg(long, global = true)]
@@ -25,6 +32,60 @@ pub struct Cli {
     pub timeout: f64,
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+impl Cli {
+    /// Where the daemon is: `--bus-address`, or `-H HOST`'s system bus over ssh (as systemd's
+    /// `-H` does), or `None` (the environment, then the system bus).
+    pub fn target(&self) -> Result<Option<crate::client::BusTarget>, String> {
+        use crate::client::BusTarget;
+        match (&self.bus_address, &self.host) {
+            (Some(a), _) => Ok(Some(BusTarget::Address(a.clone()))),
+            (None, Some(h)) => ssh_target(h).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// `ssh -xT -- HOST systemd-stdio-bridge` as the bus transport (given as argv, not an address
+/// string: nothing in HOST can change the command); a host ssh would read as an option is
+/// refused.
+pub fn ssh_target(host: &str) -> Result<crate::client::BusTarget, String> {
+    if host.is_empty() || host.starts_with('-') || host.chars().any(|c| c.is_control() || c == ' ')
+    {
+        return Err(format!("-H {host:?}: give [USER@]HOST"));
+    }
+    Ok(crate::client::BusTarget::Exec {
+        program: "ssh".into(),
+        args: vec![
+            "-xT".into(),
+            "--".into(),
+            host.into(),
+            "systemd-stdio-bridge".into(),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dash_h_reaches_the_hosts_bus_over_ssh() {
+        match ssh_target("ops@db1.example,a=b").unwrap() {
+            crate::client::BusTarget::Exec { program, args } => {
+                assert_eq!(program, "ssh");
+                assert_eq!(
+                    args,
+                    ["-xT", "--", "ops@db1.example,a=b", "systemd-stdio-bridge"]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in ["", "-oProxyCommand=x", "a b", "a\nb"] {
+            assert!(ssh_target(bad).is_err(), "{bad:?}");
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -86,6 +86,29 @@ fn classify(e: zbus::Error) -> CliError {
     }
 }
 
+/// Where the daemon's bus is, when not the default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusTarget {
+    /// A D-Bus address (`--bus-address`, `$AGENTOS_BUS_ADDRESS`).
+    Address(String),
+    /// A program whose stdin/stdout is the bus (`-H`: ssh to systemd-stdio-bridge).
+    Exec { program: String, args: Vec<String> },
+}
+
+impl BusTarget {
+    fn describe(&self) -> String {
+        match self {
+            BusTarget::Address(a) => a.clone(),
+            BusTarget::Exec { program, args } => format!("{program} {}", args.join(" ")),
+        }
+    }
+
+    /// Whether the bus is another machine's (then nothing local stands in for it).
+    pub fn is_remote(&self) -> bool {
+        matches!(self, BusTarget::Exec { .. })
+    }
+}
+
 /// A connection to the daemon.
 pub struct Client {
     conn: Connection,
@@ -97,20 +120,31 @@ impl Client {
         &self.conn
     }
 
-    /// Connect to `address`, else `$AGENTOS_BUS_ADDRESS`, else the system bus. Every method call
+    /// Connect to `target`, else `$AGENTOS_BUS_ADDRESS`, else the system bus. Every method call
     /// fails after `timeout` without an answer (`None`: waits forever), like busctl's
     /// `--timeout`, so a stuck daemon is reported rather than waited for.
     pub async fn connect(
-        address: Option<&str>,
+        target: Option<&BusTarget>,
         timeout: Option<std::time::Duration>,
     ) -> Result<Self> {
-        let addr = address.map(str::to_string).or_else(|| {
+        let target = target.cloned().or_else(|| {
             std::env::var(BUS_ADDRESS_ENV)
                 .ok()
                 .filter(|s| !s.is_empty())
+                .map(BusTarget::Address)
         });
-        let builder = match &addr {
-            Some(a) => zbus::connection::Builder::address(a.as_str()),
+        let builder = match &target {
+            Some(BusTarget::Address(a)) => zbus::connection::Builder::address(a.as_str()),
+            Some(BusTarget::Exec { program, args }) => {
+                let t = zbus::address::transport::Unixexec::new(
+                    program.into(),
+                    None,
+                    args.iter().map(Into::into).collect(),
+                );
+                zbus::connection::Builder::address(zbus::Address::from(
+                    zbus::address::transport::Transport::Unixexec(t),
+                ))
+            }
             None => zbus::connection::Builder::system(),
         };
         let builder = match timeout {
@@ -122,7 +156,7 @@ impl Client {
                 exit::UNREACHABLE,
                 format!(
                     "cannot connect to {}: {e} (is the bus running? set --bus-address or {BUS_ADDRESS_ENV})",
-                    addr.as_deref().unwrap_or("the system bus")
+                    target.as_ref().map_or("the system bus".to_string(), BusTarget::describe)
                 ),
             )
         })?;

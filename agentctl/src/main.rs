@@ -52,7 +52,13 @@ fn main() {
 }
 
 fn run(cli: Cli) -> i32 {
-    let addr = cli.bus_address.as_deref();
+    let target = match cli.target() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("agentctl: {e}");
+            return exit::USAGE;
+        }
+    };
     // A negative, NaN or absurd value is a usage error, not a panic in Duration.
     let timeout = match cli.timeout {
         0.0 => None,
@@ -97,9 +103,9 @@ fn run(cli: Cli) -> i32 {
     };
     rt.block_on(async move {
         if let Cmd::Check { json } = cli.cmd {
-            return agentctl::check::check(addr, timeout, json).await;
+            return agentctl::check::check(target.as_ref(), timeout, json).await;
         }
-        let c = match Client::connect(addr, timeout).await {
+        let c = match Client::connect(target.as_ref(), timeout).await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("agentctl: {}", e.message);

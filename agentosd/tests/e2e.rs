@@ -772,3 +772,62 @@ fn no_block_queues_a_job_and_returns_at_once() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// `agentctl -H [USER@]HOST` reaches another machine's daemon the way systemctl -H does: over
+/// `ssh -xT -- HOST systemd-stdio-bridge`. Here `ssh` is a stand-in on PATH that records its
+/// arguments and runs the bridge to the test's bus.
+#[test]
+fn dash_h_reaches_a_daemon_through_ssh_and_the_stdio_bridge() {
+    let (bus, _cg, dir, d) = setup!("ssh");
+    if Command::new("systemd-stdio-bridge")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        common::skip(
+            module_path!(),
+            "systemd-stdio-bridge is not installed (package systemd)",
+        );
+        return;
+    }
+    let fake = dir.path().join("fakebin");
+    std::fs::create_dir_all(&fake).unwrap();
+    let ssh = fake.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$FAKE_SSH_ARGS\"\nexec systemd-stdio-bridge --bus-path=\"$FAKE_SSH_BUS\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = contract(dir.path(), "ticker", TICKER, "");
+    d.ctl_ok(&["start", f.to_str().unwrap()]);
+    let args_file = dir.path().join("ssh-args");
+    let path = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |host: &str| {
+        Command::new(common::agentctl_bin())
+            .args(["-H", host, "list"])
+            .env("PATH", &path)
+            .env("FAKE_SSH_ARGS", &args_file)
+            .env("FAKE_SSH_BUS", &bus.address)
+            .env_remove("AGENTOS_BUS_ADDRESS")
+            .output()
+            .unwrap()
+    };
+    let o = run("ops@db1.example");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("default/ticker"));
+    assert_eq!(
+        std::fs::read_to_string(&args_file).unwrap(),
+        "-xT\n--\nops@db1.example\nsystemd-stdio-bridge\n"
+    );
+    // A host that ssh would read as an option is refused before anything runs.
+    std::fs::remove_file(&args_file).unwrap();
+    let o = run("-oProxyCommand=touch /tmp/x");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!args_file.exists());
+}

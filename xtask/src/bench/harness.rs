@@ -543,9 +543,10 @@ impl Env {
             .enable_all()
             .build()?;
         let deadline = Instant::now() + Duration::from_secs(30);
+        let target = agentctl::client::BusTarget::Address(bus.clone());
         let client = loop {
             let c = rt.block_on(agentctl::client::Client::connect(
-                Some(&bus),
+                Some(&target),
                 Some(Duration::from_secs(25)),
             ));
             if let Ok(c) = c
