@@ -276,8 +276,13 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: ConsentCmd,
     },
-    /// Print shell completions
+    /// Print shell completions (bash also completes agent names, asked of the daemon, and
+    /// signal names)
     Completions { shell: clap_complete::Shell },
+    /// For the bash completion: the agents' names, one per line (nothing when the daemon cannot
+    /// be reached)
+    #[command(name = "__complete-agents", hide = true)]
+    CompleteAgents,
 }
 
 #[derive(Subcommand, Debug)]

@@ -6,6 +6,7 @@
 pub mod check;
 pub mod cli;
 pub mod client;
+pub mod complete;
 pub mod files;
 pub mod jobs;
 pub mod monitor;

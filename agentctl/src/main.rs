@@ -87,6 +87,9 @@ fn run(cli: Cli) -> i32 {
                 "agentctl",
                 &mut std::io::stdout(),
             );
+            if shell == clap_complete::Shell::Bash {
+                print!("{}", agentctl::complete::bash_extra());
+            }
             return exit::OK;
         }
         _ => {}
@@ -130,6 +133,7 @@ fn run(cli: Cli) -> i32 {
                 agentctl::jobs::queue(&c, "restart", &agents, &mut out).await
             }
             Cmd::ListJobs => agentctl::jobs::list(&c, &mut out).await,
+            Cmd::CompleteAgents => agentctl::complete::agents(&c, &mut out).await,
             Cmd::Start { target } => client::start(&c, &target).await,
             Cmd::Stop { agents } => client::simple(&c, "StopAgent", &agents).await,
             Cmd::Kill {

@@ -244,6 +244,7 @@ fn every_agentctl_command_and_agentosd_flag_is_documented() {
     let cli = std::fs::read_to_string(root().join("docs/cli.md")).unwrap();
     let missing: Vec<String> = agentctl::cli::Cli::command()
         .get_subcommands()
+        .filter(|c| !c.is_hide_set())
         .map(|c| c.get_name().to_string())
         .filter(|n| n != "help" && !cli.contains(&format!("`{n}")))
         .collect();

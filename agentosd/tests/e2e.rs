@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -830,4 +831,51 @@ fn dash_h_reaches_a_daemon_through_ssh_and_the_stdio_bridge() {
     let o = run("-oProxyCommand=touch /tmp/x");
     assert_eq!(o.status.code(), Some(2));
     assert!(!args_file.exists());
+}
+
+/// Bash completion completes agent names (asked of the daemon) and signal names.
+#[test]
+fn bash_completes_agent_and_signal_names() {
+    let (bus, _cg, dir, d) = setup!("complete");
+    let f = contract(dir.path(), "ticker", TICKER, "");
+    d.ctl_ok(&["start", f.to_str().unwrap()]);
+    let bin_dir = Path::new(common::agentctl_bin())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let complete = |words: &[&str]| -> Vec<String> {
+        let script = format!(
+            "source <(agentctl completions bash)\nCOMP_WORDS=({})\nCOMP_CWORD={}\nCOMP_LINE=\"${{COMP_WORDS[*]}}\"\nCOMP_POINT=${{#COMP_LINE}}\n_agentctl_more agentctl \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+            words
+                .iter()
+                .map(|w| format!("'{w}'"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            words.len() - 1
+        );
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin_dir.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("AGENTOS_BUS_ADDRESS", &bus.address)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let got = complete(&["agentctl", "stop", "ti"]);
+    assert!(got.contains(&"ticker".to_string()), "{got:?}");
+    let got = complete(&["agentctl", "logs", "default/"]);
+    assert!(got.contains(&"default/ticker".to_string()), "{got:?}");
+    let got = complete(&["agentctl", "kill", "ticker", "-s", "TE"]);
+    assert_eq!(got, ["TERM"], "{got:?}");
 }

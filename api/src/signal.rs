@@ -34,6 +34,11 @@ const SIGNALS: &[(&str, i32)] = &[
     ("SYS", libc::SIGSYS),
 ];
 
+/// The signal names `KillAgent` and `agentctl kill -s` know (`TERM`, `KILL`, …).
+pub fn names() -> Vec<&'static str> {
+    SIGNALS.iter().map(|(s, _)| *s).collect()
+}
+
 /// `TERM` for 15, or the number.
 pub fn signal_name(sig: i32) -> String {
     SIGNALS
