@@ -592,12 +592,8 @@ fn the_example_agent_calls_a_model_and_a_tool_in_one_turn() {
     let manifest = std::fs::read_to_string(repo.join("examples/tools/text-wordcount.yaml"))
         .unwrap()
         .replace("/usr/lib/agentos/tools/wordcount.py", wc.to_str().unwrap());
-    // Its `limits:` block (the last) is left out, as in tests/mcp.rs: declared limits fail
-    // closed where cgroup2 lacks the pids and memory controllers (this host's hybrid mount).
-    let manifest = match manifest.find("\nlimits:") {
-        Some(i) => manifest[..=i].to_string(),
-        None => manifest,
-    };
+    // As shipped: its limits say `must: false` (run without them where the host cannot
+    // enforce them), as in tests/mcp.rs.
     std::fs::write(tools.join("text-wordcount.yaml"), manifest).unwrap();
     // A real OTLP receiver sees the turn's lineage.
     let receiver = match common::otlp::receiver_python() {

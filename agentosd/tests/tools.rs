@@ -610,41 +610,19 @@ async fn example_exec_tools_work() {
     for f in ["wordcount.py", "hmac_sign.py"] {
         std::fs::copy(ex.join(f), bed.root().join("bin").join(f)).unwrap();
     }
-    // Manifest limits are enforced or refused: on a host whose pids/memory controllers are not
-    // on cgroup2 (hybrid hierarchy), leave them out here.
+    // The examples run as shipped: their limits are `must: false`, so on a host whose
+    // pids/memory controllers are not on cgroup2 (hybrid hierarchy) they run without them.
     let controllers =
         std::fs::read_to_string(bed.cfg.cgroup_root.path().join("cgroup.controllers"))
             .unwrap_or_default();
     let limits_ok = ["pids", "memory"]
         .iter()
         .all(|c| controllers.split_whitespace().any(|x| x == *c));
-    if !limits_ok {
-        eprintln!(
-            "NOTE: no pids/memory controller on cgroup2 here: running the examples without their limits"
-        );
-    }
     let read = |f: &str| {
-        let text = std::fs::read_to_string(ex.join(f)).unwrap().replace(
+        std::fs::read_to_string(ex.join(f)).unwrap().replace(
             "/usr/lib/agentos/tools",
             &bed.root().join("bin").display().to_string(),
-        );
-        if limits_ok {
-            return text;
-        }
-        let mut out = String::new();
-        let mut skip = false;
-        for l in text.lines() {
-            if l.starts_with("limits:") {
-                skip = true;
-            } else if !l.starts_with(' ') {
-                skip = false;
-            }
-            if !skip {
-                out.push_str(l);
-                out.push('\n');
-            }
-        }
-        out
+        )
     };
     let tools = bed.tools(&[
         ("text-wordcount.yaml", &read("text-wordcount.yaml")),
@@ -694,21 +672,20 @@ async fn example_exec_tools_work() {
     assert_eq!(list[2].to_mcp()["inputSchema"]["required"], json!(["text"]));
 
     if !limits_ok {
-        // Declared limits that cannot be enforced refuse the call instead of running weaker.
+        // Declared limits marked `must` that cannot be enforced refuse the call instead of
+        // running weaker.
         let d = bed.root().join("strict.d");
         std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("wc.yaml"),
-            std::fs::read_to_string(ex.join("text-wordcount.yaml")).unwrap(),
-        )
-        .unwrap();
+        let strict_text = read("text-wordcount.yaml").replace("must: false", "must: true");
+        assert!(strict_text.contains("must: true"));
+        std::fs::write(d.join("wc.yaml"), strict_text).unwrap();
         let (strict, errors) = Tools::load(&d, bed.cfg.clone());
         assert!(errors.is_empty());
         let r = strict
             .call(&bed.caller, "text.wordcount", json!({"text": "a"}), never())
             .await;
         assert!(
-            matches!(&r, Err(ToolError::Failed(m)) if m.contains("controller is not available")),
+            matches!(&r, Err(ToolError::Failed(m)) if m.contains("controller is not available") && m.contains("limits.must: true")),
             "{r:?}"
         );
         assert!(bed.tool_cgroups().is_empty(), "{:?}", bed.tool_cgroups());

@@ -128,6 +128,10 @@ pub struct Limits {
     pub mem_bytes: Option<u64>,
     /// `pids.max` of the tool's cgroup.
     pub pids: Option<u64>,
+    /// `mem`/`pids` are hard requirements: a call is refused where the host cannot enforce them
+    /// (as an agent's `budgets.must`); false (the default): the call runs without them, with a
+    /// note in its record.
+    pub must: bool,
 }
 
 impl Default for Limits {
@@ -136,6 +140,7 @@ impl Default for Limits {
             output_bytes: DEFAULT_OUTPUT_BYTES,
             mem_bytes: None,
             pids: None,
+            must: false,
         }
     }
 }
@@ -218,7 +223,7 @@ const SANDBOX: &[&str] = &[
     "net.connect",
     "net.bind",
 ];
-const LIMITS: &[&str] = &["output", "mem", "pids"];
+const LIMITS: &[&str] = &["output", "mem", "pids", "must"];
 /// Placeholders allowed anywhere in an argument.
 pub const INLINE_PLACEHOLDERS: &[&str] = &["{state}", "{agent}", "{scratch}"];
 /// Placeholders that stand for a whole argument and expand to one argument per entry.
@@ -785,6 +790,12 @@ fn decode_limits(n: &N, dec: &mut Dec) -> Limits {
     if let Some(x) = f.get("pids") {
         l.pids = dec.uint(x, "limits.pids", 1, 4_194_304);
     }
+    if let Some(x) = f.get("must") {
+        match &x.v {
+            V::Bool(b) => l.must = *b,
+            _ => mismatch(dec, x, "limits.must", "true or false"),
+        }
+    }
     l
 }
 
@@ -1041,6 +1052,21 @@ mod tests {
         assert_eq!(intersect_net(&s(&["*:*"]), &s(&["h:80"])), s(&["h:80"]));
         assert!(intersect_net(&s(&["a:80"]), &s(&["b:80"])).is_empty());
         assert!(intersect_net(&s(&["a:80"]), &s(&["a:443"])).is_empty());
+    }
+
+    #[test]
+    fn limits_say_whether_they_are_required() {
+        let base = "apiVersion: agentos/v0.2\nkind: Tool\nname: t.x\ndescription: d\nexec: { command: /bin/cat }\ninput_schema: {type: object}\n";
+        let m = parse_tool(&format!("{base}limits: {{ pids: 8 }}\n"), "t.yaml").unwrap();
+        assert!(!m.limits.must, "should by default, as an agent's budgets");
+        let m = parse_tool(
+            &format!("{base}limits: {{ pids: 8, must: true }}\n"),
+            "t.yaml",
+        )
+        .unwrap();
+        assert!(m.limits.must);
+        let e = parse_tool(&format!("{base}limits: {{ must: \"yes\" }}\n"), "t.yaml").unwrap_err();
+        assert!(e.to_string().contains("limits.must"), "{e}");
     }
 
     #[test]

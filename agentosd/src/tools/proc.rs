@@ -333,15 +333,26 @@ async fn place_policy(
     })
 }
 
-/// The tool cgroup's own limits: `pids.max` (the manifest's or [`DEFAULT_PIDS`]; a note when
-/// the controller is missing and the manifest names none) and `memory.max` without swap when
-/// the manifest names one. A limit the manifest names is never left unset.
+/// The tool cgroup's own limits: `pids.max` (the manifest's or [`DEFAULT_PIDS`]) and
+/// `memory.max` without swap when the manifest names one. A limit the manifest names that the
+/// host cannot enforce refuses the call when `limits.must`, else the call runs without it and a
+/// note says so (the same policy as an agent's budgets).
 fn set_limits(
     m: &ToolManifest,
     place: &Place,
     enabled: &[String],
     notes: &mut Vec<String>,
 ) -> Result<(), String> {
+    let missing = |what: &str, ctl: &str, notes: &mut Vec<String>| -> Result<(), String> {
+        let why = format!("{what}: the {ctl} controller is not available for tool cgroups");
+        if m.limits.must {
+            return Err(format!("{why} (limits.must: true)"));
+        }
+        let note = format!("{why}: not enforced (limits.must is false)");
+        warn_once(&m.name, &note);
+        notes.push(note);
+        Ok(())
+    };
     let pids = m.limits.pids.unwrap_or(DEFAULT_PIDS);
     if enabled.iter().any(|c| c == "pids") {
         place
@@ -349,15 +360,13 @@ fn set_limits(
             .set("pids.max", &pids.to_string())
             .map_err(|e| e.to_string())?;
     } else if m.limits.pids.is_some() {
-        return Err("limits.pids: the pids controller is not available for tool cgroups".into());
+        missing("limits.pids", "pids", notes)?;
     } else {
         notes.push("pids controller unavailable: no process limit".into());
     }
     if let Some(mem) = m.limits.mem_bytes {
         if !enabled.iter().any(|c| c == "memory") {
-            return Err(
-                "limits.mem: the memory controller is not available for tool cgroups".into(),
-            );
+            return missing("limits.mem", "memory", notes);
         }
         place
             .cgroup
@@ -366,6 +375,17 @@ fn set_limits(
         let _ = place.cgroup.set("memory.swap.max", "0");
     }
     Ok(())
+}
+
+/// Log `note` about tool `tool` the first time it happens (every call would repeat it).
+fn warn_once(tool: &str, note: &str) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{tool}: {note}");
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if !seen.contains(&key) && seen.len() < 1024 {
+        tracing::warn!("tool {key}");
+        seen.push(key);
+    }
 }
 
 /// Spawns `cmd` into cgroup `cg` with its stdio on fresh pipes; returns the child and the
