@@ -381,7 +381,7 @@ pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut d
         Vec::new()
     };
     let mut text = render_status(&st, &log);
-    let warnings = crate::files::change_warnings(c, &st).await;
+    let warnings = crate::files::change_warnings(&st);
     if !warnings.is_empty() {
         // After the header block, before the log lines (systemctl prints its warning last).
         for w in warnings {

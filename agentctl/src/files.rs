@@ -268,28 +268,31 @@ pub async fn show(
     exit::OK
 }
 
-/// What `status` adds under the agent when its contract changed: the file on disk differs
-/// from what the daemon has (read here with the operator's rights; a file it cannot read says
-/// nothing), or a newer contract waits for the next start.
-pub async fn change_warnings(c: &Client, st: &AgentStatus) -> Vec<String> {
+/// What `status` adds under the agent when its contract changed: the file it came from was
+/// modified after the contract was loaded (its mtime, as systemd's NeedDaemonReload; read here
+/// with the operator's rights: a file it cannot see says nothing) or is gone, or a newer
+/// contract waits for the next start.
+pub fn change_warnings(st: &AgentStatus) -> Vec<String> {
     let mut w = Vec::new();
-    let Ok((text, origin, pending, _)) = c
-        .call::<_, (String, String, String, String)>("GetContract", &(st.id.as_str(),))
-        .await
-    else {
-        return w;
-    };
-    let known = if pending.is_empty() { &text } else { &pending };
-    if origin.starts_with('/') {
-        match std::fs::read_to_string(&origin) {
-            Ok(disk) if disk != *known => w.push(format!(
-                "Warning: {} changed on disk; `agentctl reload {}` applies it (or `agentctl daemon-reload` for the agents directory)",
-                esc(&origin),
-                esc(&st.id)
-            )),
+    if st.origin.starts_with('/') {
+        match std::fs::metadata(&st.origin) {
+            Ok(m) if st.contract_loaded_us > 0 => {
+                let mtime_us = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_micros() as u64);
+                if mtime_us > st.contract_loaded_us {
+                    w.push(format!(
+                        "Warning: {} changed on disk; `agentctl reload {}` applies it (or `agentctl daemon-reload` for the agents directory)",
+                        esc(&st.origin),
+                        esc(&st.id)
+                    ));
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => w.push(format!(
                 "Warning: {} is gone from disk; the agent keeps the contract it was started with",
-                esc(&origin)
+                esc(&st.origin)
             )),
             _ => {}
         }

@@ -54,6 +54,10 @@ pub struct AgentRecord {
     pub started_at_us: u64,
     #[serde(default)]
     pub boot_id: String,
+    /// When its contract (`contract`) was loaded, µs since the epoch (0: not recorded by older
+    /// daemons). `status` compares the contract file's mtime with it.
+    #[serde(default)]
+    pub contract_loaded_us: u64,
 }
 
 /// Write `data` to `path` atomically.
@@ -203,6 +207,7 @@ mod tests {
             cgroup: "/sys/fs/cgroup/x".into(),
             restarts: 0,
             exit_status: Some(ExitStatus::Exited(3)),
+            contract_loaded_us: 0,
             started_at_us: 1,
             boot_id: "b".into(),
         }

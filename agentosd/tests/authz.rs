@@ -295,6 +295,16 @@ fn shipped_bus_policy_and_daemon_rules_per_verb_and_caller() {
         call(&b, MEMBER, "StopAgent", &["string:no/such"]),
         Err(DENIED.into())
     );
+    // A contract can carry secrets: reading it needs manage-agents, not read.
+    assert_eq!(
+        call(&b, MEMBER, "GetContract", &["string:acme/worker"]).unwrap_err(),
+        DENIED
+    );
+    assert!(call(&b, ACME_OP, "GetContract", &["string:acme/worker"]).is_ok());
+    assert_eq!(
+        call(&b, BETA_OP, "GetContract", &["string:acme/worker"]).unwrap_err(),
+        DENIED
+    );
     // Consent: only the acme operator (configured) and root may answer.
     // A daemon without a tool service answers Unavailable to those who may ask; an unknown
     // request id needs an unscoped grant (a scoped operator cannot probe other tenants' ids).

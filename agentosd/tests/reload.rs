@@ -167,6 +167,19 @@ fn reload_enable_and_disable_an_agent_started_from_a_file() {
         std::fs::read_to_string(&enabled_file).unwrap(),
         contract("worker", "a3")
     );
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&enabled_file)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600,
+        "a contract may hold secrets: root's only"
+    );
+    // Written from the agent's contract: not "changed on disk".
+    let status = d.ctl_ok(&["status", "worker"]);
+    assert!(!status.contains("changed on disk"), "{status}");
     assert_eq!(d.status_json("worker")["enabled"], true);
     let again = d.ctl_ok(&["enable", "worker"]);
     assert!(again.contains("enabled already"), "{again}");

@@ -104,6 +104,10 @@ pub struct AgentStatus {
     /// starts; absent from older daemons.
     #[serde(default)]
     pub pending_contract: bool,
+    /// When the agent's newest contract was loaded, µs since the epoch (0: unknown): a contract
+    /// file modified after it changed on disk (`status` says so, as systemd does by mtime).
+    #[serde(default)]
+    pub contract_loaded_us: u64,
     pub object_path: String,
     pub command: String,
     /// `(pid, ppid, command line)` of every process in the cgroup.

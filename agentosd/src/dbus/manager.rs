@@ -548,7 +548,10 @@ impl Manager {
     }
 
     /// The contract text the agent runs with (or last ran with) and its origin, and the one
-    /// waiting for its next start (empty strings when none): `agentctl cat`.
+    /// waiting for its next start (empty strings when none): `agentctl cat`. Needs
+    /// manage-agents for its tenant, not read: a contract can carry what its author's file
+    /// kept from others (an API key in `exec.env`), and those who may start the agent could
+    /// send that text anyway.
     #[zbus(out_args("contract", "origin", "pending_contract", "pending_origin"))]
     async fn get_contract(
         &self,
@@ -558,7 +561,7 @@ impl Manager {
     ) -> Result<(String, String, String, String)> {
         let (_, a) = self
             .gate()
-            .agent(&hdr, conn, "GetContract", Action::Read, &agent)
+            .agent(&hdr, conn, "GetContract", Action::ManageAgents, &agent)
             .await?;
         let (text, origin, pending) = self.sup.contract_of(&a);
         let (pt, po) = pending.unwrap_or_default();

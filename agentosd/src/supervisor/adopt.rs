@@ -95,6 +95,7 @@ impl Supervisor {
             i.restarts = rec.restarts;
             i.exit_status = rec.exit_status;
             i.started_at_us = rec.started_at_us;
+            i.contract_loaded_us = rec.contract_loaded_us;
             i.boot_id = rec.boot_id.clone();
         }
         lock(&self.agents).insert(agent.id.clone(), agent.clone());

@@ -21,6 +21,8 @@ pub(super) struct Inner {
     /// or a text that does not parse (see [`super::start::agent_contract`]).
     pub(super) parsed: Option<Arc<contracts::Contract>>,
     pub(super) origin: String,
+    /// When the newest contract (`pending`, else `contract`) was loaded, µs since the epoch.
+    pub(super) contract_loaded_us: u64,
     pub(super) enabled: bool,
     /// A contract loaded while the agent ran (`daemon-reload`, `reload`): it becomes the
     /// agent's at its next start (supervisor/reload.rs).
@@ -152,6 +154,7 @@ impl Agent {
                     origin: i.origin.clone(),
                     enabled: i.enabled,
                     pending_contract: i.pending.is_some(),
+                    contract_loaded_us: i.contract_loaded_us,
                     object_path: self.object_path.clone(),
                     command: cmd,
                     processes: Vec::new(),
@@ -198,6 +201,7 @@ impl Agent {
             exit_status: i.exit_status,
             started_at_us: i.started_at_us,
             boot_id: i.boot_id.clone(),
+            contract_loaded_us: i.contract_loaded_us,
         }
     }
 }

@@ -391,6 +391,7 @@ impl Supervisor {
                 origin: contract.origin,
                 enabled,
                 pending: None,
+                contract_loaded_us: now_us(),
                 state: State::Inactive,
                 result: String::new(),
                 main_pid: None,

@@ -53,6 +53,7 @@ impl Supervisor {
         let running = {
             let _op = agent.op.lock().await;
             let mut i = lock(&agent.inner);
+            i.contract_loaded_us = super::now_us();
             if i.state.is_active() {
                 i.pending = Some((spec, ct));
                 true
@@ -203,7 +204,8 @@ impl Supervisor {
             .open(
                 Path::new(&name),
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
-                Mode::from_raw_mode(0o644),
+                // Root's only: the contract may hold what its author kept from others.
+                Mode::from_raw_mode(0o600),
             )
             .map_err(|e| {
                 Error::Io(format!(
@@ -220,6 +222,8 @@ impl Supervisor {
             let mut i = lock(&agent.inner);
             i.enabled = true;
             i.origin = path.display().to_string();
+            // The file was written from this contract: not "changed on disk".
+            i.contract_loaded_us = super::now_us();
         }
         self.persist(agent);
         self.audit_event(

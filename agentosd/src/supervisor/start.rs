@@ -142,6 +142,7 @@ impl Supervisor {
                 )));
             }
             i.pending = None;
+            i.contract_loaded_us = super::now_us();
             super::reload::apply(&mut i, spec, contract);
             i.enabled |= enabled;
             i.restarts = 0;
