@@ -76,26 +76,8 @@ fn rules() -> Vec<String> {
 }
 
 /// Run `cmd` as `who` (setgroups, setresgid, setresuid in the child before exec).
-fn run_as(who: Who, mut cmd: Command) -> Output {
-    if who.uid != 0 {
-        let groups: Vec<libc::gid_t> = who.groups.to_vec();
-        let (uid, gid) = (who.uid, who.gid);
-        cmd.env_remove("HOME").env("HOME", "/");
-        // SAFETY: only async-signal-safe syscalls between fork and exec; `groups` is owned by
-        // the closure and outlives the calls.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setresgid(gid, gid, gid) != 0
-                    || libc::setresuid(uid, uid, uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
-    cmd.output().expect("run client")
+fn run_as(who: Who, cmd: Command) -> Output {
+    spawn_as(who, cmd).wait_with_output().expect("run client")
 }
 
 fn out_text(o: &Output) -> String {

@@ -604,19 +604,25 @@ fn check_prints_the_daemons_probe_or_a_local_one() {
     assert!(stdout.contains("MECHANISM"), "{stdout}");
 }
 
-/// D-Bus as systemd serves it: `busctl tree` reads the tree without a warning, introspecting an
-/// object lists its children by name only, and each state change is signalled once (a
-/// subscriber never hears the same state twice in a row).
-#[test]
-fn dbus_tree_introspection_and_one_signal_per_change() {
-    let (bus, _cg, dir, d) = setup!("tree");
-    let mut monitor = Command::new(common::agentctl_bin())
+/// `agentctl monitor --json` on `bus`, given the time to subscribe.
+fn subscribed_monitor(bus: &Bus) -> std::process::Child {
+    let m = Command::new(common::agentctl_bin())
         .args(["--bus-address", &bus.address, "monitor", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    m
+}
+
+/// D-Bus as systemd serves it: `busctl tree` reads the tree without a warning, introspecting an
+/// object lists its children by name only, and each state change is signalled once (a
+/// subscriber never hears the same state twice in a row).
+#[test]
+fn dbus_tree_introspection_and_one_signal_per_change() {
+    let (bus, _cg, dir, d) = setup!("tree");
+    let mut monitor = subscribed_monitor(&bus);
     let f = contract(dir.path(), "ticker", TICKER, "");
     d.ctl_ok(&["start", f.to_str().unwrap()]);
     d.wait_state("ticker", "running", 10);
@@ -696,13 +702,7 @@ fn no_block_queues_a_job_and_returns_at_once() {
     );
     d.ctl_ok(&["start", f.to_str().unwrap()]);
     d.wait_state("stubborn", "running", 10);
-    let mut monitor = Command::new(common::agentctl_bin())
-        .args(["--bus-address", &bus.address, "monitor", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut monitor = subscribed_monitor(&bus);
     let t = Instant::now();
     let out = d.ctl_ok(&["--no-block", "stop", "stubborn"]);
     // The daemon's stop timeout is 2 s here (tests/common): the call did not wait for it.
