@@ -162,6 +162,14 @@ pub enum Cmd {
     },
     /// Print the contract an agent runs with (and one loaded for its next start)
     Cat { agent: String },
+    /// Edit an agent's contract in $EDITOR, like systemctl edit --full: checked, then applied
+    /// (a running agent restarts with it unless --no-restart)
+    Edit {
+        agent: String,
+        /// Leave a running agent alone: the edited contract applies when it next starts
+        #[arg(long)]
+        no_restart: bool,
+    },
     /// The tool manifests the daemon loaded, which agents may call each, and those that did not
     /// load (`daemon-reload` reads the tools directory again)
     Tools {

@@ -305,3 +305,112 @@ pub fn change_warnings(st: &AgentStatus) -> Vec<String> {
     }
     w
 }
+
+/// `agentctl edit AGENT [--no-restart]`, like `systemctl edit --full`: the contract the agent
+/// has (or the one loaded for its next start) in `$VISUAL`/`$EDITOR` (else `vi`), checked when
+/// the editor exits, then sent with `ReloadAgent` (a running agent restarts with it unless
+/// `--no-restart`). An unchanged file changes nothing; one that does not parse is reported with
+/// its positions and not sent. When the agent came from a file, that file is not touched: the
+/// edit is the daemon's copy (`agentctl cat` shows it), so `reload` from the file undoes it.
+pub async fn edit(c: &Client, agent: &str, no_restart: bool, out: &mut dyn Write) -> i32 {
+    let (text, origin, pending, pending_origin): (String, String, String, String) =
+        match c.call("GetContract", &(agent,)).await {
+            Ok(r) => r,
+            Err(e) => return fail(out, e),
+        };
+    let (text, origin) = if pending.is_empty() {
+        (text, origin)
+    } else {
+        (pending, pending_origin)
+    };
+    let dir = match tempdir_for_edit() {
+        Ok(d) => d,
+        Err(e) => return fail(out, CliError::new(exit::FAILED, e)),
+    };
+    let file = dir.join("contract.yaml");
+    if let Err(e) = std::fs::write(&file, &text) {
+        return fail(
+            out,
+            CliError::new(exit::FAILED, format!("{}: {e}", file.display())),
+        );
+    }
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".into());
+    // Like git and systemctl: the editor may carry arguments (`code --wait`).
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{editor} \"$1\""))
+        .arg("sh")
+        .arg(&file)
+        .status();
+    let result = (|| -> Result<Option<String>, CliError> {
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                return Err(CliError::new(
+                    exit::FAILED,
+                    format!("the editor ({editor}) failed ({s}); nothing changed"),
+                ));
+            }
+            Err(e) => {
+                return Err(CliError::new(
+                    exit::FAILED,
+                    format!("cannot run the editor {editor}: {e} (set $EDITOR)"),
+                ));
+            }
+        }
+        let edited = std::fs::read_to_string(&file)
+            .map_err(|e| CliError::new(exit::FAILED, format!("{}: {e}", file.display())))?;
+        if edited == text {
+            return Ok(None);
+        }
+        if let Err(e) = contracts::parse_contract(&edited, &origin) {
+            return Err(CliError::new(
+                exit::FAILED,
+                format!("the edited contract does not parse; nothing changed:\n{e}"),
+            ));
+        }
+        Ok(Some(edited))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    let edited = match result {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            let _ = writeln!(out, "{} unchanged.", esc(agent));
+            return exit::OK;
+        }
+        Err(e) => return fail(out, e),
+    };
+    // The origin stays the file's (the daemon's copy now differs from it, on purpose: `reload`
+    // from the file undoes the edit).
+    match c
+        .call::<_, bool>("ReloadAgent", &(agent, edited, &origin, !no_restart))
+        .await
+    {
+        Ok(true) => {
+            let _ = writeln!(out, "edited {} and restarted it", esc(agent));
+            exit::OK
+        }
+        Ok(false) => {
+            let _ = writeln!(out, "edited {}", esc(agent));
+            exit::OK
+        }
+        Err(e) => fail(out, e),
+    }
+}
+
+/// A private directory for the file being edited (0700, under $TMPDIR).
+fn tempdir_for_edit() -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let p = base.join(format!("agentctl-edit-{}-{i}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    Err(format!("no free directory under {}", base.display()))
+}

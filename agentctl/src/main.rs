@@ -159,6 +159,9 @@ fn run(cli: Cli) -> i32 {
                 agentctl::files::disable(&c, &agents, now, &mut out).await
             }
             Cmd::Tools { json } => agentctl::tools::tools(&c, json, &mut out).await,
+            Cmd::Edit { agent, no_restart } => {
+                agentctl::files::edit(&c, &agent, no_restart, &mut out).await
+            }
             Cmd::Cat { agent } => agentctl::files::cat(&c, &agent, &mut out).await,
             Cmd::Show {
                 agent,

@@ -285,3 +285,54 @@ fn tools_are_listed_and_reloaded() {
     let later = rows.iter().find(|r| r["tool"] == "t.later").unwrap();
     assert_eq!(later["agents"], serde_json::json!(["default/granted"]));
 }
+
+/// `agentctl edit` (systemctl edit --full): the contract in $EDITOR, checked, applied with a
+/// restart; an unchanged file changes nothing, one that does not parse is not sent.
+#[test]
+fn edit_applies_a_checked_contract() {
+    skip_unless_capable!();
+    let bus = Bus::start();
+    let cg = TestCgroup::new("reload-edit");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&bus, &cg.path, dir.path());
+    let file = dir.path().join("editee.yaml");
+    std::fs::write(&file, contract("editee", "e1")).unwrap();
+    d.ctl_ok(&["start", file.to_str().unwrap()]);
+    wait_says(&d, "editee", "e1");
+    let editor = |script: &str| {
+        let p = dir.path().join(format!("editor-{}", script.len()));
+        std::fs::write(&p, format!("#!/bin/sh\n{script}\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    let edit = |ed: &std::path::Path| {
+        std::process::Command::new(common::agentctl_bin())
+            .args(["--bus-address", &d.bus, "edit", "editee"])
+            .env("EDITOR", ed)
+            .env_remove("VISUAL")
+            .output()
+            .unwrap()
+    };
+    let o = edit(&editor("true"));
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("unchanged"));
+    let o = edit(&editor("echo 'exec: [' >> \"$1\""));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("does not parse; nothing changed"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    wait_says(&d, "editee", "e1");
+    let o = edit(&editor("sed -i s/says-e1/says-e2/ \"$1\""));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("restarted"));
+    wait_says(&d, "editee", "e2");
+    let cat = d.ctl_ok(&["cat", "editee"]);
+    assert!(cat.contains("says-e2"), "{cat}");
+    // The file it came from is not touched, and it did not change after the edit.
+    assert!(std::fs::read_to_string(&file).unwrap().contains("says-e1"));
+    let status = d.ctl_ok(&["status", "editee"]);
+    assert!(!status.contains("Warning"), "{status}");
+}
