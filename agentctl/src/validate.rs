@@ -41,13 +41,11 @@ pub struct FileResult {
     pub diagnostics: Vec<contracts::Diagnostic>,
 }
 
-/// Whether the file says `kind: Tool` at its top level (a tool manifest, not a contract).
+/// Whether the file says `kind: Tool` at its top level (a tool manifest, not a contract): the
+/// daemon's rule (`contracts::document_kind`).
 fn is_tool_manifest(path: &std::path::Path) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| {
-        t.lines().any(|l| {
-            l.strip_prefix("kind:")
-                .is_some_and(|v| v.trim().trim_matches(['"', '\'']) == "Tool")
-        })
+        contracts::document_kind(&t).is_some_and(|(k, _)| k == contracts::tool::TOOL_KIND)
     })
 }
 

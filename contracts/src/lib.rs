@@ -78,7 +78,31 @@ pub(crate) fn finish(root: N, mut dec: Dec<'_>) -> Result<Contract, ContractErro
 }
 
 /// Parse and validate contract text; `origin` names the file in error positions.
+/// The top-level `kind:` of a YAML document and its line (1-based), read the same way by
+/// `agentctl validate`, the daemon's agents directory and its tools directory, so that a file
+/// is told apart as a contract or a tool manifest by one rule.
+pub fn document_kind(text: &str) -> Option<(String, usize)> {
+    text.lines().enumerate().find_map(|(i, l)| {
+        l.strip_prefix("kind:").map(|v| {
+            let v = v.split(" #").next().unwrap_or(v);
+            (v.trim().trim_matches(['"', '\'']).to_string(), i + 1)
+        })
+    })
+}
+
 pub fn parse_contract(text: &str, origin: &str) -> Result<Contract, ContractError> {
+    if let Some((kind, line)) = document_kind(text)
+        && kind == tool::TOOL_KIND
+    {
+        return Err(ContractError::single(Diagnostic::error(
+            origin,
+            line,
+            1,
+            "kind: Tool: this is a tool manifest, not an agent contract; put it in the tools \
+             directory (/etc/agentos/tools.d) and run `agentctl daemon-reload` (`agentctl validate` \
+             checks it as a tool)",
+        )));
+    }
     let files = [origin.to_string()];
     let mut dec = Dec::new(&files);
     let mut root = match node::read_tree(text, origin, 0) {

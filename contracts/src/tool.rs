@@ -239,6 +239,17 @@ fn mismatch(dec: &mut Dec, n: &N, field: &str, expected: &str) {
 
 /// Parse and validate tool manifest text; `origin` names the file in error positions.
 pub fn parse_tool(text: &str, origin: &str) -> Result<ToolManifest, ContractError> {
+    if let Some((kind, line)) = crate::document_kind(text)
+        && kind == "AgentContract"
+    {
+        return Err(ContractError::single(Diagnostic::error(
+            origin,
+            line,
+            1,
+            "kind: AgentContract: this is an agent contract, not a tool manifest; start it with \
+             `agentctl start FILE` or put it in the agents directory (/etc/agentos/agents.d)",
+        )));
+    }
     let files = [origin.to_string()];
     let mut dec = Dec::new(&files);
     let root = match node::read_tree(text, origin, 0) {
@@ -1052,6 +1063,35 @@ mod tests {
         assert_eq!(intersect_net(&s(&["*:*"]), &s(&["h:80"])), s(&["h:80"]));
         assert!(intersect_net(&s(&["a:80"]), &s(&["b:80"])).is_empty());
         assert!(intersect_net(&s(&["a:80"]), &s(&["a:443"])).is_empty());
+    }
+
+    #[test]
+    fn a_contract_is_not_a_tool_and_a_tool_not_a_contract() {
+        let tool = "apiVersion: agentos/v0.2\nkind: Tool\nname: t.x\ndescription: d\nexec: { command: /bin/cat }\ninput_schema: {type: object}\n";
+        let e = crate::parse_contract(tool, "agents.d/t.yaml").unwrap_err();
+        assert_eq!(e.diagnostics.len(), 1, "one diagnostic, not a cascade: {e}");
+        assert!(
+            e.to_string()
+                .contains("agents.d/t.yaml:2:1: kind: Tool: this is a tool manifest"),
+            "{e}"
+        );
+        let contract = "apiVersion: agentos/v0.2\nkind: AgentContract # an agent\nname: a\nclass: { latency: DT }\n";
+        let e = parse_tool(contract, "tools.d/a.yaml").unwrap_err();
+        assert_eq!(e.diagnostics.len(), 1, "{e}");
+        assert!(
+            e.to_string()
+                .contains("tools.d/a.yaml:2:1: kind: AgentContract: this is an agent contract"),
+            "{e}"
+        );
+        assert_eq!(
+            crate::document_kind("a: 1\nkind: 'Tool'\n"),
+            Some(("Tool".into(), 2))
+        );
+        assert_eq!(
+            crate::document_kind("  kind: Tool\n"),
+            None,
+            "top level only"
+        );
     }
 
     #[test]
