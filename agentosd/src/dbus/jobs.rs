@@ -113,7 +113,7 @@ impl Jobs {
         Self::lock(&self.running).remove(&id);
     }
 
-    /// The running jobs the caller may see (`ListJobs`): filtered by the caller.
+    /// The running jobs (`ListJobs` keeps those the caller may read).
     pub fn list(&self) -> Vec<Job> {
         Self::lock(&self.running).values().cloned().collect()
     }
