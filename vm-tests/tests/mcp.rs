@@ -1,13 +1,14 @@
 //! Tool calls under systemd in the guest: agentosd as installed (its unit's UMask, /run/agentos
-//! from RuntimeDirectory=), an example tool manifest as shipped (with its cgroup limits, which
-//! the guest's controllers enforce), and an agent whose shell pipes MCP requests into the
-//! installed `agentos-mcp` bridge. The granted tool answers; an ungranted one is refused; both
-//! decisions are in the audit trail.
+//! from RuntimeDirectory=), the example exec tools as installed by `cargo xtask install` (the
+//! manifests from PREFIX/share/agentos/examples, their scripts in /usr/lib/agentos/tools, their
+//! cgroup limits enforced by the guest's controllers) loaded with `agentctl daemon-reload`, and
+//! an agent whose shell pipes MCP requests into the installed `agentos-mcp` bridge. The granted
+//! tools answer; an ungranted one is refused; the decisions are in the audit trail.
 
 use std::time::Duration;
 
 use serde_json::Value;
-use vm_tests::{Agent, agentctl, require_vm, systemctl, wait_for, write_contract};
+use vm_tests::{Agent, agentctl, require_vm, wait_for, write_contract};
 
 const EXAMPLES: &str = "/usr/local/share/agentos/examples/tools";
 
@@ -16,21 +17,24 @@ const EXAMPLES: &str = "/usr/local/share/agentos/examples/tools";
 fn an_agent_calls_a_shipped_tool_through_the_bridge() {
     require_vm();
     std::fs::create_dir_all("/etc/agentos/tools.d").unwrap();
-    std::fs::copy(
-        format!("{EXAMPLES}/clock-now.yaml"),
-        "/etc/agentos/tools.d/clock-now.yaml",
-    )
-    .expect("the example tools are installed with the examples");
-    // Tools are loaded when the daemon starts.
-    systemctl(&["restart", "agentosd"]).ok();
-    wait_for("agentosd back", Duration::from_secs(60), || {
-        agentctl(&["list"]).success().then_some(())
-    });
+    for m in ["clock-now.yaml", "text-wordcount.yaml", "crypto-hmac.yaml"] {
+        std::fs::copy(
+            format!("{EXAMPLES}/{m}"),
+            format!("/etc/agentos/tools.d/{m}"),
+        )
+        .expect("the example tools are installed with the examples");
+    }
+    // daemon-reload reads the tools directory again (no restart).
+    let reload = agentctl(&["daemon-reload"]).ok();
+    assert!(reload.stdout.contains("3 tool(s) loaded"), "{reload}");
+    let tools = agentctl(&["tools"]).ok().stdout;
+    assert!(!tools.contains("not loaded"), "{tools}");
     let requests = [
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"clock.now","arguments":{}}}"#,
-        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"text.wordcount","arguments":{"text":"x"}}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"text.wordcount","arguments":{"text":"one two two"}}}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"crypto.hmac","arguments":{"message":"m","key":"k"}}}"#,
     ];
     let script = format!(
         "printf '%s\\n' {} | agentos-mcp; echo bridge-exit=$?",
@@ -43,7 +47,7 @@ fn an_agent_calls_a_shipped_tool_through_the_bridge() {
     let yaml = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: vmt-mcp\nclass: {{ latency: DT }}\n\
          exec: {{ command: /bin/sh, args: [\"-c\", {}] }}\nrestart: {{ policy: \"no\" }}\n\
-         capabilities: [clock.now]\n",
+         capabilities: [clock.now, text.wordcount]\n",
         serde_json::to_string(&script).unwrap()
     );
     let a = Agent::start("vmt-mcp", &write_contract("vmt-mcp", &yaml));
@@ -71,8 +75,12 @@ fn an_agent_calls_a_shipped_tool_through_the_bridge() {
         clock["structuredContent"]["unix"].as_u64().unwrap_or(0) > 1_700_000_000,
         "{clock}"
     );
-    // text.wordcount is not installed here: unknown tool.
-    assert_eq!(by_id(3)["error"]["code"], -32602, "{text}");
+    // The Python example tool, as installed, answers.
+    let wc = &by_id(3)["result"];
+    assert_ne!(wc["isError"], true, "{wc}");
+    assert_eq!(wc["structuredContent"]["words"], 3, "{wc}");
+    // crypto.hmac is installed but not granted: refused by the gate.
+    assert_eq!(by_id(4)["error"]["code"], -32001, "{text}");
     a.wait_states(&["inactive", "dead", "exited"], Duration::from_secs(20));
     // The socket went with the agent; the runtime directory stays as systemd made it.
     assert!(!std::path::Path::new("/run/agentos/agents/default/vmt-mcp.sock").exists());
@@ -89,7 +97,11 @@ fn an_agent_calls_a_shipped_tool_through_the_bridge() {
         })
     };
     assert!(gate("allow", "clock.now"), "{recs:#?}");
-    assert!(gate("deny", "text.wordcount"), "{recs:#?}");
+    assert!(gate("allow", "text.wordcount"), "{recs:#?}");
+    assert!(gate("deny", "crypto.hmac"), "{recs:#?}");
     agentctl(&["audit", "verify"]).ok();
-    let _ = std::fs::remove_file("/etc/agentos/tools.d/clock-now.yaml");
+    for m in ["clock-now.yaml", "text-wordcount.yaml", "crypto-hmac.yaml"] {
+        let _ = std::fs::remove_file(format!("/etc/agentos/tools.d/{m}"));
+    }
+    agentctl(&["daemon-reload"]).ok();
 }

@@ -37,6 +37,9 @@ const GUEST_PACKAGES: &[&str] = &[
     // provides it.
     "libpam-systemd",
     "polkitd",
+    // The example tools run as installed (vm-tests/tests/mcp.rs): text.wordcount and crypto.hmac
+    // are Python scripts in /usr/lib/agentos/tools.
+    "python3",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
 /// the io.max test a block device.
