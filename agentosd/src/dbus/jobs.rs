@@ -148,6 +148,7 @@ impl JobObject {
 }
 
 /// Everything a queued job needs once the call that queued it has answered.
+#[derive(Clone)]
 pub struct Queue {
     pub conn: Connection,
     pub sup: Arc<Supervisor>,
@@ -177,15 +178,10 @@ impl Queue {
         for em in self.readers(&job.tenant).await {
             let _ = Manager::job_new(&em, job.id, path.as_ref(), &job.agent).await;
         }
-        let (conn, sup, gate, subs, jobs) = (
-            self.conn.clone(),
-            self.sup.clone(),
-            self.gate.clone(),
-            self.subs.clone(),
-            self.jobs.clone(),
-        );
+        let q = self.clone();
         let done_path = path.clone();
         tokio::spawn(async move {
+            let sup = &q.sup;
             let r = match verb {
                 Verb::Start => as_caller(&caller, sup.start_existing(&agent)).await,
                 Verb::Stop => as_caller(&caller, sup.stop(&agent)).await,
@@ -197,18 +193,12 @@ impl Queue {
                 Ok(()) => "done".to_string(),
                 Err(e) => format!("failed: {e}"),
             };
-            jobs.remove(job.id);
-            let _ = conn
+            q.jobs.remove(job.id);
+            let _ = q
+                .conn
                 .object_server()
                 .remove::<JobObject, _>(job.path.as_str())
                 .await;
-            let q = Queue {
-                conn: conn.clone(),
-                sup,
-                gate,
-                subs,
-                jobs,
-            };
             for em in q.readers(&job.tenant).await {
                 let _ = Manager::job_removed(&em, job.id, done_path.as_ref(), &job.agent, &result)
                     .await;
