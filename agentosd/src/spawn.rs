@@ -76,6 +76,8 @@ pub struct Command {
 pub struct Child {
     pub pid: u32,
     pub pidfd: OwnedFd,
+    /// Its socket broker (`sandbox::sockets`), a child of the daemon the caller reaps.
+    pub broker: Option<Box<Child>>,
 }
 
 /// Find `cmd` in `path` (colon-separated) unless it contains a slash.
@@ -168,6 +170,13 @@ pub fn spawn_with_stdio(
         .map_err(|e| SyscallError::new("open", "/dev/null", e))?;
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SyscallError::new("pipe2", "exec status pipe", e.into()))?;
+    // The socket broker's listener comes back on this pair (sandbox/sockets.rs).
+    let handover = match cmd.sandbox.as_ref() {
+        Some(sb) if sb.namespaces.brokered() && sb.netns.is_none() => {
+            Some(crate::sandbox::sockets::handover_pair()?)
+        }
+        _ => None,
+    };
 
     // SAFETY: sigset_t is plain data; sigemptyset initialises it.
     let mut empty: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -224,6 +233,7 @@ pub fn spawn_with_stdio(
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         sandbox,
+        handover: handover.as_ref().map_or(-1, |(child, _)| child.as_raw_fd()),
     };
 
     // SAFETY: clone3 without CLONE_VM behaves like fork(): the child gets a copy of the address
@@ -247,7 +257,38 @@ pub fn spawn_with_stdio(
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let pid = ret as u32;
 
-    wait_exec(rd, Child { pid, pidfd }, cmd)
+    let mut child = wait_exec(
+        rd,
+        Child {
+            pid,
+            pidfd,
+            broker: None,
+        },
+        cmd,
+    )?;
+    if let (Some((child_end, ours)), Some(sb)) = (handover, sandbox) {
+        drop(child_end);
+        child.broker = Some(Box::new(start_broker(&child, &ours, sb, cgroup_dir)?));
+    }
+    Ok(child)
+}
+
+/// Receive the listener the exec'd child sent and start its broker in the same cgroup. On
+/// failure the child is killed: without its broker its inet sockets would not work.
+fn start_broker(
+    child: &Child,
+    ours: &OwnedFd,
+    sb: &crate::sandbox::PreparedSandbox,
+    cgroup_dir: &OwnedFd,
+) -> Result<Child, SpawnError> {
+    use crate::sandbox::sockets;
+    let started = sockets::receive_listener(ours.as_fd())
+        .and_then(|listener| sockets::spawn_broker(&listener, sb.uid, sb.gid, cgroup_dir.as_fd()));
+    if started.is_err() {
+        let _ = crate::sys::pidfd_send_signal(child.pidfd.as_fd(), libc::SIGKILL);
+        let _ = crate::sys::pidfd::pidfd_reap(child.pidfd.as_fd());
+    }
+    Ok(started?)
 }
 
 /// What the child needs between clone3 and execve, prepared before the clone: raw fds and
@@ -266,6 +307,8 @@ struct ChildSetup<'a> {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     sandbox: Option<&'a crate::sandbox::PreparedSandbox>,
+    /// The child's end of the socket broker's hand-over pair, or -1.
+    handover: RawFd,
 }
 
 /// The child's side: stdio, fds, scheduling, cwd, sandbox, execve. On failure it writes the
@@ -319,6 +362,11 @@ unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
             if let Err(st) = sb.apply_in_child() {
                 stage = st;
                 ok = false;
+            }
+            // Last: from here on the child's own inet socket() calls would wait for a broker.
+            if ok && c.handover >= 0 {
+                stage = crate::sandbox::sockets::STAGE_BROKER;
+                ok = crate::sandbox::sockets::hand_over_listener(c.handover, &sb.notify) == 0;
             }
         }
         if ok {
@@ -433,7 +481,13 @@ mod tests {
 
     #[test]
     fn namespace_flags_follow_the_sandbox() {
-        let f = |ipc, net| namespace_flags(Namespaces { ipc, net });
+        let f = |ipc, net| {
+            namespace_flags(Namespaces {
+                ipc,
+                net,
+                broker: false,
+            })
+        };
         assert_eq!(f(false, false), 0);
         assert_eq!(f(true, false), libc::CLONE_NEWIPC as u64);
         assert_eq!(
@@ -444,14 +498,15 @@ mod tests {
     }
 
     #[test]
-    fn own_network_namespace_only_without_network_grants() {
+    fn own_network_namespace_always_and_a_broker_with_network_grants() {
         use crate::sandbox::Grants;
         let none = Grants::default();
         assert_eq!(
             Namespaces::for_grants(&none),
             Namespaces {
                 ipc: true,
-                net: true
+                net: true,
+                broker: false,
             }
         );
         let connect = Grants {
@@ -463,13 +518,16 @@ mod tests {
             ..Grants::default()
         };
         for g in [connect, bind] {
+            let ns = Namespaces::for_grants(&g);
             assert_eq!(
-                Namespaces::for_grants(&g),
+                ns,
                 Namespaces {
                     ipc: true,
-                    net: false
+                    net: true,
+                    broker: true,
                 }
             );
+            assert!(ns.brokered());
         }
     }
 }

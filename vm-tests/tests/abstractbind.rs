@@ -1,8 +1,8 @@
-//! BPF LSM `lsm/socket_bind` (`ebpf/fs.bpf.c`): an agent with network grants shares the host's
-//! network namespace, where abstract Unix socket names are shared with host services; the
-//! program refuses its abstract binds (squatting a host service's name), while pathname sockets
-//! in its home and root outside any agent are unaffected. BPF LSM is refused on the development
-//! host, so this runs in the guest only.
+//! BPF LSM `lsm/socket_bind` (`ebpf/fs.bpf.c`), the second layer behind the agent's own network
+//! namespace (an agent with network grants has one too, its inet sockets come from its socket
+//! broker): the program refuses its abstract binds (squatting a host service's name, were the
+//! namespace ever missing), while pathname sockets in its home and root outside any agent are
+//! unaffected. BPF LSM is refused on the development host, so this runs in the guest only.
 //!
 //! The binds are made by `systemd-socket-activate --datagram -l ADDR`, which binds and then waits
 //! for a datagram: under `timeout 3` a bind that worked ends with 124, a refused one at once with

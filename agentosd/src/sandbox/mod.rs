@@ -8,6 +8,7 @@
 pub mod identity;
 pub mod landlock;
 pub mod seccomp;
+pub mod sockets;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -40,6 +41,7 @@ pub fn stage_name(stage: i32) -> Option<&'static str> {
         STAGE_LANDLOCK => "sandbox: landlock_restrict_self for",
         STAGE_SECCOMP => "sandbox: seccomp(SECCOMP_SET_MODE_FILTER) for",
         STAGE_NETNS => "sandbox: setns(CLONE_NEWNET) into the namespace made for",
+        sockets::STAGE_BROKER => "sandbox: seccomp user notification (the socket broker) for",
         _ => return None,
     })
 }
@@ -128,6 +130,9 @@ pub struct PreparedSandbox {
     /// The network namespace the child joins (`setns`) instead of making one: the one the
     /// daemon made for it with the model gateway's port on its loopback (models/tcp.rs).
     pub netns: Option<OwnedFd>,
+    /// The socket broker's notifying filter ([`sockets::notify_filter`]), installed last, when
+    /// `namespaces.brokered()`.
+    pub notify: Vec<libc::sock_filter>,
 }
 
 /// Kernel namespaces an agent gets of its own, created by `clone3` (the daemon is root; the
@@ -138,22 +143,30 @@ pub struct Namespaces {
     /// queues and POSIX message queues reach no other agent and no host process.
     pub ipc: bool,
     /// A private network namespace (`CLONE_NEWNET`) whose only interface, the loopback, stays
-    /// down: for agents without any network capability. Abstract Unix socket names are per
-    /// network namespace, so the agent neither reaches the host's (D-Bus, X11, systemd's) nor
-    /// offers one to host processes (squatting a name a host service uses), with or without
-    /// the daemon running.
+    /// down. Abstract Unix socket names are per network namespace, so the agent neither reaches
+    /// the host's (D-Bus, X11, systemd's) nor offers one to host processes (squatting a name a
+    /// host service uses), with or without the daemon running.
     pub net: bool,
+    /// With `net`: the agent's inet and route-netlink sockets are made in the host's network
+    /// namespace by its socket broker ([`sockets`]), for an agent with `net.connect` or
+    /// `net.bind` (the host's network is what those grants are for).
+    pub broker: bool,
 }
 
 impl Namespaces {
-    /// What an agent with these grants gets: always its own IPC namespace; its own network
-    /// namespace unless the contract grants `net.connect` or `net.bind` (the host's network
-    /// is what those grants are for).
+    /// What an agent with these grants gets: always its own IPC and network namespaces; the
+    /// socket broker when the contract grants `net.connect` or `net.bind`.
     pub fn for_grants(g: &Grants) -> Namespaces {
         Namespaces {
             ipc: true,
-            net: g.net_connect.is_empty() && g.net_bind.is_empty(),
+            net: true,
+            broker: !g.net_connect.is_empty() || !g.net_bind.is_empty(),
         }
+    }
+
+    /// Whether the spawned child hands a socket broker its listener.
+    pub fn brokered(&self) -> bool {
+        self.net && self.broker
     }
 }
 
@@ -215,13 +228,13 @@ pub fn prepare_with(
     let mut notes = Vec::new();
     let abi = landlock::kernel_abi();
     let namespaces = Namespaces::for_grants(&grants);
-    let netns = gateway.netns.filter(|_| namespaces.net);
+    let netns = gateway.netns.filter(|_| !namespaces.broker);
     let mut plan = grants.plan(&home)?;
     if let Some(ports) = plan.connect.as_mut() {
         if netns.is_some() {
             ports.push(crate::models::tcp::TCP_PORT);
         }
-        if !namespaces.net {
+        if namespaces.broker {
             ports.extend(gateway.host_port);
         }
     }
@@ -264,7 +277,7 @@ pub fn prepare_with(
     if !grants.net_connect.is_empty() || !grants.net_bind.is_empty() {
         notes.push("net: Landlock filters TCP ports only, not hosts or UDP".into());
         notes.push(
-            "net: in the host network namespace (network grants): binding abstract Unix socket names a host service may use is refused only where BPF LSM lsm/socket_bind is attached (connecting to the host's is refused by Landlock scoping, ABI 6)"
+            "net: own network namespace; inet and route-netlink sockets made in the host's by its socket broker (abstract Unix socket names stay its own)"
                 .into(),
         );
     }
@@ -290,6 +303,11 @@ pub fn prepare_with(
         last_cap: cap_last_cap(),
         namespaces,
         netns,
+        notify: if namespaces.brokered() {
+            sockets::notify_filter()
+        } else {
+            Vec::new()
+        },
     })
 }
 

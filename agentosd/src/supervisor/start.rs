@@ -232,6 +232,14 @@ impl Supervisor {
         notes: Vec<String>,
     ) {
         let pidfd = Arc::new(child.pidfd);
+        let broker_pid = child.broker.as_ref().map(|b| b.pid);
+        if let Some(b) = child.broker {
+            // The socket broker ends with the agent's processes (sandbox/sockets.rs); reap it.
+            let fd = Arc::new(b.pidfd);
+            tokio::spawn(async move {
+                super::exit::wait_exit(&fd).await;
+            });
+        }
         {
             let mut i = lock(&agent.inner);
             i.state = State::Running;
@@ -243,9 +251,13 @@ impl Supervisor {
             i.unenforced = unenforced;
             i.notes = notes;
         }
+        let broker = broker_pid.map_or(String::new(), |p| format!(", socket broker PID {p}"));
         self.note(
             agent,
-            &format!("started {}, main process PID {}", agent.id, child.pid),
+            &format!(
+                "started {}, main process PID {}{broker}",
+                agent.id, child.pid
+            ),
             false,
         );
         info!(agent = %agent.id, pid = child.pid, "started");
@@ -255,6 +267,7 @@ impl Supervisor {
             Some(audit::Decision::Allow),
             serde_json::json!({
                 "pid": child.pid,
+                "socket_broker_pid": broker_pid,
                 "cgroup": agent.cgroup.path().display().to_string(),
                 "cgroup_id": cgroup_id(agent.cgroup.path()),
                 "main_cgroup_id": cgroup_id(agent.main_cgroup().path()),

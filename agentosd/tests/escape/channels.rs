@@ -177,7 +177,7 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         .unwrap_or(false);
     if !bind_lsm {
         println!(
-            "note: BPF LSM lsm/socket_bind does not load here: gap-abstract-squat-with-net is expected to get through"
+            "note: BPF LSM lsm/socket_bind does not load here: abstract binds are refused by the agents' own network namespaces alone"
         );
     }
     // Whether the daemon's lsm/mmap_file and lsm/file_mprotect programs load here: then a file
@@ -262,14 +262,19 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
             if bind_lsm { "EPERM" } else { "EAGAIN" },
             NoNet,
         ),
-        // An agent with network grants shares the host's network namespace: it can bind a
-        // name a host service uses, unless BPF LSM's lsm/socket_bind refuses it (where BPF LSM
-        // loads: the VM). Asserted open where it does not, as above.
-        if bind_lsm {
-            denied("gap-abstract-squat-with-net", s(&squat), "EPERM", Standard)
-        } else {
-            allowed("gap-abstract-squat-with-net", s(&squat), Standard)
-        },
+        // An agent with network grants has its own network namespace too (its inet sockets
+        // come from its socket broker, sandbox/sockets.rs): the same as without grants.
+        denied(
+            "abstract-squat-with-net",
+            s(&squat),
+            if bind_lsm { "EPERM" } else { "EAGAIN" },
+            Standard,
+        ),
+        // Its socket broker runs as its uid, in its cgroup, in the host's network namespace:
+        // the agent must not be able to signal it (it would lose its own sockets) nor read its
+        // memory (a copy of the daemon's). Found by scanning /proc as the agent would.
+        denied("broker-signal", vec![], "EPERM", Standard),
+        denied("broker-mem", vec![], "EACCES", Standard),
         allowed("sysv-shm-own", vec![], Standard),
     ];
     if shm.is_some() {
@@ -456,6 +461,31 @@ fn running(pid: &str) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
         .unwrap_or(false)
+}
+
+/// The PID of this agent's socket broker: a process named `agentos-sockets` of its own uid
+/// (ESRCH if there is none: the attempt must find it to mean anything).
+fn own_broker() -> Result<i32, i32> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() }.to_string();
+    for e in std::fs::read_dir("/proc").map_err(io_err)?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+        };
+        if field("Name:").as_deref() == Some("agentos-sockets")
+            && field("Uid:").as_deref() == Some(uid.as_str())
+        {
+            return Ok(pid);
+        }
+    }
+    Err(libc::ESRCH)
 }
 
 fn pidfd_signal(pid: &str) -> Result<String, i32> {
@@ -673,6 +703,18 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
             }
         }
         "pidfd-signal-daemon" | "pidfd-signal-host" => pidfd_signal(arg(args, 1)),
+        "broker-signal" => own_broker().and_then(|pid| {
+            // Signal 0 first (the check alone), then SIGKILL for real.
+            // SAFETY: kill(2) on integers.
+            check(unsafe { libc::kill(pid, 0) } as i64)?;
+            // SAFETY: as above.
+            check(unsafe { libc::kill(pid, libc::SIGKILL) } as i64)
+        }),
+        "broker-mem" => own_broker().and_then(|pid| {
+            std::fs::File::open(format!("/proc/{pid}/mem"))
+                .map(|_| "opened its memory".to_string())
+                .map_err(io_err)
+        }),
         "abstract-connect-nonet" => (|| {
             use std::os::linux::net::SocketAddrExt;
             let a = std::os::unix::net::SocketAddr::from_abstract_name(arg(args, 1).as_bytes())
@@ -681,7 +723,7 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
                 .map(|_| "connected".to_string())
                 .map_err(io_err)
         })(),
-        "abstract-squat-nonet" | "gap-abstract-squat-with-net" => squat(arg(args, 1)),
+        "abstract-squat-nonet" | "abstract-squat-with-net" => squat(arg(args, 1)),
         "sysv-shm-host" => {
             // SAFETY: shmget of an existing key (no creation).
             check(unsafe { libc::shmget(arg(args, 1).parse().unwrap_or(0), 0, 0) } as i64)

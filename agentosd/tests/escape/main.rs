@@ -173,6 +173,9 @@ enum Weaken {
     SeccompNet(fn(&mut agentosd::sandbox::seccomp::NetShape)),
     /// Change the agent's own namespaces (sandbox `Namespaces`, clone3 flags in spawn.rs).
     Namespaces(fn(&mut agentosd::sandbox::Namespaces)),
+    /// Change the Landlock plan and run the agent in the host's network namespace: for rules
+    /// the agent's own namespace also holds (Landlock's abstract-socket scoping).
+    LandlockInHostNet(fn(&mut agentosd::sandbox::landlock::Plan)),
 }
 
 const MUTATIONS: &[Mutation] = &[
@@ -209,7 +212,7 @@ const MUTATIONS: &[Mutation] = &[
     Mutation {
         rule: "landlock: abstract-socket scoping",
         attempt: "abstract-socket",
-        weaken: Weaken::Landlock(|p| p.unscoped = true),
+        weaken: Weaken::LandlockInHostNet(|p| p.unscoped = true),
     },
     Mutation {
         rule: "landlock: TCP connect only to granted ports",
@@ -263,6 +266,11 @@ const MUTATIONS: &[Mutation] = &[
         attempt: "abstract-connect-nonet",
         weaken: Weaken::Namespaces(|n| n.net = false),
     },
+    Mutation {
+        rule: "own network namespace with net grants (the socket broker)",
+        attempt: "abstract-squat-with-net",
+        weaken: Weaken::Namespaces(|n| n.net = false),
+    },
 ];
 
 /// Run one attempt in the agent sandbox its contract `file` describes, built with the daemon's
@@ -293,7 +301,10 @@ fn run_direct(
             f(&mut shape);
             sb.seccomp = sandbox::seccomp::compile(shape).unwrap();
         }
-        Some(Weaken::Landlock(f)) => {
+        Some(Weaken::Landlock(f) | Weaken::LandlockInHostNet(f)) => {
+            if matches!(m.map(|m| &m.weaken), Some(Weaken::LandlockInHostNet(_))) {
+                sb.namespaces.net = false;
+            }
             let mut plan = sandbox::Grants::from_contract(&c, &sb.home)
                 .plan(&sb.home)
                 .unwrap();
@@ -325,6 +336,11 @@ fn run_direct(
     let mut status = 0;
     // SAFETY: waiting for the child we just started; `status` is writable.
     unsafe { libc::waitpid(child.pid as libc::pid_t, &mut status, 0) };
+    if let Some(b) = &child.broker {
+        // The broker ends once the agent is reaped (its listener hangs up).
+        // SAFETY: as above, our child.
+        unsafe { libc::waitpid(b.pid as libc::pid_t, &mut status, 0) };
+    }
     let _ = cg.remove();
     wait_line(&log, 5)
 }
@@ -542,7 +558,9 @@ fn suite(filter: Option<&str>) -> i32 {
         Attempt {
             name: "abstract-socket",
             args: s(&abstract_name),
-            expect: Denied("EPERM"),
+            // Its own network namespace: the host's name is not there. Behind it, Landlock's
+            // scoping refuses with EPERM (the mutation check runs it in the host's).
+            expect: Denied("ECONNREFUSED"),
             caps: Caps::Standard,
         },
         // seccomp's socket rules (net.rs has the rest of the class)

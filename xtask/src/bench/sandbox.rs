@@ -13,6 +13,7 @@
 //! | `fork+exec` | `std::process::Command::spawn` (posix_spawn/fork + exec), no cgroup, no sandbox |
 //! | `clone3+cgroup` | mkdir a fresh cgroup, `clone3(CLONE_INTO_CGROUP)` + exec via agentosd's `spawn` |
 //! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, Landlock ruleset built from the contract, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec |
+//! | `agentos+net` | `agentos` with a `net.connect` grant: its own network namespace plus its socket broker (a second clone3 of the daemon into the agent's cgroup, sandbox/sockets.rs), timed to the agent's first instruction (the broker starts after the agent's exec) |
 //! | `bwrap` | `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --cap-drop ALL --new-session --die-with-parent` |
 
 use std::io::Read;
@@ -87,6 +88,8 @@ struct Bench {
     parent: Cgroup,
     state: PathBuf,
     contract: contracts::Contract,
+    /// The same contract with a `net.connect` grant (the socket broker).
+    net_contract: contracts::Contract,
     n: usize,
 }
 
@@ -119,6 +122,10 @@ impl Bench {
     }
 
     fn clone3(&mut self, sandboxed: bool) -> Result<u64> {
+        self.clone3_with(sandboxed, false)
+    }
+
+    fn clone3_with(&mut self, sandboxed: bool, net: bool) -> Result<u64> {
         let log = self.log();
         let cg = self.parent.child(&format!("run-{}", self.n));
         let t0 = mono_ns();
@@ -128,7 +135,11 @@ impl Bench {
                 &self.state,
                 "bench",
                 "agent",
-                Some(&self.contract),
+                Some(if net {
+                    &self.net_contract
+                } else {
+                    &self.contract
+                }),
             )?)
         } else {
             None
@@ -147,6 +158,10 @@ impl Bench {
         };
         let child = agentosd::spawn::spawn(&cmd, &fd)?;
         let status = wait_pid(child.pid)?;
+        if let Some(b) = &child.broker {
+            // It ends once the agent is reaped.
+            wait_pid(b.pid)?;
+        }
         let t = self.read_log(&log);
         cg.remove()?;
         if status != 0 {
@@ -244,6 +259,11 @@ pub fn run(a: SandboxArgs) -> Result<()> {
     );
     let contract = contracts::parse_contract(&contract_text, "bench.yaml")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let net_contract = contracts::parse_contract(
+        &format!("{contract_text}  - net.connect: [\"127.0.0.1:9\"]\n"),
+        "bench-net.yaml",
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let parent = Cgroup::new(mount.join(format!("agentos-bench-{}", std::process::id())));
     parent.create()?;
     let state = dir.join("state");
@@ -253,12 +273,19 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         parent,
         state,
         contract,
+        net_contract,
         n: 0,
     };
     let modes: Vec<&str> = if a.no_bwrap {
-        vec!["fork+exec", "clone3+cgroup", "agentos"]
+        vec!["fork+exec", "clone3+cgroup", "agentos", "agentos+net"]
     } else {
-        vec!["fork+exec", "clone3+cgroup", "agentos", "bwrap"]
+        vec![
+            "fork+exec",
+            "clone3+cgroup",
+            "agentos",
+            "agentos+net",
+            "bwrap",
+        ]
     };
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(a.runs); modes.len()];
     let result = (|| -> Result<()> {
@@ -268,6 +295,7 @@ pub fn run(a: SandboxArgs) -> Result<()> {
                     "fork+exec" => b.fork_exec(),
                     "clone3+cgroup" => b.clone3(false),
                     "agentos" => b.clone3(true),
+                    "agentos+net" => b.clone3_with(true, true),
                     _ => b.bwrap(),
                 }
                 .with_context(|| format!("mode {mode}, run {i}"))?;
