@@ -17,10 +17,23 @@ use std::time::{Duration, Instant};
 use common::{Bus, Daemon, TestCgroup};
 
 /// Connects to the host's port every 50 ms, each time with a new socket, after binding an
-/// abstract datagram name and printing the interfaces route netlink shows it.
+/// abstract datagram name, printing the interfaces route netlink shows it, and making sockets
+/// until its fd table is full (the broker must answer EMFILE, not leave the call waiting).
 const AGENT: &str = r#"
-import socket, sys, time
+import resource, socket, sys, time
 port, name = int(sys.argv[1]), sys.argv[2]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard))
+socks = []
+try:
+    while len(socks) < 100:
+        socks.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    print("fdlimit none", flush=True)
+except OSError as e:
+    print("fdlimit errno %d after %d" % (e.errno, len(socks)), flush=True)
+for s in socks:
+    s.close()
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 u.bind("\0" + name)
 print("ifaces " + ",".join(sorted(n for _, n in socket.if_nameindex())), flush=True)
@@ -124,6 +137,10 @@ fn an_agent_with_net_grants_has_its_own_namespace_and_a_broker_that_outlives_the
         common::agent_output(&log).contains("ifaces ")
     });
     let out = common::agent_output(&log);
+    assert!(
+        out.contains(&format!("fdlimit errno {} after", libc::EMFILE)),
+        "{out}"
+    );
 
     // Route netlink is the host's: the agent sees the host's interfaces, not only a loopback.
     let mut host: Vec<String> = std::fs::read_dir("/sys/class/net")

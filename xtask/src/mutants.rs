@@ -79,6 +79,14 @@ const TARGETS: &[Target] = &[
         short: false,
     },
     Target {
+        name: "socket-broker",
+        package: "agentosd",
+        files: &["agentosd/src/sandbox/sockets.rs"],
+        re: None,
+        tests: &["--lib", "--test", "sockets"],
+        short: false,
+    },
+    Target {
         name: "network-policy",
         package: "agentosd",
         files: &["agentosd/src/enforce/net/policy.rs"],

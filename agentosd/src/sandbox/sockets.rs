@@ -404,16 +404,23 @@ unsafe fn serve_one(listener: RawFd) {
                 newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
             };
             // SAFETY: ADDFD reads the live struct; on success the kernel installed a copy
-            // of `s` in the caller and completed its socket() with that fd's number. On
-            // failure (the caller is gone) there is nobody to answer.
-            unsafe {
-                libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ADDFD, &add);
+            // of `s` in the caller and completed its socket() with that fd's number.
+            let (rc, e) = unsafe {
+                let rc = libc::ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ADDFD, &add);
+                let e = *libc::__errno_location();
                 libc::close(s);
+                (rc, e)
+            };
+            // ENOENT: the caller is gone, nobody to answer. Anything else (EMFILE: the
+            // caller's fd table is full) is the call's error: unanswered, it would wait forever.
+            if rc >= 0 || e == libc::ENOENT {
+                return;
             }
-            return;
+            e
+        } else {
+            // SAFETY: reading errno of this thread.
+            unsafe { *libc::__errno_location() }
         }
-        // SAFETY: reading errno of this thread.
-        unsafe { *libc::__errno_location() }
     };
     let resp = libc::seccomp_notif_resp {
         id: notif.id,
