@@ -142,7 +142,7 @@ pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
             (Ok(()), Ok((n, r, d))) => Check::new(
                 Feature::SeccompUserNotif,
                 Status::Available,
-                format!("SECCOMP_RET_USER_NOTIF available (notif {n} / resp {r} / data {d} bytes)"),
+                format!("SECCOMP_RET_USER_NOTIF available (notif {n} / resp {r} / data {d} bytes): the socket broker of agents with network grants (with SECCOMP_ADDFD_FLAG_SEND, Linux 5.14, as cgroup.kill)"),
             ),
             (Err(e), _) | (_, Err(e)) => Check::new(
                 Feature::SeccompUserNotif,
@@ -151,7 +151,7 @@ pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
                 } else {
                     Status::Error
                 },
-                format!("SECCOMP_RET_USER_NOTIF: {e:?} (kernel older than 5.0)"),
+                format!("SECCOMP_RET_USER_NOTIF: {e:?} (kernel older than 5.0): agents with network grants get no inet sockets (their socket broker needs it)"),
             ),
         },
     );
