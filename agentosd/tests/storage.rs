@@ -1,0 +1,322 @@
+//! Disk full is a state, not an outage: the daemon's state and audit directory on a 24 MiB tmpfs
+//! of the test's own, filled with a file of the test's. Below the reserve the daemon says so
+//! (the Manager's StorageState over D-Bus, read by busctl and by `agentctl status`), refuses a
+//! new start naming the file system, the free space and the reserve, and summarises the refusal
+//! instead of recording it; filled to the last byte, an audit write fails (ENOSPC) and the chain
+//! still verifies; freed, the daemon recovers by itself — state back to normal, the log reopened
+//! and written again, a start works — without a restart. Root only (mount).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{Bus, Daemon, TestCgroup, contract};
+
+const TICKER: &str =
+    r#"{ command: /bin/sh, args: ["-c", "while true; do echo tick; sleep 0.2; done"] }"#;
+
+const MIB: u64 = 1 << 20;
+
+/// A tmpfs of our own, unmounted (lazily if busy) on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
+            .arg("tmpfs")
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "mount -t tmpfs: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    fn avail(&self) -> u64 {
+        let s = rustix::fs::statvfs(&self.0).unwrap();
+        s.f_bavail * s.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// Write `bytes` of zeros (really allocated: tmpfs has no holes for written data) to `path`,
+/// or until the file system is full; returns what was written.
+fn fill(path: &Path, bytes: u64) -> u64 {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let chunk = vec![0u8; 64 << 10];
+    let mut done = 0;
+    while done < bytes {
+        let n = chunk.len().min((bytes - done) as usize);
+        match f.write(&chunk[..n]) {
+            Ok(0) | Err(_) => break,
+            Ok(w) => done += w as u64,
+        }
+    }
+    done
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `agentctl status --json` without an agent: the daemon's line.
+fn daemon_status(d: &Daemon) -> serde_json::Value {
+    serde_json::from_str(&d.ctl_ok(&["status", "--json"])).unwrap()
+}
+
+/// The Manager's StorageState as busctl reads it (the raw D-Bus property).
+fn busctl_state(d: &Daemon) -> Option<String> {
+    let o = Command::new("busctl")
+        .arg(format!("--address={}", d.bus))
+        .args([
+            "get-property",
+            "org.agentos1",
+            "/org/agentos1",
+            "org.agentos1.Manager",
+            "StorageState",
+        ])
+        .output()
+        .ok()?;
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+fn wait_storage(d: &Daemon, want: &str, secs: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let st = daemon_status(d);
+        if st["storage_state"] == want {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "storage did not become {want} in {secs} s: {st}\ndaemon log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn wait_log(d: &Daemon, needle: &str, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !d.log_text().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not log {needle:?} in {secs} s; log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn audit(state: &Path, args: &[&str]) -> Output {
+    Command::new(common::agentctl_bin())
+        .arg("audit")
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap()
+}
+
+fn records(state: &Path) -> Vec<serde_json::Value> {
+    let o = audit(state, &["show", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
+    skip_unless_capable!();
+    let base = tempfile::tempdir().unwrap();
+    let fs = match Tmpfs::mount(&base.path().join("state"), "24m") {
+        Ok(m) => m,
+        Err(why) => {
+            common::skip(module_path!(), &format!("cannot mount a tmpfs: {why}"));
+            return;
+        }
+    };
+    let state = fs.0.clone();
+    let bus = Bus::start();
+    let cg = TestCgroup::new("storage");
+    let agents_dir = state.join("agents.d");
+    std::fs::create_dir_all(&agents_dir).unwrap();
+    // The daemon's own log and the contracts live off the tmpfs.
+    let mut d = Daemon {
+        child: None,
+        state_dir: state.clone(),
+        agents_dir,
+        cgroup_root: cg.path.clone(),
+        bus: bus.address.clone(),
+        log: base.path().join("agentosd.log"),
+        extra: [
+            "--storage-reserve",
+            "8388608",
+            "--storage-reserve-percent",
+            "0",
+            "--storage-check-interval",
+            "0.2",
+            "--no-audit-journal",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    };
+    d.spawn();
+    let st = daemon_status(&d);
+    assert_eq!(st["storage_state"], "normal", "{st}");
+    assert_eq!(st["storage_reserve"], 8 * MIB, "{st}");
+    assert_eq!(busctl_state(&d).as_deref(), Some("s \"normal\""));
+    let a = contract(base.path(), "a", TICKER, "");
+    let b = contract(base.path(), "b", TICKER, "");
+    d.ctl_ok(&["start", a.to_str().unwrap()]);
+    d.wait_state("a", "running", 10);
+
+    // Below the reserve (8 MiB): 4 MiB left.
+    let filler = state.join("filler");
+    fill(&filler, fs.avail() - 4 * MIB);
+    let st = wait_storage(&d, "low", 5);
+    assert!(st["storage_free"].as_u64().unwrap() < 8 * MIB, "{st}");
+    let detail = st["storage_detail"].as_str().unwrap();
+    assert!(detail.contains(&state.display().to_string()), "{detail}");
+    assert!(detail.contains("reserve 8.0 MiB"), "{detail}");
+    assert_eq!(busctl_state(&d).as_deref(), Some("s \"low\""));
+    let shown = d.ctl_ok(&["status"]);
+    assert!(shown.contains("Warning: agentosd storage low"), "{shown}");
+    let of_a = d.ctl_ok(&["status", "a"]);
+    assert!(of_a.contains("Warning: agentosd storage low"), "{of_a}");
+
+    // A new start is refused with the file system, its free space and the reserve.
+    let o = d.ctl(&["start", b.to_str().unwrap()]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(err.contains("storage low"), "{err}");
+    assert!(err.contains(&state.display().to_string()), "{err}");
+    assert!(
+        err.contains("free of") && err.contains("reserve 8.0 MiB"),
+        "{err}"
+    );
+    // The running agent is untouched.
+    d.wait_state("a", "running", 1);
+
+    // To the last byte: the daemon's next records fail with ENOSPC (fail closed), and the
+    // daemon stays up and answers.
+    fill(&state.join("filler2"), u64::MAX);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log_text().contains("audit trail failed") {
+        // Lifecycle records that are not refusals: written, so they hit the full disk.
+        let _ = d.ctl(&["freeze", "a"]);
+        let _ = d.ctl(&["thaw", "a"]);
+        assert!(
+            Instant::now() < deadline,
+            "no audit write failed on a full disk; log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        d.log_text().contains("No space left on device"),
+        "{}",
+        d.log_text()
+    );
+    let o = d.ctl(&["start", b.to_str().unwrap()]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    // The chain verifies with the disk still full: no half-written record.
+    let v = audit(&state, &["verify"]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+
+    // Space returns: everything recovers by itself, no restart.
+    let pid = d.pid();
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_file(state.join("filler2")).unwrap();
+    let st = wait_storage(&d, "normal", 10);
+    assert!(st["storage_free"].as_u64().unwrap() > 8 * MIB, "{st}");
+    assert_eq!(busctl_state(&d).as_deref(), Some("s \"normal\""));
+    wait_log(&d, "writable again", 10);
+    d.ctl_ok(&["start", b.to_str().unwrap()]);
+    d.wait_state("b", "running", 10);
+    assert_eq!(d.pid(), pid, "the same daemon");
+    assert!(!d.ctl_ok(&["status"]).contains("Warning"));
+
+    // Once per transition in the daemon's log.
+    let log = d.log_text();
+    assert_eq!(log.matches("storage low: ").count(), 1, "{log}");
+    assert_eq!(log.matches("storage back to normal: ").count(), 1, "{log}");
+
+    // Records written again, the refusals summarised, and the chain verifies.
+    d.ctl_ok(&["stop", "b"]);
+    d.wait_state("b", "inactive", 10);
+    let recs = records(&state);
+    let event = |r: &serde_json::Value| r["detail"]["event"].as_str().unwrap_or("").to_string();
+    assert!(
+        recs.iter().any(|r| event(r) == "audit-recovered"),
+        "no audit-recovered record"
+    );
+    let b_events: Vec<String> = recs
+        .iter()
+        .filter(|r| r["agent"] == "b" && r["kind"] == "lifecycle")
+        .map(event)
+        .collect();
+    assert!(b_events.contains(&"start".to_string()), "{b_events:?}");
+    assert!(
+        !b_events.contains(&"refused".to_string()),
+        "refusals while low are summarised, not recorded one by one: {b_events:?}"
+    );
+    let summary = recs
+        .iter()
+        .find(|r| event(r) == "refusals-summarised" && r["agent"] == "b")
+        .unwrap_or_else(|| panic!("no summary of b's refusals"));
+    assert!(
+        summary["detail"]["count"].as_u64().unwrap() >= 2,
+        "{summary}"
+    );
+    assert_eq!(summary["detail"]["reason"], "storage-low");
+    let v = audit(&state, &["verify"]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+
+    d.ctl_ok(&["stop", "a"]);
+    d.wait_state("a", "inactive", 10);
+    d.terminate();
+    // What the operator saw, for the record (--nocapture).
+    for l in d.log_text().lines().filter(|l| {
+        l.contains("storage") || l.contains("audit trail") || l.contains("start failed")
+    }) {
+        eprintln!("daemon: {l}");
+    }
+    eprintln!("refused start: {err}");
+}
