@@ -22,6 +22,90 @@ const TICKER: &str =
 
 const MIB: u64 = 1 << 20;
 
+/// An agent on its MCP socket: `initialize`, then `tools/call` of TOOL every SLEEP seconds,
+/// one JSON line per answer on stdout (`code` and `reason` of an error, `ok` of a result).
+const CALLER_PY: &str = r#"
+import json, os, socket, sys, time
+tool, pause = sys.argv[1], float(sys.argv[2])
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["AGENTOS_SOCKET"])
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n").encode())
+    f.flush()
+    return json.loads(f.readline())
+call(0, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+f.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+f.flush()
+i = 1
+while True:
+    r = call(i, "tools/call", {"name": tool, "arguments": {}})
+    e = r.get("error") or {}
+    print(json.dumps({"i": i, "code": e.get("code"), "reason": (e.get("data") or {}).get("reason"),
+                      "ok": "result" in r, "msg": e.get("message", "")[:300]}), flush=True)
+    i += 1
+    time.sleep(pause)
+"#;
+
+/// A contract running CALLER_PY with `tool` every `pause` seconds, granted `grant`.
+fn caller_contract(dir: &Path, name: &str, tool: &str, pause: &str, grant: &str) -> PathBuf {
+    let script = dir.join("caller.py");
+    std::fs::write(&script, CALLER_PY).unwrap();
+    let p = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            r#"apiVersion: agentos/v0.2
+kind: AgentContract
+name: {name}
+class: {{ latency: DT }}
+exec: {{ command: /usr/bin/python3, args: ["{script}", "{tool}", "{pause}"], env: {{ PYTHONDONTWRITEBYTECODE: "1" }} }}
+capabilities:
+  - {grant}
+  - fs.read: ["{script}"]
+  - fs.exec: [/usr, /bin, /lib]
+"#,
+            script = script.display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// The answers CALLER_PY printed so far.
+fn answers(d: &Daemon, agent: &str) -> Vec<serde_json::Value> {
+    let log = d.status_json(agent)["log_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    common::agent_output(Path::new(&log))
+        .lines()
+        .filter_map(|l| serde_json::from_str(l.trim_matches('\0')).ok())
+        .collect()
+}
+
+fn wait_answer(
+    d: &Daemon,
+    agent: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(a) = answers(d, agent).into_iter().rev().find(|a| ok(a)) {
+            return a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent {agent}: no answer {what} in {secs} s; its answers: {:?}\ndaemon log:\n{}",
+            answers(d, agent).last(),
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A tmpfs of our own, unmounted (lazily if busy) on drop.
 struct Tmpfs(PathBuf);
 
@@ -172,6 +256,19 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
         }
     };
     let state = fs.0.clone();
+    // Agents (their own uids) read their script here.
+    std::fs::set_permissions(
+        base.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let tools = base.path().join("tools.d");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tools/clock-now.yaml"),
+        tools.join("clock-now.yaml"),
+    )
+    .unwrap();
     let bus = Bus::start();
     let cg = TestCgroup::new("storage");
     let agents_dir = state.join("agents.d");
@@ -192,6 +289,8 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
             "--storage-check-interval",
             "0.2",
             "--no-audit-journal",
+            "--tools-dir",
+            tools.to_str().unwrap(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -206,6 +305,16 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
     let b = contract(base.path(), "b", TICKER, "");
     d.ctl_ok(&["start", a.to_str().unwrap()]);
     d.wait_state("a", "running", 10);
+    // A flooding agent (refused calls as fast as it can: a record each) and a working one.
+    let flood = caller_contract(base.path(), "flood", "no.such.tool", "0.001", "clock.now");
+    let work = caller_contract(base.path(), "work", "clock.now", "0.2", "clock.now");
+    d.ctl_ok(&["start", flood.to_str().unwrap()]);
+    d.ctl_ok(&["start", work.to_str().unwrap()]);
+    wait_answer(&d, "work", 20, "with a result", |a| a["ok"] == true);
+    // The flood has cost the daemon more than the offender minimum (256 KiB: 512 records).
+    wait_answer(&d, "flood", 20, "number 1000", |a| {
+        a["i"].as_u64() >= Some(1000)
+    });
 
     // Below the reserve (8 MiB): 4 MiB left.
     let filler = state.join("filler");
@@ -220,6 +329,31 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
     assert!(shown.contains("Warning: agentosd storage low"), "{shown}");
     let of_a = d.ctl_ok(&["status", "a"]);
     assert!(of_a.contains("Warning: agentosd storage low"), "{of_a}");
+
+    // The offender is refused first, with the reason; the other agent's tool calls still run
+    // (their records are written within the reserve).
+    let refused = wait_answer(&d, "flood", 10, "refused for storage", |a| {
+        a["reason"] == "storage-low"
+    });
+    assert_eq!(refused["code"], -32005, "{refused}");
+    let msg = refused["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("storage low") && msg.contains("default/flood"),
+        "{msg}"
+    );
+    let seen = answers(&d, "work").len();
+    let later = wait_answer(&d, "work", 10, "after the refusals", |a| {
+        a["i"].as_u64() > Some(seen as u64 + 2)
+    });
+    assert_eq!(later["ok"], true, "{later}");
+    assert!(
+        answers(&d, "work")
+            .iter()
+            .all(|a| a["reason"] != "storage-low"),
+        "the working agent is not an offender"
+    );
+    d.ctl_ok(&["stop", "flood"]);
+    d.ctl_ok(&["stop", "work"]);
 
     // A new start is refused with the file system, its free space and the reserve.
     let o = d.ctl(&["start", b.to_str().unwrap()]);
