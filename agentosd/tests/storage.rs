@@ -23,7 +23,8 @@ const TICKER: &str =
 const MIB: u64 = 1 << 20;
 
 /// An agent on its MCP socket: `initialize`, then `tools/call` of TOOL every SLEEP seconds,
-/// one JSON line per answer on stdout (`code` and `reason` of an error, `ok` of a result).
+/// one JSON line per answer on stdout (`code` and `reason` of an error, `ok` of a result, `us`
+/// the call's round trip).
 const CALLER_PY: &str = r#"
 import json, os, socket, sys, time
 tool, pause = sys.argv[1], float(sys.argv[2])
@@ -39,10 +40,12 @@ f.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
 f.flush()
 i = 1
 while True:
+    t = time.monotonic()
     r = call(i, "tools/call", {"name": tool, "arguments": {}})
+    us = int((time.monotonic() - t) * 1e6)
     e = r.get("error") or {}
     print(json.dumps({"i": i, "code": e.get("code"), "reason": (e.get("data") or {}).get("reason"),
-                      "ok": "result" in r, "msg": e.get("message", "")[:300]}), flush=True)
+                      "ok": "result" in r, "us": us, "msg": e.get("message", "")[:300]}), flush=True)
     i += 1
     time.sleep(pause)
 "#;
@@ -82,6 +85,17 @@ fn answers(d: &Daemon, agent: &str) -> Vec<serde_json::Value> {
         .lines()
         .filter_map(|l| serde_json::from_str(l.trim_matches('\0')).ok())
         .collect()
+}
+
+/// p50, max and count of the round trips of answers `from..=to`.
+fn latencies(all: &[serde_json::Value], from: u64, to: u64) -> (u64, u64, usize) {
+    let mut v: Vec<u64> = all
+        .iter()
+        .filter(|a| a["i"].as_u64().is_some_and(|i| (from..=to).contains(&i)))
+        .filter_map(|a| a["us"].as_u64())
+        .collect();
+    v.sort_unstable();
+    (v[v.len() / 2], *v.last().unwrap(), v.len())
 }
 
 fn wait_answer(
@@ -307,13 +321,20 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
     d.wait_state("a", "running", 10);
     // A flooding agent (refused calls as fast as it can: a record each) and a working one.
     let flood = caller_contract(base.path(), "flood", "no.such.tool", "0.001", "clock.now");
-    let work = caller_contract(base.path(), "work", "clock.now", "0.2", "clock.now");
-    d.ctl_ok(&["start", flood.to_str().unwrap()]);
+    let work = caller_contract(base.path(), "work", "clock.now", "0.1", "clock.now");
     d.ctl_ok(&["start", work.to_str().unwrap()]);
-    wait_answer(&d, "work", 20, "with a result", |a| a["ok"] == true);
+    let quiet_from = wait_answer(&d, "work", 20, "with a result", |a| a["ok"] == true);
+    let quiet_to = wait_answer(&d, "work", 20, "20 more", |a| {
+        a["i"].as_u64() >= quiet_from["i"].as_u64().map(|i| i + 20)
+    });
+    d.ctl_ok(&["start", flood.to_str().unwrap()]);
     // The flood has cost the daemon more than the offender minimum (256 KiB: 512 records).
     wait_answer(&d, "flood", 20, "number 1000", |a| {
         a["i"].as_u64() >= Some(1000)
+    });
+    let flood_from = answers(&d, "work").last().unwrap()["i"].as_u64().unwrap() + 1;
+    wait_answer(&d, "work", 20, "20 under the flood", |a| {
+        a["i"].as_u64() >= Some(flood_from + 20)
     });
 
     // Below the reserve (8 MiB): 4 MiB left.
@@ -341,11 +362,28 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
         msg.contains("storage low") && msg.contains("default/flood"),
         "{msg}"
     );
-    let seen = answers(&d, "work").len();
-    let later = wait_answer(&d, "work", 10, "after the refusals", |a| {
-        a["i"].as_u64() > Some(seen as u64 + 2)
+    let low_from = answers(&d, "work").last().unwrap()["i"].as_u64().unwrap();
+    let later = wait_answer(&d, "work", 10, "20 after the refusals", |a| {
+        a["i"].as_u64() > Some(low_from + 20)
     });
     assert_eq!(later["ok"], true, "{later}");
+    let work = answers(&d, "work");
+    let q = latencies(
+        &work,
+        quiet_from["i"].as_u64().unwrap(),
+        quiet_to["i"].as_u64().unwrap(),
+    );
+    let f = latencies(&work, flood_from, flood_from + 20);
+    let l = latencies(&work, low_from + 1, low_from + 20);
+    assert!(
+        work.iter()
+            .filter(|a| a["i"].as_u64() > Some(low_from))
+            .all(|a| a["ok"] == true)
+    );
+    eprintln!(
+        "clock.now round trip of another agent, µs: quiet p50 {} max {} (n {}); under the flood p50 {} max {} (n {}); storage low, the flood refused p50 {} max {} (n {})",
+        q.0, q.1, q.2, f.0, f.1, f.2, l.0, l.1, l.2
+    );
     assert!(
         answers(&d, "work")
             .iter()
