@@ -12,10 +12,12 @@ mod common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Bus, Daemon, TestCgroup, contract};
+use common::{
+    Bus, Daemon, TestCgroup, audit, audit_records as records, contract, output_text as text,
+};
 
 const TICKER: &str =
     r#"{ command: /bin/sh, args: ["-c", "while true; do echo tick; sleep 0.2; done"] }"#;
@@ -179,15 +181,6 @@ fn fill(path: &Path, bytes: u64) -> u64 {
     done
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// `agentctl status --json` without an agent: the daemon's line.
 fn daemon_status(d: &Daemon) -> serde_json::Value {
     serde_json::from_str(&d.ctl_ok(&["status", "--json"])).unwrap()
@@ -237,25 +230,6 @@ fn wait_log(d: &Daemon, needle: &str, secs: u64) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn audit(state: &Path, args: &[&str]) -> Output {
-    Command::new(common::agentctl_bin())
-        .arg("audit")
-        .args(args)
-        .arg("--state-dir")
-        .arg(state)
-        .output()
-        .unwrap()
-}
-
-fn records(state: &Path) -> Vec<serde_json::Value> {
-    let o = audit(state, &["show", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
