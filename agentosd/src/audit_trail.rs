@@ -286,7 +286,8 @@ impl AuditTrail {
             g.reopen = true;
         }
         // The old writer has stopped (it does after a failure); closing joins it, releasing
-        // the log's lock for the new one.
+        // the log's lock for the new one. The trail's lock is held across the open (a scan
+        // from the last checkpoint: milliseconds), so no record goes to the old log meanwhile.
         if let Some(old) = g.log.take()
             && let Ok(l) = Arc::try_unwrap(old)
         {
@@ -326,8 +327,9 @@ impl AuditTrail {
         }
     }
 
-    /// Write the summaries of refusals counted while storage was low, one record per agent.
-    pub fn write_summaries(&self, summaries: Vec<crate::storage::Summary>, reserve: &str) {
+    /// Write the summaries of refusals counted while storage was low, one record per agent;
+    /// `storage` is the state's one-line description (`Status::describe`).
+    pub fn write_summaries(&self, summaries: Vec<crate::storage::Summary>, storage: &str) {
         for s in summaries {
             let (tenant, name) = s.agent.split_once('/').unwrap_or(("", ""));
             let rec = Record::new(Kind::Denial, name, tenant)
@@ -339,7 +341,7 @@ impl AuditTrail {
                     "count": s.count,
                     "by": s.by,
                     "window_ms": s.window.as_millis() as u64,
-                    "storage": reserve,
+                    "storage": storage,
                 }));
             self.queue(rec);
         }
