@@ -202,9 +202,10 @@ pub enum Cmd {
         #[arg(long)]
         failed: bool,
     },
-    /// Show an agent's state, processes, cgroup, resources and last log lines
+    /// Show an agent's state, processes, cgroup, resources and last log lines; without an
+    /// agent, the daemon's: version, agents, storage (with a warning while it is low)
     Status {
-        agent: String,
+        agent: Option<String>,
         #[arg(long)]
         json: bool,
         /// Log lines to show

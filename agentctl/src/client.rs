@@ -381,7 +381,13 @@ pub async fn status(c: &Client, agent: &str, json: bool, lines: u32, out: &mut d
         Vec::new()
     };
     let mut text = render_status(&st, &log);
-    let warnings = crate::files::change_warnings(&st);
+    let mut warnings = crate::files::change_warnings(&st);
+    // The daemon's storage state concerns every agent: said under each one while it is low.
+    if let Ok(d) = crate::daemon::DaemonStatus::read(c).await
+        && let Some(w) = d.warning()
+    {
+        warnings.push(w);
+    }
     if !warnings.is_empty() {
         // After the header block, before the log lines (systemctl prints its warning last).
         for w in warnings {

@@ -7,6 +7,7 @@ pub mod check;
 pub mod cli;
 pub mod client;
 pub mod complete;
+pub mod daemon;
 pub mod files;
 pub mod jobs;
 pub mod monitor;

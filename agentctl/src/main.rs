@@ -178,9 +178,14 @@ fn run(cli: Cli) -> i32 {
                 }
                 client::list(&c, json, &state, &mut out).await
             }
-            Cmd::Status { agent, json, lines } => {
-                client::status(&c, &agent, json, lines, &mut out).await
-            }
+            Cmd::Status {
+                agent: Some(agent),
+                json,
+                lines,
+            } => client::status(&c, &agent, json, lines, &mut out).await,
+            Cmd::Status {
+                agent: None, json, ..
+            } => agentctl::daemon::status(&c, json, &mut out).await,
             Cmd::IsActive { agent, quiet } => client::is_active(&c, &agent, quiet).await,
             Cmd::Logs {
                 agent,

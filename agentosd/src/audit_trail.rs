@@ -5,7 +5,12 @@
 //! Async callers never wait for `fdatasync` on a runtime thread: [`AuditTrail::commit`] queues
 //! with `try_append_then` and awaits a oneshot; [`AuditTrail::submit`] queues and returns. When a
 //! write or sync fails, the log accepts nothing more and [`AuditTrail::health`] says why: the
-//! supervisor then refuses new starts (invariant 1). See docs/audit.md, "In the daemon".
+//! supervisor then refuses new starts and the gate refuses tool calls (invariant 1). When the
+//! failure was a full file system, [`AuditTrail::recover`] (called by the storage watcher,
+//! storage/) opens the log again once there is room: the chain continues, no restart needed.
+//! While storage is low, refusals are counted in summary records rather than written one by one,
+//! and every record is charged to its agent (the offenders are refused first). See
+//! docs/audit.md, "In the daemon", and docs/daemon.md, "Storage reserve".
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +18,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use audit::{Ack, AppendError, Decision, Kind, Log, LogOptions, Record};
 use serde_json::{Value, json};
-use tracing::{error, info};
+use tracing::{error, info, warn};
+
+use crate::storage::Storage;
 
 tokio::task_local! {
     /// The D-Bus caller on whose behalf the current task acts (the `caller` object of
@@ -55,10 +62,14 @@ impl TrailPaths {
     }
 }
 
+/// The failure state of one opened log (a new one after [`AuditTrail::recover`], so that late
+/// completions of the old log cannot fail the new one).
 #[derive(Default)]
 struct Shared {
     /// The first failure; once set, nothing more is accepted.
     failed: Mutex<Option<String>>,
+    /// Told of a failure at once (it may be the disk filling).
+    storage: Option<Arc<Storage>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -70,18 +81,33 @@ impl Shared {
         let mut f = lock(&self.failed);
         if f.is_none() {
             error!(
-                "audit trail failed: {why}; new agent starts are refused until agentosd restarts with a writable log"
+                "audit trail failed: {why}; new agent starts and tool calls are refused until the log is writable again (after a full file system it is reopened by itself once space returns; otherwise restart agentosd)"
             );
             *f = Some(why.to_string());
+        }
+        drop(f);
+        if let Some(s) = &self.storage {
+            s.kick();
         }
     }
 }
 
+/// The log in use and its failure state.
+struct Generation {
+    log: Option<Arc<Log>>,
+    shared: Arc<Shared>,
+    /// The log failed for want of space: [`AuditTrail::recover`] opens it again.
+    reopen: bool,
+}
+
 /// The open audit trail.
 pub struct AuditTrail {
-    log: Mutex<Option<Arc<Log>>>,
+    current: Mutex<Generation>,
     path: PathBuf,
-    shared: Arc<Shared>,
+    /// Where the log is and how it is opened (for [`AuditTrail::recover`]).
+    dir: PathBuf,
+    opts: Option<LogOptions>,
+    storage: Option<Arc<Storage>>,
     /// Agent id (`tenant/name`) → its sealed binding manifest hash.
     bindings: Mutex<HashMap<String, String>>,
     /// Best-effort records (kernel denials) not queued because the queue was full.
@@ -112,8 +138,13 @@ pub fn ensure_key(key: &Path) -> Result<(bool, PathBuf), TrailError> {
 
 impl AuditTrail {
     /// Opens (or creates) the log in `paths.dir` with the key at `paths.key` (created 0600 when
-    /// missing). Forwards records to the journal when `journal` and its socket exists.
-    pub fn open(paths: &TrailPaths, journal: bool) -> Result<Arc<AuditTrail>, TrailError> {
+    /// missing). Forwards records to the journal when `journal` and its socket exists. With
+    /// `storage`, records are charged to their agents and refusals summarised while it is low.
+    pub fn open(
+        paths: &TrailPaths,
+        journal: bool,
+        storage: Option<Arc<Storage>>,
+    ) -> Result<Arc<AuditTrail>, TrailError> {
         std::fs::create_dir_all(&paths.dir).map_err(|source| TrailError::Dir {
             path: paths.dir.clone(),
             source,
@@ -132,7 +163,7 @@ impl AuditTrail {
         if journal && Path::new(audit::JOURNAL_SOCKET).exists() {
             opts = opts.with_system_journal();
         }
-        let log = Log::open(&paths.dir, opts)?;
+        let log = Log::open(&paths.dir, opts.clone())?;
         if let Some(r) = log.recovery() {
             info!(
                 "audit log {}: cut a torn tail of {} bytes at byte {} after a crash (saved as {}); recorded at seq {}",
@@ -146,8 +177,17 @@ impl AuditTrail {
         give_group_read(&paths.dir);
         Ok(Arc::new(AuditTrail {
             path: log.path().to_path_buf(),
-            log: Mutex::new(Some(Arc::new(log))),
-            shared: Arc::default(),
+            current: Mutex::new(Generation {
+                log: Some(Arc::new(log)),
+                shared: Arc::new(Shared {
+                    failed: Mutex::default(),
+                    storage: storage.clone(),
+                }),
+                reopen: false,
+            }),
+            dir: paths.dir.clone(),
+            opts: Some(opts),
+            storage,
             bindings: Mutex::default(),
             dropped: Default::default(),
         }))
@@ -159,9 +199,15 @@ impl AuditTrail {
         let shared = Arc::new(Shared::default());
         *lock(&shared.failed) = Some(why);
         Arc::new(AuditTrail {
-            log: Mutex::new(None),
+            current: Mutex::new(Generation {
+                log: None,
+                shared,
+                reopen: false,
+            }),
             path: paths.dir.join(audit::LOG_FILE),
-            shared,
+            dir: paths.dir.clone(),
+            opts: None,
+            storage: None,
             bindings: Mutex::default(),
             dropped: Default::default(),
         })
@@ -172,27 +218,133 @@ impl AuditTrail {
         &self.path
     }
 
+    /// The storage watcher the trail reports to, if any.
+    pub fn storage(&self) -> Option<&Arc<Storage>> {
+        self.storage.as_ref()
+    }
+
     /// `Ok` while the log accepts records; otherwise why it does not.
     pub fn health(&self) -> Result<(), String> {
-        match lock(&self.shared.failed).clone() {
+        let g = lock(&self.current);
+        match lock(&g.shared.failed).clone() {
             Some(why) => Err(why),
-            None if lock(&self.log).is_none() => {
-                Err(format!("audit log {} is closed", self.path.display()))
-            }
+            None if g.log.is_none() => Err(format!("audit log {} is closed", self.path.display())),
             None => Ok(()),
         }
     }
 
-    fn log(&self) -> Result<Arc<Log>, AppendError> {
-        if let Some(why) = lock(&self.shared.failed).clone() {
+    /// The log in use and the failure state its completions report to.
+    fn log(&self) -> Result<(Arc<Log>, Arc<Shared>), AppendError> {
+        let g = lock(&self.current);
+        if let Some(why) = lock(&g.shared.failed).clone() {
             return Err(AppendError::Failed {
                 path: self.path.clone(),
                 reason: why,
             });
         }
-        lock(&self.log)
-            .clone()
-            .ok_or_else(|| AppendError::Closed(self.path.clone()))
+        match &g.log {
+            Some(l) => Ok((l.clone(), g.shared.clone())),
+            None => Err(AppendError::Closed(self.path.clone())),
+        }
+    }
+
+    /// Charge the record to its agent; while storage is low, count a refusal (a `deny` record
+    /// of an agent or of the kernel) for the agent's summary instead of writing it: returns
+    /// whether it was counted.
+    fn summarised(&self, rec: &Record) -> bool {
+        let Some(s) = &self.storage else {
+            return false;
+        };
+        let id = if rec.agent.is_empty() {
+            String::new()
+        } else {
+            format!("{}/{}", rec.tenant, rec.agent)
+        };
+        if rec.decision == Some(Decision::Deny) && s.summarise(&id, rec.kind.as_str()) {
+            return true;
+        }
+        s.charge(&id, crate::storage::usage::RECORD_BYTES);
+        false
+    }
+
+    /// If the log stopped because its file system was full, open it again (the chain continues
+    /// from its last whole record; a batch cut short was truncated, or is cut now as a torn
+    /// tail). Called by the storage watcher after each check. Returns whether it reopened.
+    pub fn recover(&self) -> bool {
+        let Some(opts) = &self.opts else {
+            return false;
+        };
+        let mut g = lock(&self.current);
+        let failed = lock(&g.shared.failed).clone();
+        let Some(why) = failed else {
+            return false;
+        };
+        if !g.reopen {
+            if !g.log.as_ref().is_some_and(|l| l.out_of_space()) {
+                return false;
+            }
+            g.reopen = true;
+        }
+        // The old writer has stopped (it does after a failure); closing joins it, releasing
+        // the log's lock for the new one. The trail's lock is held across the open (a scan
+        // from the last checkpoint: milliseconds), so no record goes to the old log meanwhile.
+        if let Some(old) = g.log.take()
+            && let Ok(l) = Arc::try_unwrap(old)
+        {
+            let _ = l.close();
+        }
+        match Log::open(&self.dir, opts.clone()) {
+            Ok(log) => {
+                let first = log.first_seq();
+                g.log = Some(Arc::new(log));
+                g.shared = Arc::new(Shared {
+                    failed: Mutex::default(),
+                    storage: self.storage.clone(),
+                });
+                g.reopen = false;
+                drop(g);
+                info!(
+                    "audit trail {} writable again (it had failed: {why}); the chain continues at seq {first}",
+                    self.path.display()
+                );
+                self.submit(self.lifecycle(
+                    "",
+                    "",
+                    "audit-recovered",
+                    None,
+                    json!({"failure": why, "first_seq": first}),
+                ));
+                true
+            }
+            Err(e) => {
+                warn!(
+                    "audit trail {}: cannot open it again yet: {e}; retrying at the next storage check",
+                    self.path.display()
+                );
+                *lock(&g.shared.failed) = Some(format!("{why}; reopening failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Write the summaries of refusals counted while storage was low, one record per agent;
+    /// `storage` is the state's one-line description (`Status::describe`).
+    pub fn write_summaries(&self, summaries: Vec<crate::storage::Summary>, storage: &str) {
+        for s in summaries {
+            let (tenant, name) = s.agent.split_once('/').unwrap_or(("", ""));
+            let rec = Record::new(Kind::Denial, name, tenant)
+                .decision(Decision::Deny)
+                .detail(json!({
+                    "event": "refusals-summarised",
+                    "reason": "storage-low",
+                    "agent": s.agent,
+                    "count": s.count,
+                    "by": s.by,
+                    "window_ms": s.window.as_millis() as u64,
+                    "storage": storage,
+                }));
+            self.queue(rec);
+        }
     }
 
     /// Remembers (or forgets, with `None`) an agent's binding hash for its later records.
@@ -249,12 +401,13 @@ impl AuditTrail {
     /// Appends and waits until the record is durable, without blocking a runtime thread. A
     /// failure marks the trail failed.
     pub async fn commit(&self, rec: Record) -> Result<Ack, AppendError> {
-        let log = self.log()?;
+        let (log, shared) = self.log()?;
+        self.summarised_charge(&rec);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let shared = self.shared.clone();
+        let s1 = shared.clone();
         let done = move |r: Result<Ack, AppendError>| {
             if let Err(e) = &r {
-                shared.fail(&e.to_string());
+                s1.fail(&e.to_string());
             }
             let _ = tx.send(r);
         };
@@ -263,26 +416,39 @@ impl AuditTrail {
             Err(AppendError::Full(_)) => {
                 // Back-pressure: wait for room off the runtime.
                 let (tx, rx2) = tokio::sync::oneshot::channel();
-                let shared = self.shared.clone();
+                let s2 = shared.clone();
                 let res = tokio::task::spawn_blocking(move || {
                     log.append_then(rec, move |r| {
                         if let Err(e) = &r {
-                            shared.fail(&e.to_string());
+                            s2.fail(&e.to_string());
                         }
                         let _ = tx.send(r);
                     })
                 })
                 .await
                 .map_err(|_| AppendError::Abandoned)?;
-                res.inspect_err(|e| self.note_err(e))?;
+                res.inspect_err(|e| note_err(&shared, e))?;
                 return rx2.await.map_err(|_| AppendError::Abandoned)?;
             }
             Err(e) => {
-                self.note_err(&e);
+                note_err(&shared, &e);
                 return Err(e);
             }
         }
         rx.await.map_err(|_| AppendError::Abandoned)?
+    }
+
+    /// Charges a record that must be written (never summarised: commits are decisions that
+    /// take effect) to its agent.
+    fn summarised_charge(&self, rec: &Record) {
+        if let Some(s) = &self.storage
+            && !rec.agent.is_empty()
+        {
+            s.charge(
+                &format!("{}/{}", rec.tenant, rec.agent),
+                crate::storage::usage::RECORD_BYTES,
+            );
+        }
     }
 
     /// Queues a record without waiting for it: it is durable with the next record someone waits
@@ -290,23 +456,30 @@ impl AuditTrail {
     /// this task, and never costs a `fdatasync` of its own in front of a committed record. A
     /// failure marks the trail failed and is logged.
     pub fn submit(&self, rec: Record) {
-        let log = match self.log() {
+        if self.summarised(&rec) {
+            return;
+        }
+        self.queue(rec);
+    }
+
+    /// Queue without summarising or charging (summaries are the daemon's own bookkeeping).
+    fn queue(&self, rec: Record) {
+        let (log, shared) = match self.log() {
             Ok(l) => l,
             Err(e) => {
                 error!("audit record lost: {e}: {}", record_text(&rec));
                 return;
             }
         };
-        let shared = self.shared.clone();
+        let s1 = shared.clone();
         let done = move |r: Result<Ack, AppendError>| {
             if let Err(e) = r {
-                shared.fail(&e.to_string());
+                s1.fail(&e.to_string());
             }
         };
         match log.try_append_lazy(rec.clone(), done) {
             Ok(()) => {}
             Err(AppendError::Full(_)) => {
-                let shared = self.shared.clone();
                 // The queue is full: wait for room on a blocking thread, never on the runtime.
                 let run = move || {
                     let s2 = shared.clone();
@@ -326,7 +499,7 @@ impl AuditTrail {
                 }
             }
             Err(e) => {
-                self.note_err(&e);
+                note_err(&shared, &e);
                 error!("audit record lost: {e}: {}", record_text(&rec));
             }
         }
@@ -336,15 +509,18 @@ impl AuditTrail {
     /// and returns false. For floods an agent can cause (kernel denials): the daemon stays
     /// responsive and reports the count as a record of its own instead.
     pub fn submit_or_count(&self, rec: Record) -> bool {
-        let Ok(log) = self.log() else {
+        if self.summarised(&rec) {
+            return true;
+        }
+        let Ok((log, shared)) = self.log() else {
             self.dropped
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return false;
         };
-        let shared = self.shared.clone();
+        let s1 = shared.clone();
         let done = move |r: Result<Ack, AppendError>| {
             if let Err(e) = r {
-                shared.fail(&e.to_string());
+                s1.fail(&e.to_string());
             }
         };
         match log.try_append_lazy(rec, done) {
@@ -355,7 +531,7 @@ impl AuditTrail {
                 false
             }
             Err(e) => {
-                self.note_err(&e);
+                note_err(&shared, &e);
                 self.dropped
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 false
@@ -368,15 +544,9 @@ impl AuditTrail {
         self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn note_err(&self, e: &AppendError) {
-        if !matches!(e, AppendError::Invalid(_)) {
-            self.shared.fail(&e.to_string());
-        }
-    }
-
     /// Commits everything queued, writes the final checkpoint and closes the log.
     pub fn close(&self) -> Result<(), AppendError> {
-        let Some(log) = lock(&self.log).take() else {
+        let Some(log) = lock(&self.current).log.take() else {
             return Ok(());
         };
         match Arc::try_unwrap(log) {
@@ -401,6 +571,12 @@ pub fn binding_hash(
     contracts::bind(contract, offer)
         .map(|m| m.sha256)
         .map_err(|e| e.to_string())
+}
+
+fn note_err(shared: &Shared, e: &AppendError) {
+    if !matches!(e, AppendError::Invalid(_)) {
+        shared.fail(&e.to_string());
+    }
 }
 
 fn record_text(r: &Record) -> String {
@@ -436,7 +612,7 @@ mod tests {
     async fn commit_and_submit_keep_order_and_carry_the_binding() {
         let dir = tempfile::tempdir().unwrap();
         let paths = TrailPaths::under(dir.path());
-        let t = AuditTrail::open(&paths, false).unwrap();
+        let t = AuditTrail::open(&paths, false, None).unwrap();
         assert!(paths.key.exists());
         t.set_binding("acme/a", Some("ab".repeat(32)));
         t.submit(t.lifecycle(

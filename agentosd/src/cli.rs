@@ -139,6 +139,19 @@ pub struct RunArgs {
     /// Seconds without activity after which an agent's turn (its trace) ends
     #[arg(long, global = true, default_value_t = 30.0)]
     pub otlp_turn_idle: f64,
+    /// Free space (bytes) the daemon keeps on the file systems of its audit log and state
+    /// directory; below it (or below --storage-reserve-percent, whichever is larger) the daemon
+    /// is "storage low": new agent starts and the tool calls of the agents writing the most are
+    /// refused, refusals are summarised, agents' output is not taken in (docs/daemon.md)
+    #[arg(long, global = true, default_value_t = crate::storage::reserve::DEFAULT_RESERVE_BYTES, value_name = "BYTES")]
+    pub storage_reserve: u64,
+    /// The reserve as a percentage of each file system's size (the larger of the two applies)
+    #[arg(long, global = true, default_value_t = crate::storage::reserve::DEFAULT_RESERVE_PERCENT, value_name = "PERCENT")]
+    pub storage_reserve_percent: f64,
+    /// Seconds between two checks of the reserve (statvfs; also checked at once after a write
+    /// fails)
+    #[arg(long, global = true, default_value_t = 1.0, value_name = "SECONDS")]
+    pub storage_check_interval: f64,
 }
 
 #[derive(Subcommand, Debug)]

@@ -71,6 +71,11 @@ pub struct Options {
     pub models: Option<PathBuf>,
     /// OpenTelemetry export (`--otlp-endpoint` and companions; `None`: off). See telemetry/.
     pub otlp: Option<crate::telemetry::OtlpConfig>,
+    /// Free space kept on the audit and state file systems (`--storage-reserve`,
+    /// `--storage-reserve-percent`); see storage/.
+    pub storage_reserve: crate::storage::Reserve,
+    /// How often the reserve is checked (`--storage-check-interval`).
+    pub storage_check_interval: Duration,
 }
 
 impl Default for Options {
@@ -101,6 +106,8 @@ impl Default for Options {
             self_tasks_max: SELF_TASKS_MAX.to_string(),
             models: None,
             otlp: None,
+            storage_reserve: Default::default(),
+            storage_check_interval: crate::storage::DEFAULT_CHECK_INTERVAL,
         }
     }
 }
@@ -423,6 +430,11 @@ async fn serve_bus(
         sup.clone(),
         subscribers.clone(),
     ));
+    tokio::spawn(dbus::pump_storage(
+        conn.clone(),
+        sup.clone(),
+        subscribers.clone(),
+    ));
     tokio::spawn(dbus::signals::reap_departed(conn.clone(), subscribers));
     let reply = conn
         .request_name_with_flags(SERVICE, RequestNameFlags::DO_NOT_QUEUE)
@@ -636,7 +648,8 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
     let report = crate::probe::probe(&crate::probe::ProbeOptions {
         cgroup_root: Some(root.to_path_buf()),
     });
-    let trail = open_audit(opts);
+    let storage = open_storage(opts);
+    let trail = open_audit(opts, &storage);
     let models = load_models(opts)?;
     let mut offer = crate::audit_trail::host_offer(&report);
     if let Some(m) = &models {
@@ -657,13 +670,15 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         },
         scx: scx.clone(),
         telemetry: crate::telemetry::Telemetry::from_config(opts.otlp.clone())?,
-        logs: std::sync::Arc::new(crate::logs::Logs::new(
-            opts.logs,
-            crate::logs::JournalForwarder::new(),
-        )),
+        logs: std::sync::Arc::new(
+            crate::logs::Logs::new(opts.logs, crate::logs::JournalForwarder::new())
+                .with_storage(storage.clone()),
+        ),
+        storage: Some(storage.clone()),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
+    watch_storage(&storage, &trail);
     sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     sup.spawn_telemetry_sampler();
@@ -700,16 +715,13 @@ fn report_budgets(root: &Path, missing: &[String]) {
 /// record the daemon's start. A log that cannot be opened (unwritable, locked, tampered) does
 /// not stop the daemon, which still re-adopts its agents, but every new start is refused with
 /// the reason (fail closed).
-fn open_audit(opts: &Options) -> std::sync::Arc<crate::audit_trail::AuditTrail> {
-    use crate::audit_trail::{AuditTrail, TrailPaths};
-    let mut paths = TrailPaths::under(&opts.state_dir);
-    if let Some(d) = &opts.audit_dir {
-        paths.dir = d.clone();
-    }
-    if let Some(k) = &opts.audit_key {
-        paths.key = k.clone();
-    }
-    match AuditTrail::open(&paths, opts.audit_journal) {
+fn open_audit(
+    opts: &Options,
+    storage: &std::sync::Arc<crate::storage::Storage>,
+) -> std::sync::Arc<crate::audit_trail::AuditTrail> {
+    use crate::audit_trail::AuditTrail;
+    let paths = trail_paths(opts);
+    match AuditTrail::open(&paths, opts.audit_journal, Some(storage.clone())) {
         Ok(t) => {
             info!("audit trail {}", t.path().display());
             t.submit(t.lifecycle(
@@ -733,6 +745,58 @@ fn open_audit(opts: &Options) -> std::sync::Arc<crate::audit_trail::AuditTrail> 
             AuditTrail::unavailable(&paths, why)
         }
     }
+}
+
+fn trail_paths(opts: &Options) -> crate::audit_trail::TrailPaths {
+    let mut paths = crate::audit_trail::TrailPaths::under(&opts.state_dir);
+    if let Some(d) = &opts.audit_dir {
+        paths.dir = d.clone();
+    }
+    if let Some(k) = &opts.audit_key {
+        paths.key = k.clone();
+    }
+    paths
+}
+
+/// The storage watcher over the audit and state directories (made here if missing, so that
+/// the first check reads their file systems), checked once now.
+fn open_storage(opts: &Options) -> std::sync::Arc<crate::storage::Storage> {
+    let audit_dir = trail_paths(opts).dir;
+    let _ = std::fs::create_dir_all(&audit_dir);
+    let s = crate::storage::Storage::new(
+        opts.storage_reserve,
+        opts.storage_check_interval,
+        &audit_dir,
+        &opts.state_dir,
+    );
+    let st = s.status();
+    // Low at start was said by the first check (once per transition).
+    if !st.low {
+        info!("storage: {}", st.describe());
+    }
+    s
+}
+
+/// After each storage check: reopen the audit log if it stopped for want of space, and write
+/// the summaries of refusals counted while storage is low.
+fn watch_storage(
+    storage: &std::sync::Arc<crate::storage::Storage>,
+    trail: &std::sync::Arc<crate::audit_trail::AuditTrail>,
+) {
+    let trail = std::sync::Arc::downgrade(trail);
+    storage.spawn(move |s, st| {
+        let Some(t) = trail.upgrade() else { return };
+        if st
+            .free_of("audit")
+            .is_none_or(|f| f >= crate::storage::RECOVER_FLOOR)
+        {
+            t.recover();
+        }
+        let summaries = s.due_summaries(!st.low);
+        if !summaries.is_empty() {
+            t.write_summaries(summaries, &st.describe());
+        }
+    });
 }
 
 /// Resolves when the bus connection is gone: a call to the bus driver gets no reply twice in a

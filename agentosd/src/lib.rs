@@ -21,6 +21,7 @@ pub mod scx;
 pub mod spawn;
 pub mod spec;
 pub mod state;
+pub mod storage;
 pub mod supervisor;
 pub mod sys;
 pub mod telemetry;

@@ -7,41 +7,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{Bus, Daemon, TestCgroup, contract};
+use common::{
+    Bus, Daemon, TestCgroup, audit, audit_records as records, contract, output_text as text,
+};
 
 const TICKER: &str =
     r#"{ command: /bin/sh, args: ["-c", "while true; do echo tick; sleep 0.2; done"] }"#;
-
-fn audit(state_dir: &Path, args: &[&str]) -> Output {
-    Command::new(common::agentctl_bin())
-        .arg("audit")
-        .args(args)
-        .arg("--state-dir")
-        .arg(state_dir)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// The records as JSON values (`agentctl audit show --json`).
-fn records(state_dir: &Path) -> Vec<serde_json::Value> {
-    let o = audit(state_dir, &["show", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
 
 fn events_of(recs: &[serde_json::Value], agent: &str) -> Vec<String> {
     recs.iter()

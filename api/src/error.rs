@@ -24,6 +24,9 @@ pub enum ApiError {
     Unavailable(String),
     /// The caller does not hold the action (named in the message) for this agent or tenant.
     AccessDenied(String),
+    /// The daemon's audit or state file system is below its free-space reserve: new agent
+    /// starts are refused until space returns (the message names the file system).
+    StorageLow(String),
 }
 
 /// Short names (after [`crate::ERROR_PREFIX`]) clients act on.
@@ -32,6 +35,8 @@ pub mod name {
     pub const NO_SUCH_AGENT: &str = "NoSuchAgent";
     /// `org.agentos1.Error.AccessDenied`.
     pub const ACCESS_DENIED: &str = "AccessDenied";
+    /// `org.agentos1.Error.StorageLow`.
+    pub const STORAGE_LOW: &str = "StorageLow";
 }
 
 impl ApiError {

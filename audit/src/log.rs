@@ -343,6 +343,9 @@ impl Stats {
 
 struct Shared {
     failed: Mutex<Option<String>>,
+    /// The failure was the file system running out of space (ENOSPC, EDQUOT): the log on disk
+    /// ends with whole records and can be opened again once space returns.
+    no_space: std::sync::atomic::AtomicBool,
     stats: Stats,
 }
 
@@ -350,9 +353,31 @@ impl Shared {
     fn new() -> Shared {
         Shared {
             failed: Mutex::new(None),
+            no_space: std::sync::atomic::AtomicBool::new(false),
             stats: Stats::default(),
         }
     }
+
+    /// Notes that `e` failed a write or sync, if it is the file system being full.
+    fn note_io(&self, e: &std::io::Error) {
+        if is_no_space(e) {
+            self.no_space.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `e` says the file system (or the writer's quota) is full.
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc_errno::ENOSPC | libc_errno::EDQUOT)
+    )
+}
+
+/// The two errnos of a full file system (Linux values; the crate does not link libc).
+mod libc_errno {
+    pub const ENOSPC: i32 = 28;
+    pub const EDQUOT: i32 = 122;
 }
 
 /// An open audit log with its writer thread.
@@ -573,6 +598,14 @@ impl Log {
     /// Seq the first record appended through this `Log` gets.
     pub fn first_seq(&self) -> u64 {
         self.next_seq_at_open
+    }
+
+    /// Whether the log failed because its file system was full (ENOSPC or EDQUOT on a write
+    /// or sync). The file then ends with whole records (a batch cut short is truncated away, or
+    /// cut as a torn tail by the next [`Log::open`]), so the log can be opened again, and the
+    /// chain continued, once there is space: nothing acknowledged is lost.
+    pub fn out_of_space(&self) -> bool {
+        self.shared.no_space.load(Ordering::Relaxed)
     }
 
     /// Writer counters.
@@ -879,7 +912,8 @@ const HEAD_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Committer {
     /// Called once the batches are durable.
-    fn ack(&mut self, batches: &mut [Batch], stats: &Stats) -> Result<(), String> {
+    fn ack(&mut self, batches: &mut [Batch], shared: &Shared) -> Result<(), String> {
+        let stats = &shared.stats;
         let n: u64 = batches.iter().map(|b| b.pending.len() as u64).sum();
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.records.fetch_add(n, Ordering::Relaxed);
@@ -903,14 +937,19 @@ impl Committer {
             .head_written
             .is_none_or(|t| t.elapsed() >= HEAD_INTERVAL)
         {
-            self.write_head()?;
+            self.write_head(shared)?;
         }
         Ok(())
     }
 
-    fn write_head(&mut self) -> Result<(), String> {
+    fn write_head(&mut self, shared: &Shared) -> Result<(), String> {
         if let Some(h) = self.head.take() {
-            h.write(&self.head_path).map_err(|e| e.to_string())?;
+            h.write(&self.head_path).map_err(|e| {
+                if let HeadError::Io { source, .. } = &e {
+                    shared.note_io(source);
+                }
+                e.to_string()
+            })?;
             self.head_written = Some(Instant::now());
         }
         Ok(())
@@ -935,8 +974,11 @@ fn sync_loop(
         }
         let res = file
             .sync_data()
-            .map_err(|e| format!("fdatasync: {e}"))
-            .and_then(|()| committer.ack(&mut batches, &shared.stats));
+            .map_err(|e| {
+                shared.note_io(&e);
+                format!("fdatasync: {e}")
+            })
+            .and_then(|()| committer.ack(&mut batches, &shared));
         if let Err(reason) = res {
             shared.fail(&reason);
             for b in batches.iter_mut() {
@@ -1104,7 +1146,15 @@ impl Writer {
             head: self.checkpoint.take(),
         };
         if let Err(e) = self.file.write_all(&batch.buf) {
-            let reason = format!("write at byte {}: {e}", self.end);
+            shared.note_io(&e);
+            // Cut what part of the batch reached the file: the log keeps ending with whole
+            // records, so the chain verifies and a later `open` continues it. (If even this
+            // fails, `open` cuts the torn tail.)
+            let cut = match self.file.set_len(self.end) {
+                Ok(()) => "cut back",
+                Err(_) => "not cut back",
+            };
+            let reason = format!("write at byte {}: {e} (partial batch {cut})", self.end);
             batch.fail(&self.path, &reason);
             return Err(reason);
         }
@@ -1120,14 +1170,14 @@ impl Writer {
         }
         let mut res = Ok(());
         if self.opts.durability != Durability::NoSync {
-            res = self
-                .file
-                .sync_data()
-                .map_err(|e| format!("fdatasync at byte {}: {e}", self.end));
+            res = self.file.sync_data().map_err(|e| {
+                shared.note_io(&e);
+                format!("fdatasync at byte {}: {e}", self.end)
+            });
         }
         let batches = std::slice::from_mut(&mut batch);
         if let Some(c) = self.committer.as_mut() {
-            res = res.and_then(|()| c.ack(batches, &shared.stats));
+            res = res.and_then(|()| c.ack(batches, shared));
         }
         if let Err(reason) = res {
             batch.fail(&self.path, &reason);
@@ -1240,7 +1290,7 @@ impl Writer {
             }
         }
         if let Some(c) = self.committer.as_mut()
-            && let Err(reason) = c.write_head()
+            && let Err(reason) = c.write_head(&shared)
         {
             shared.fail(&reason);
         }

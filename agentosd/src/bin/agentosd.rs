@@ -110,7 +110,23 @@ fn main() -> anyhow::Result<()> {
             report: Some(file),
         }) => print_report(&file, json),
         Some(Cmd::Check { json, report: None }) => {
-            std::process::exit(agentosd::daemon::check(cli.run.cgroup_root, json))
+            let r = &cli.run;
+            let code = agentosd::daemon::check(r.cgroup_root.clone(), json);
+            if !json {
+                let reserve = agentosd::storage::Reserve {
+                    min_bytes: r.storage_reserve,
+                    min_percent: r.storage_reserve_percent.clamp(0.0, 50.0),
+                };
+                let audit = r
+                    .audit_dir
+                    .clone()
+                    .unwrap_or_else(|| r.state_dir.join("audit"));
+                println!(
+                    "{}",
+                    agentosd::storage::check_line(reserve, &audit, &r.state_dir)
+                );
+            }
+            std::process::exit(code)
         }
         Some(Cmd::Run) | None => {
             tracing_subscriber::fmt()
@@ -170,6 +186,13 @@ fn main() -> anyhow::Result<()> {
                     turn_idle: Duration::from_secs_f64(r.otlp_turn_idle.max(0.1)),
                     ..agentosd::telemetry::OtlpConfig::new(e)
                 }),
+                storage_reserve: agentosd::storage::Reserve {
+                    min_bytes: r.storage_reserve,
+                    min_percent: r.storage_reserve_percent.clamp(0.0, 50.0),
+                },
+                storage_check_interval: Duration::from_secs_f64(
+                    r.storage_check_interval.clamp(0.01, 3600.0),
+                ),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -742,6 +742,59 @@ impl Manager {
         Ok(self.sup.agents().len() as u32)
     }
 
+    /// `normal`, or `low` while the audit or state file system is below its free-space reserve
+    /// (new starts refused, the agents writing the most refused first). Signalled on change.
+    #[zbus(property, name = "StorageState")]
+    async fn storage_state(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.storage_status().state().to_string())
+    }
+
+    /// Free bytes (df's Avail) on the watched file system nearest its reserve, at the last check.
+    #[zbus(property, name = "StorageFree")]
+    async fn storage_free(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.storage_status().free())
+    }
+
+    /// That file system's reserve in bytes.
+    #[zbus(property, name = "StorageReserve")]
+    async fn storage_reserve(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<u64> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.storage_status().reserve())
+    }
+
+    /// One line: the state, the file system, its free space, size and reserve.
+    #[zbus(property, name = "StorageDetail")]
+    async fn storage_detail(
+        &self,
+        #[zbus(header)] hdr: Option<Header<'_>>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.gate()
+            .may_read_property(hdr.as_ref(), conn, Scope::AnyTenant)
+            .await?;
+        Ok(self.storage_status().describe())
+    }
+
     /// Calls held for consent: (id, agent, tool, capability, arguments as JSON with secrets
     /// redacted, requested µs, expires µs), oldest first.
     /// Only requests of agents whose tenant the caller may answer consent for.

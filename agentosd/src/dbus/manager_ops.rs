@@ -23,6 +23,12 @@ impl Manager {
         }
     }
 
+    /// The storage state at the watcher's last check (normal, with no readings, when the daemon
+    /// keeps no reserve).
+    pub(super) fn storage_status(&self) -> crate::storage::Status {
+        self.sup.storage().map(|s| s.status()).unwrap_or_default()
+    }
+
     /// A journal query, on a blocking thread (it reads files and takes in new output).
     pub(super) async fn journal_query(
         &self,

@@ -52,6 +52,7 @@ impl From<supervisor::Error> for ApiError {
             K::ExecFailed => ApiError::ExecFailed(m),
             K::Unschedulable => ApiError::Unschedulable(m),
             K::Io => ApiError::Io(m),
+            K::StorageLow => ApiError::StorageLow(m),
         }
     }
 }
@@ -311,5 +312,37 @@ async fn n_agents_changed(
         let _ =
             zbus::fdo::Properties::properties_changed(&em, iface.clone(), m, Cow::Borrowed(&[]))
                 .await;
+    }
+}
+
+/// `PropertiesChanged` of the manager's `StorageState`, `StorageFree`, `StorageReserve` and
+/// `StorageDetail`, once per change of the storage state (low ↔ normal; the free space itself
+/// changes all the time and is read, not signalled).
+pub async fn pump_storage(conn: Connection, sup: Arc<Supervisor>, subs: Arc<Subscribers>) {
+    let Some(mut rx) = sup.storage().map(|s| s.subscribe()) else {
+        return;
+    };
+    let Ok(gate) = gate::gate_of(conn.object_server()).await else {
+        return;
+    };
+    let Ok(iface) = zbus::names::InterfaceName::try_from(agentos_api::MANAGER_IFACE) else {
+        return;
+    };
+    while rx.changed().await.is_ok() {
+        let st = rx.borrow_and_update().clone();
+        for em in subs.readers(&conn, &gate, MANAGER_PATH, "").await {
+            let mut m: HashMap<&str, Value<'_>> = HashMap::new();
+            m.insert("StorageState", Value::from(st.state()));
+            m.insert("StorageFree", Value::from(st.free()));
+            m.insert("StorageReserve", Value::from(st.reserve()));
+            m.insert("StorageDetail", Value::from(st.describe()));
+            let _ = zbus::fdo::Properties::properties_changed(
+                &em,
+                iface.clone(),
+                m,
+                Cow::Borrowed(&[]),
+            )
+            .await;
+        }
     }
 }

@@ -4,7 +4,10 @@
 //! at most [`Limits::per_round`] bytes a round, a line is cut at [`LINE_MAX`], and an agent more
 //! than [`Limits::backlog_max`] behind has the excess skipped with a note saying how much. The
 //! consumed part of each file is given back to the file system (a hole is punched), so an agent's
-//! output costs the disk its journal plus what is still unread.
+//! output costs the disk its journal plus what is still unread. While storage is low
+//! (storage/), nothing is taken in: new output is skipped (and its space given back), with one
+//! note when the skipping starts and one with the total when it ends; the bytes taken in are
+//! charged to the agent, so a flooding agent is found as the offender.
 
 use super::{AgentFiles, JournalForwarder, journal};
 use agentos_api::LogEntry;
@@ -63,6 +66,11 @@ pub struct Logs {
     journald: Option<JournalForwarder>,
     /// Journal path → offsets; the lock also orders every append to any journal.
     seen: Mutex<HashMap<PathBuf, Offsets>>,
+    /// The storage reserve: below it, output is skipped rather than taken in.
+    storage: Option<std::sync::Arc<crate::storage::Storage>>,
+    /// Journal path → bytes skipped since storage went low (noted once at the start, and the
+    /// total once it is back). Bounded by the agents whose journals are known.
+    skipped: Mutex<HashMap<PathBuf, u64>>,
 }
 
 impl std::fmt::Debug for Logs {
@@ -94,7 +102,16 @@ impl Logs {
             limits,
             journald,
             seen: Mutex::default(),
+            storage: None,
+            skipped: Mutex::default(),
         }
+    }
+
+    /// Skip agents' output instead of taking it in while `storage` is low, and charge the
+    /// bytes taken in to their agents.
+    pub fn with_storage(mut self, storage: std::sync::Arc<crate::storage::Storage>) -> Self {
+        self.storage = Some(storage);
+        self
     }
 
     pub fn limits(&self) -> Limits {
@@ -132,6 +149,44 @@ impl Logs {
         let now = now_us();
         let mut entries = Vec::new();
         let l = &self.limits;
+        if let Some(s) = self.storage.as_ref().filter(|s| s.is_low()) {
+            let after = Offsets {
+                stdout: skip_all(&files.stdout, before.stdout),
+                stderr: skip_all(&files.stderr, before.stderr),
+            };
+            let moved = after.stdout.saturating_sub(before.stdout)
+                + after.stderr.saturating_sub(before.stderr);
+            if moved > 0 {
+                *off = after;
+                store_offsets(&files.offsets, after);
+                let mut sk = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+                let first = !sk.contains_key(&files.journal);
+                *sk.entry(files.journal.clone()).or_insert(0) += moved;
+                drop(sk);
+                if first {
+                    let text = format!(
+                        "output not taken in while storage is low ({}); skipping it until space returns",
+                        s.status().describe()
+                    );
+                    self.note_locked(who, &text);
+                }
+            }
+            return 0;
+        }
+        let skipped = self
+            .skipped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&files.journal);
+        if let Some(n) = skipped {
+            entries.push(LogEntry {
+                time_us: now,
+                stream: "agentosd".into(),
+                message: format!(
+                    "storage back to normal: {n} bytes of output were skipped while it was low"
+                ),
+            });
+        }
         let out = take(
             &files.stdout,
             before.stdout,
@@ -154,7 +209,7 @@ impl Logs {
             stdout: out,
             stderr: err,
         };
-        if after == before {
+        if after == before && entries.is_empty() {
             return 0;
         }
         if let Err(e) = journal::append(&files, &entries, l.journal_max) {
@@ -167,14 +222,15 @@ impl Logs {
         self.forward(who, &entries);
         // Bytes read (a skip moves the offset further without reading).
         let moved = |a: u64, b: u64| (if b >= a { b - a } else { b }).min(l.per_round);
-        moved(before.stdout, after.stdout) + moved(before.stderr, after.stderr)
+        let taken = moved(before.stdout, after.stdout) + moved(before.stderr, after.stderr);
+        if let Some(s) = &self.storage {
+            s.charge(who.id, taken);
+        }
+        taken
     }
 
-    /// A line from the daemon about `who` (`started main process …`), after what the agent wrote
-    /// before it. `exited`: the agent has ended, so its last partial line is taken in first.
-    pub fn note(&self, who: &Who<'_>, text: &str, exited: bool) {
-        let mut seen = self.lock();
-        let _ = self.ingest_locked(&mut seen, who, exited);
+    /// A note of the daemon's in `who`'s journal (the caller holds the offsets lock).
+    fn note_locked(&self, who: &Who<'_>, text: &str) {
         let e = LogEntry {
             time_us: now_us(),
             stream: "agentosd".into(),
@@ -185,6 +241,14 @@ impl Logs {
             Ok(()) => self.forward(who, std::slice::from_ref(&e)),
             Err(err) => warn!("journal {}: {err}", files.journal.display()),
         }
+    }
+
+    /// A line from the daemon about `who` (`started main process …`), after what the agent wrote
+    /// before it. `exited`: the agent has ended, so its last partial line is taken in first.
+    pub fn note(&self, who: &Who<'_>, text: &str, exited: bool) {
+        let mut seen = self.lock();
+        let _ = self.ingest_locked(&mut seen, who, exited);
+        self.note_locked(who, text);
     }
 
     /// The entries `q` asks for (after taking in what is new) and the offset to follow from.
@@ -304,6 +368,17 @@ fn take(
     let new = off + used as u64;
     give_back(path, off, new);
     new
+}
+
+/// Skip everything in a stream's file from `off` to its end, giving the space back; returns the
+/// new offset (a file shorter than `off` was truncated by the agent: from 0).
+fn skip_all(path: &Path, off: u64) -> u64 {
+    let Ok(len) = open_nofollow(path, false).and_then(|f| f.metadata().map(|m| m.len())) else {
+        return off;
+    };
+    let off = if len < off { 0 } else { off };
+    give_back(path, off, len);
+    len
 }
 
 /// Punch out the whole MiBs before `new` once reading crosses a MiB boundary: the agent keeps

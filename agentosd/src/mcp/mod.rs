@@ -396,6 +396,24 @@ impl Session {
             .await;
             return;
         }
+        // While storage is low, the agents that made the daemon write the most are refused
+        // first (their refusals are counted in a summary record, not recorded one by one).
+        if method == "tools/call"
+            && let Some(why) = self
+                .svc
+                .audit()
+                .and_then(|t| t.storage())
+                .and_then(|s| s.refuse_request(&self.ctx.id))
+        {
+            self.reply(jsonrpc::error(
+                &id,
+                jsonrpc::UNAVAILABLE,
+                &why,
+                json!({"reason": "storage-low"}),
+            ))
+            .await;
+            return;
+        }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             let msg = format!(
                 "too many calls in flight on this connection (limit {}); wait for answers",

@@ -60,6 +60,10 @@ pub enum Error {
     /// A file of the daemon's configuration could not be read or written (`enable`).
     #[error("{0}")]
     Io(String),
+    /// Storage is below its reserve: new starts are refused (the message names the file system,
+    /// its free space and the reserve).
+    #[error("{0}")]
+    StorageLow(String),
 }
 
 fn socket_text(agent: &str, e: &SocketError) -> String {
@@ -90,6 +94,7 @@ pub enum ErrorKind {
     ExecFailed,
     Unschedulable,
     Io,
+    StorageLow,
 }
 
 impl Error {
@@ -113,6 +118,7 @@ impl Error {
             Error::ExecFailed(_) => ErrorKind::ExecFailed,
             Error::Unschedulable(_) => ErrorKind::Unschedulable,
             Error::Io(_) => ErrorKind::Io,
+            Error::StorageLow(_) => ErrorKind::StorageLow,
         }
     }
 
@@ -128,6 +134,7 @@ impl Error {
             ErrorKind::ExecFailed => "ExecFailed",
             ErrorKind::Unschedulable => "Unschedulable",
             ErrorKind::Io => "Io",
+            ErrorKind::StorageLow => "StorageLow",
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Services {
     pub telemetry: Arc<Telemetry>,
     /// The agents' journals (logs/): output taken in, the daemon's notes, journald forwarding.
     pub logs: Arc<crate::logs::Logs>,
+    /// The storage reserve on the audit and state file systems (storage/).
+    pub storage: Option<Arc<crate::storage::Storage>>,
 }
 
 impl Default for Services {
@@ -43,6 +45,7 @@ impl Default for Services {
             scx: None,
             telemetry: Telemetry::off(),
             logs: Arc::default(),
+            storage: None,
         }
     }
 }
@@ -64,6 +67,19 @@ impl Supervisor {
     /// The audit trail, when the daemon opened one.
     pub fn audit_trail(&self) -> Option<&Arc<AuditTrail>> {
         self.services.audit.as_ref()
+    }
+
+    /// The storage watcher, when the daemon keeps a reserve.
+    pub fn storage(&self) -> Option<&Arc<crate::storage::Storage>> {
+        self.services.storage.as_ref()
+    }
+
+    /// Refuse a new start of agent `id` while storage is low.
+    pub(super) fn check_storage(&self, id: &str) -> Result<(), super::Error> {
+        match self.storage() {
+            Some(s) => s.refuse_start(id).map_err(super::Error::StorageLow),
+            None => Ok(()),
+        }
     }
 
     /// The network enforcer, or why there is none.

@@ -88,6 +88,8 @@ impl Supervisor {
             )));
         }
         let id = spec.id();
+        // Before anything exists: a start costs disk (state, journal, records).
+        self.check_storage(&id)?;
         if spec.budgets.must {
             // Refuse before anything exists (no object, no cgroup) when a required budget
             // cannot be enforced under this root; launch() checks again per agent cgroup.
@@ -157,6 +159,9 @@ impl Supervisor {
 
     /// Start a known agent again by name (after stop, exit or failure).
     pub async fn start_existing(self: &Arc<Self>, agent: &Arc<Agent>) -> Result<(), Error> {
+        self.check_storage(&agent.id).inspect_err(|e| {
+            self.audit_refused(&agent.tenant, &agent.name, "start", e);
+        })?;
         let _op = agent.op.lock().await;
         {
             let mut i = lock(&agent.inner);

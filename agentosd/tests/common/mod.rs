@@ -639,3 +639,34 @@ impl Drop for UdpResponder {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// `agentctl audit ARGS --state-dir STATE` (it reads the files directly: no daemon needed).
+pub fn audit(state_dir: &Path, args: &[&str]) -> Output {
+    Command::new(agentctl_bin())
+        .arg("audit")
+        .args(args)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .output()
+        .expect("run agentctl audit")
+}
+
+/// A finished command's status and output, for an assertion's message.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The audit records as JSON values (`agentctl audit show --json`).
+pub fn audit_records(state_dir: &Path) -> Vec<serde_json::Value> {
+    let o = audit(state_dir, &["show", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", output_text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a record as JSON"))
+        .collect()
+}
