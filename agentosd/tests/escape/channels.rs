@@ -466,6 +466,20 @@ fn running(pid: &str) -> bool {
 /// The PID of this agent's socket broker: a process named `agentos-sockets` of its own uid
 /// (ESRCH if there is none: the attempt must find it to mean anything).
 fn own_broker() -> Result<i32, i32> {
+    // The daemon starts the broker right after the agent's exec: look for a while.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        if let Some(pid) = find_own_broker()? {
+            return Ok(pid);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(libc::ESRCH);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn find_own_broker() -> Result<Option<i32>, i32> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() }.to_string();
     for e in std::fs::read_dir("/proc").map_err(io_err)?.flatten() {
@@ -482,10 +496,10 @@ fn own_broker() -> Result<i32, i32> {
         if field("Name:").as_deref() == Some("agentos-sockets")
             && field("Uid:").as_deref() == Some(uid.as_str())
         {
-            return Ok(pid);
+            return Ok(Some(pid));
         }
     }
-    Err(libc::ESRCH)
+    Ok(None)
 }
 
 fn pidfd_signal(pid: &str) -> Result<String, i32> {

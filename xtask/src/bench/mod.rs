@@ -10,6 +10,7 @@ pub mod models;
 mod models_http;
 mod models_report;
 pub mod sandbox;
+pub mod scale;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -19,6 +20,10 @@ pub enum BenchCmd {
     /// Start latency into a complete agent sandbox vs clone3 into a cgroup, fork+exec and
     /// bwrap (start request → first instruction; p50/p99). Root.
     Sandbox(sandbox::SandboxArgs),
+    /// Many small agents under one daemon: start rate, the daemon's memory per agent,
+    /// `ListAgents` and `agentctl list` at 100, 1 000, 10 000 agents, stop-all time; with
+    /// `--systemd` (the VM) the same as `systemd-run --scope` units. Root.
+    Scale(scale::ScaleArgs),
     /// MCP tool calls over the agent socket: ping and tools/call (gate + durable audit) round
     /// trips vs a Unix-socket echo floor, the tool over a pipe and a D-Bus call; then calls/s
     /// with 100 flooding agents while `agentctl list` is timed. Root.
@@ -54,6 +59,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Hrt(a) => hrt::run(a),
         BenchCmd::Sandbox(a) => sandbox::run(a),
+        BenchCmd::Scale(a) => scale::run(a),
         BenchCmd::Mcp(a) => mcp::run(a),
         BenchCmd::McpClient(a) => mcp::client(a),
         BenchCmd::McpEchoServer => mcp::echo_server(),
