@@ -38,6 +38,8 @@ struct agentos_net_policy {
 	__u32 n_rules; /* rules used, <= AGENTOS_MAX_RULES */
 	__u32 flags;   /* AGENTOS_NET_* */
 	struct agentos_net_rule rules[AGENTOS_MAX_RULES];
+	__u16 dns_port; /* AGENTOS_NET_DNS: the agent's DNS stub on 127.0.0.1 (host byte order) */
+	__u16 _pad[3];
 };
 
 /* Allow every destination (a `*:*` net.connect grant); denials are still counted for other
@@ -48,6 +50,43 @@ struct agentos_net_policy {
 /* The agent may create IPv4/IPv6 sockets at all (it has a net.connect or net.bind grant); even
  * then only TCP and UDP ones (cgroup/sock_create). */
 #define AGENTOS_NET_INET 4
+/* DNS belongs to the daemon: every connect/sendmsg to port 53 (UDP or TCP, any address) goes to
+ * the agent's stub at 127.0.0.1:dns_port instead, and destinations the stub resolved for the
+ * agent's name grants (the `net_names` map) are allowed while their TTL runs. */
+#define AGENTOS_NET_DNS 8
+
+/* Addresses learnt from DNS answers, all agents together (the daemon caps each agent's share). */
+#define AGENTOS_MAX_NAMES (64 * 1024)
+/* Ports one learnt address may be reached on (the union of the name grants that resolved to it). */
+#define AGENTOS_NAME_PORTS 8
+
+/* The key of `net_names`: an address the agent's stub answered (IPv4 in word 0, network byte
+ * order; a v4-mapped answer is stored as IPv4). */
+struct agentos_name_key {
+	__u64 cgroup_id;
+	__u32 addr[4];
+	__u32 family; /* AF_INET or AF_INET6 */
+	__u32 _pad;
+};
+
+/* Any port (a name grant `NAME:*`). */
+#define AGENTOS_NAME_ANY_PORT 1
+
+struct agentos_name_value {
+	__u64 expires_ns; /* bpf_ktime_get_boot_ns (CLOCK_BOOTTIME): allowed while now < this */
+	__u32 flags;      /* AGENTOS_NAME_* */
+	__u16 n_ports;    /* ports used, <= AGENTOS_NAME_PORTS */
+	__u16 ports[AGENTOS_NAME_PORTS]; /* host byte order */
+	__u16 _pad;
+};
+
+/* Socket storage of a DNS query redirected to the stub: where the agent sent it, so that
+ * cgroup/recvmsg4/6 give the stub's replies that source back (resolvers check it). */
+struct agentos_dns_orig {
+	__u32 addr[4]; /* as the agent gave it: user_ip4 in word 0 (AF_INET) or user_ip6 */
+	__u16 port;    /* network byte order, as user_port */
+	__u16 stub_port; /* host byte order */
+};
 
 /* Which program refused. */
 enum agentos_hook {

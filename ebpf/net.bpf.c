@@ -27,6 +27,14 @@
  * The daemon pins the links and maps in bpffs (agentosd/src/enforce/net/pins.rs), so the programs stay
  * attached and keep their policies while agentosd is down or restarting.
  *
+ * DNS belongs to the daemon (AGENTOS_NET_DNS, agents with net.connect grants): a connect/sendmsg to
+ * port 53 of any address is redirected to the agent's stub in agentosd (127.0.0.1:dns_port,
+ * ::ffff:127.0.0.1 from an IPv6 socket), the original destination kept in the socket's storage
+ * (`dns_orig`) so that cgroup/recvmsg4/6 give the stub's replies that source back. The stub
+ * answers only names the contract grants and enters the addresses it returns into `net_names`
+ * with their TTL: connect/sendmsg (and UDP ingress) to such an address on a granted port is
+ * allowed until it expires (bpf_ktime_get_boot_ns).
+ *
  * lsm/socket_connect enforces the same connect policy as defence in depth where the kernel allows
  * BPF LSM programs (not on hosts with lockdown; the daemon reports that). It is global, so it acts
  * only on cgroups that have a policy entry (agents) and leaves every other process alone.
@@ -52,6 +60,20 @@ struct {
 	__type(key, __u64);
 	__type(value, struct agentos_net_policy);
 } net_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGENTOS_MAX_NAMES);
+	__type(key, struct agentos_name_key);
+	__type(value, struct agentos_name_value);
+} net_names SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct agentos_dns_orig);
+} dns_orig SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -106,6 +128,68 @@ static __always_inline int granted(const struct agentos_net_policy *pol, __u16 f
 	return 0;
 }
 
+/* Whether the agent's stub answered `dst` for a name it may reach on `port`, and the answer's
+ * TTL still runs. */
+static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], __u16 port)
+{
+	struct agentos_name_key k = {};
+	k.cgroup_id = cgid;
+	k.family = family;
+	k.addr[0] = dst[0];
+	k.addr[1] = dst[1];
+	k.addr[2] = dst[2];
+	k.addr[3] = dst[3];
+	const struct agentos_name_value *v = bpf_map_lookup_elem(&net_names, &k);
+	if (!v || v->expires_ns <= bpf_ktime_get_boot_ns())
+		return 0;
+	if (v->flags & AGENTOS_NAME_ANY_PORT)
+		return 1;
+	for (int i = 0; i < AGENTOS_NAME_PORTS; i++) {
+		if (i >= v->n_ports)
+			break;
+		if (v->ports[i] == port)
+			return 1;
+	}
+	return 0;
+}
+
+#define LOOPBACK4 0x7f000001
+
+/* A DNS query (port 53, UDP or TCP, any address) of an agent whose DNS is the daemon's: send it
+ * to the stub instead and remember where it was going. */
+static __always_inline int to_stub(struct bpf_sock_addr *ctx, __u16 hook_family,
+				   const struct agentos_net_policy *pol)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	struct agentos_dns_orig *o =
+		bpf_sk_storage_get(&dns_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!o)
+		return 0;
+	__u16 stub = pol->dns_port;
+	if (hook_family == AF_INET) {
+		o->addr[0] = ctx->user_ip4;
+		o->addr[1] = 0;
+		o->addr[2] = 0;
+		o->addr[3] = 0;
+		ctx->user_ip4 = bpf_htonl(LOOPBACK4);
+	} else {
+		o->addr[0] = ctx->user_ip6[0];
+		o->addr[1] = ctx->user_ip6[1];
+		o->addr[2] = ctx->user_ip6[2];
+		o->addr[3] = ctx->user_ip6[3];
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = bpf_htonl(LOOPBACK4);
+	}
+	o->port = (__u16)ctx->user_port;
+	o->stub_port = stub;
+	ctx->user_port = bpf_htons(stub);
+	return 1;
+}
+
 static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 family,
 				   const __u32 dst[4], __u16 port, __u32 protocol)
 {
@@ -140,6 +224,7 @@ static __always_inline void report(__u64 cgid, __u8 hook, __u8 reason, __u16 fam
 
 static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 family, __u32 kind)
 {
+	__u16 hook_family = family;
 	__u32 dst[4] = {0, 0, 0, 0};
 	if (family == AF_INET) {
 		dst[0] = ctx->user_ip4;
@@ -164,6 +249,16 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 		    granted(pol, family, dst, port, kind)) {
 			count(AGENTOS_STAT_ALLOWED);
 			return 1;
+		}
+		if (kind == AGENTOS_NET_RULE_CONNECT && (pol->flags & AGENTOS_NET_DNS)) {
+			if (port == 53 && pol->dns_port && to_stub(ctx, hook_family, pol)) {
+				count(AGENTOS_STAT_ALLOWED);
+				return 1;
+			}
+			if (learnt(cgid, family, dst, port)) {
+				count(AGENTOS_STAT_ALLOWED);
+				return 1;
+			}
 		}
 		reason = AGENTOS_REASON_NOT_GRANTED;
 	}
@@ -194,6 +289,46 @@ SEC("cgroup/sendmsg6")
 int agentos_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	return check(ctx, AGENTOS_HOOK_SENDMSG6, AF_INET6, AGENTOS_NET_RULE_CONNECT);
+}
+
+/* A reply on a socket whose query went to the stub: from the stub, it shows the address the query
+ * was sent to (glibc's resolver drops answers from another source). */
+static __always_inline void from_stub(struct bpf_sock_addr *ctx, __u16 hook_family)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	struct agentos_dns_orig *o = bpf_sk_storage_get(&dns_orig, sk, 0, 0);
+	if (!o || ctx->user_port != bpf_htons(o->stub_port))
+		return;
+	if (hook_family == AF_INET) {
+		if (ctx->user_ip4 != bpf_htonl(LOOPBACK4))
+			return;
+		ctx->user_ip4 = o->addr[0];
+	} else {
+		if (ctx->user_ip6[0] || ctx->user_ip6[1] || ctx->user_ip6[2] != bpf_htonl(0xffff) ||
+		    ctx->user_ip6[3] != bpf_htonl(LOOPBACK4))
+			return;
+		ctx->user_ip6[0] = o->addr[0];
+		ctx->user_ip6[1] = o->addr[1];
+		ctx->user_ip6[2] = o->addr[2];
+		ctx->user_ip6[3] = o->addr[3];
+	}
+	ctx->user_port = o->port;
+}
+
+SEC("cgroup/recvmsg4")
+int agentos_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	from_stub(ctx, AF_INET);
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int agentos_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	from_stub(ctx, AF_INET6);
+	return 1;
 }
 
 /* bind() of TCP and UDP sockets (Landlock sees TCP only). Port 0 (an ephemeral port) is
@@ -298,6 +433,12 @@ int agentos_ingress(struct __sk_buff *skb)
 	}
 	if (proto == IPPROTO_UDP && granted(pol, family, src, sport, AGENTOS_NET_RULE_CONNECT))
 		return 1;
+	/* The stub's replies, and datagrams from an address a granted name resolved to. */
+	if (proto == IPPROTO_UDP && (pol->flags & AGENTOS_NET_DNS) &&
+	    ((family == AF_INET && src[0] == bpf_htonl(LOOPBACK4) && pol->dns_port &&
+	      sport == pol->dns_port) ||
+	     learnt(cgid, family, src, sport)))
+		return 1;
 	__u16 lfamily = lfam;
 	__u32 local[4] = {l60, l61, l62, l63};
 	if (lfamily == AF_INET) {
@@ -348,7 +489,9 @@ int BPF_PROG(agentos_lsm_connect, void *sock, void *address, int addrlen, int re
 	}
 	__u16 port = bpf_ntohs(sa.port);
 	__u16 family = unmap(sa.family, dst);
-	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT)) {
+	/* Port 53 with the daemon's DNS: the cgroup connect hook sends it to the stub next. */
+	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT) ||
+	    ((pol->flags & AGENTOS_NET_DNS) && (port == 53 || learnt(cgid, family, dst, port)))) {
 		count(AGENTOS_STAT_ALLOWED);
 		return 0;
 	}

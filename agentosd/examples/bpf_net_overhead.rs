@@ -227,7 +227,7 @@ fn main() {
         allow_all_bind: false,
         inet: true,
         rules,
-        notes: vec![],
+        ..Policy::default()
     };
     let id = std::fs::metadata(&agent)
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))

@@ -98,6 +98,13 @@ pub struct RunArgs {
     /// are not used), yes = always (refused when polkitd does not answer), no = never
     #[arg(long, global = true, value_enum, default_value_t = crate::polkit::Mode::Auto)]
     pub polkit: crate::polkit::Mode,
+    /// Where the agents' DNS stubs send the queries for granted names, ADDR:PORT (repeat for
+    /// more, tried in order) [default: the nameservers of /etc/resolv.conf at daemon start]
+    #[arg(long = "dns-upstream", global = true, value_name = "ADDR:PORT")]
+    pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// Seconds an address from a DNS answer stays reachable after the record's TTL ran out
+    #[arg(long, global = true, default_value_t = 30.0, value_name = "SECONDS")]
+    pub dns_grace: f64,
     /// Kernel denial records per agent and second once the burst is spent; the rest are
     /// counted per agent and hook in a "denials-suppressed" record every 2 s
     #[arg(long, global = true, default_value_t = 20)]

@@ -59,6 +59,9 @@ pub struct Options {
     pub polkit: crate::polkit::Mode,
     /// Per-agent rate limit of denial records (`--denial-records-per-sec`, `-burst`).
     pub denial_records: crate::enforce::limit::Limits,
+    /// The agents' DNS stubs (`--dns-upstream`, `--dns-grace`); no upstream given: the
+    /// nameservers of /etc/resolv.conf, read at start.
+    pub dns: crate::dns::Config,
     /// The daemon's own `memory.max` and `pids.max` (its leaf `ROOT/supervisor`, when it runs
     /// in one): `--self-memory-max`, `--self-tasks-max`.
     pub self_memory_max: String,
@@ -101,6 +104,7 @@ impl Default for Options {
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
             denial_records: Default::default(),
+            dns: Default::default(),
             logs: Default::default(),
             self_memory_max: SELF_MEMORY_MAX.to_string(),
             self_tasks_max: SELF_TASKS_MAX.to_string(),
@@ -658,10 +662,12 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
             .placements
             .extend(m.backends.iter().map(|b| b.placement.as_str().to_string()));
     }
+    let net = setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report);
     let services = crate::supervisor::Services {
         audit: Some(trail.clone()),
         offer,
-        net: setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report),
+        dns: net.as_ref().ok().map(|n| setup_dns(opts, n)),
+        net,
         fs: crate::enforce::fs::setup(),
         sysc: if opts.syscall_counts {
             crate::enforce::sysc::setup()
@@ -687,6 +693,37 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         setup_models(&sup, opts, m);
     }
     Ok((sup, rx, trail, scx, report))
+}
+
+/// The agents' DNS stubs over the network enforcer's `net_names` map; upstreams from the options
+/// or /etc/resolv.conf.
+fn setup_dns(
+    opts: &Options,
+    net: &std::sync::Arc<crate::enforce::net::NetEnforcer>,
+) -> std::sync::Arc<crate::dns::Dns> {
+    let mut cfg = opts.dns.clone();
+    if cfg.upstreams.is_empty() {
+        let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        cfg.upstreams = crate::dns::resolv_conf_upstreams(&text);
+    }
+    if cfg.upstreams.is_empty() {
+        warn!(
+            "DNS: no upstream (no nameserver in /etc/resolv.conf, no --dns-upstream): agents' granted names get SERVFAIL"
+        );
+    } else {
+        info!(
+            "DNS: agents' stubs forward granted names to {} (grace {:?})",
+            cfg.upstreams
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cfg.grace
+        );
+    }
+    let dns = crate::dns::Dns::new(cfg, net.clone());
+    dns.spawn_sweeper();
+    dns
 }
 
 /// Say which budgets this cgroup root cannot enforce (or that all are).

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod conf;
 pub mod daemon;
 pub mod dbus;
+pub mod dns;
 pub mod enforce;
 pub mod ipc;
 pub mod logs;

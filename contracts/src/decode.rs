@@ -930,6 +930,8 @@ pub(crate) fn normalize_path(s: &str) -> Option<String> {
 /// A network scope: `HOST:PORT` with HOST a name, an address, `[v6]` or `*`, or an address
 /// prefix `ADDR/LEN` (`10.0.0.0/8:443`, `[fd00::/8]:443`: LEN up to 32 or 128), and PORT
 /// 1-65535 or `*`. The daemon's policy builder (`enforce::net`) reads the same forms.
+/// A HOST may also be a wildcard `*.SUFFIX` (one or more labels under SUFFIX, at any depth,
+/// never SUFFIX itself), answered by the agent's DNS stub.
 pub(crate) fn net_scope_ok(s: &str) -> bool {
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
@@ -937,8 +939,56 @@ pub(crate) fn net_scope_ok(s: &str) -> bool {
     let port_ok = port == "*" || port.parse::<u16>().is_ok_and(|p| p > 0);
     let host_ok = !host.is_empty()
         && !host.chars().any(|c| c.is_whitespace() || c.is_control())
-        && prefix_ok(host);
+        && prefix_ok(host)
+        && wildcard_error(host).is_none();
     port_ok && host_ok
+}
+
+/// What is wrong with a HOST that has a `*` but is not `*` alone: it must be `*.SUFFIX`, SUFFIX
+/// a DNS name of at least two labels (letters, digits, `-`, not at a label's ends; 1-63 bytes
+/// each, 253 in all), with no other `*`.
+pub(crate) fn wildcard_error(host: &str) -> Option<String> {
+    if host == "*" || !host.contains('*') {
+        return None;
+    }
+    let Some(suffix) = host.strip_prefix("*.") else {
+        return Some(format!(
+            "\"{host}\": a wildcard is \"*.\" followed by a name (\"*.example.com\"); \"*\" stands for whole labels at the start only"
+        ));
+    };
+    let suffix = suffix.strip_suffix('.').unwrap_or(suffix);
+    let labels: Vec<&str> = suffix.split('.').collect();
+    if suffix.contains('*') {
+        return Some(format!("\"{host}\": only one \"*\", as the first label"));
+    }
+    if labels.len() < 2 {
+        return Some(format!(
+            "\"{host}\": a wildcard needs a suffix of at least two labels (\"*.example.com\", not \"*.com\")"
+        ));
+    }
+    let label_ok = |l: &&str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if suffix.len() > 251 || !labels.iter().all(label_ok) {
+        return Some(format!(
+            "\"{host}\": the suffix after \"*.\" is not a DNS name (labels of 1-63 letters, digits and '-', 253 bytes in all)"
+        ));
+    }
+    None
+}
+
+/// The message for a network scope `s` of `field` that [`net_scope_ok`] refuses.
+pub(crate) fn net_scope_message(field: &str, s: &str) -> String {
+    let wildcard = s.rsplit_once(':').and_then(|(h, _)| wildcard_error(h));
+    match wildcard {
+        Some(w) => format!("{field}: {w}"),
+        None => format!(
+            "{field}: \"{s}\" is not HOST:PORT (HOST a name, *.NAME, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")"
+        ),
+    }
 }
 
 /// A HOST with a `/` must be an address prefix: an IP address literal (in brackets or not) and a
@@ -991,7 +1041,7 @@ fn decode_scope(
                 if net_scope_ok(&s) {
                     out.push(s);
                 } else {
-                    dec.err(pos, field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")"));
+                    dec.err(pos, field, net_scope_message(field, &s));
                 }
             }
             CapabilityKind::Tool => {

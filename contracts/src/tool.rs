@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::{Map, Number, Value};
 
 use crate::capability::{self, CapabilityKind};
-use crate::decode::{Dec, Fields, net_scope_ok, normalize_path};
+use crate::decode::{Dec, Fields, net_scope_message, net_scope_ok, normalize_path};
 use crate::diag::{ContractError, Diagnostic, Severity, suggest};
 use crate::node::{self, N, Pos, V};
 use crate::units;
@@ -753,7 +753,7 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
                             needs.net_bind.push(s);
                         }
                     } else {
-                        dec.err(pos, &field, format!("{field}: \"{s}\" is not HOST:PORT (HOST a name, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")"));
+                        dec.err(pos, &field, net_scope_message(&field, &s));
                     }
                 }
                 _ => match normalize_path(&s) {

@@ -172,6 +172,11 @@ fn main() -> anyhow::Result<()> {
                     per_sec: r.denial_records_per_sec,
                     burst: r.denial_records_burst,
                 },
+                dns: agentosd::dns::Config {
+                    upstreams: r.dns_upstream,
+                    grace: Duration::from_secs_f64(r.dns_grace.max(0.0)),
+                    ..Default::default()
+                },
                 self_memory_max: r.self_memory_max,
                 self_tasks_max: r.self_tasks_max,
                 logs: agentosd::logs::Limits {

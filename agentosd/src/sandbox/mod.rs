@@ -98,7 +98,15 @@ impl Grants {
             read: p(landlock::BASE_READ),
             read_exec: p(landlock::BASE_READ_EXEC),
             read_write: p(landlock::BASE_READ_WRITE_FILES),
-            connect: landlock::ports(&self.net_connect)?,
+            // TCP DNS to any address (port 53) goes to the daemon's stub: Landlock sees 53.
+            connect: landlock::ports(&self.net_connect)?.map(|mut v| {
+                if !self.net_connect.is_empty() {
+                    v.push(crate::dns::PORT);
+                    v.sort_unstable();
+                    v.dedup();
+                }
+                v
+            }),
             bind: landlock::ports(&self.net_bind)?,
             unscoped: false,
         };

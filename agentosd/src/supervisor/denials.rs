@@ -73,6 +73,16 @@ impl Supervisor {
                 fs::read_events(ring, |d| sup.audit_fs_denial(&d)).await;
             });
         }
+        if let Some(d) = self.dns()
+            && let Some(mut rx) = d.take_refusals()
+        {
+            let sup = self.clone();
+            tokio::spawn(async move {
+                while let Some(r) = rx.recv().await {
+                    sup.audit_dns_refusal(&r);
+                }
+            });
+        }
         let sup = self.clone();
         tokio::spawn(async move {
             let (mut seen_net, mut seen_fs, mut seen_queue) = (0u64, 0u64, 0u64);
@@ -139,6 +149,40 @@ impl Supervisor {
                 "limit": {"per_sec": limits.per_sec, "burst": limits.burst},
             })));
         }
+    }
+
+    /// A name the agent's DNS stub refused (NXDOMAIN: not granted; REFUSED: too long, odd
+    /// bytes), rate-limited like the kernel's denials.
+    pub(super) fn audit_dns_refusal(&self, r: &crate::dns::Refusal) {
+        if !self.count_denial(&r.tenant, &r.name, "dns-stub") {
+            return;
+        }
+        tracing::info!(
+            agent = %r.agent_id,
+            "DNS stub refused {:?} (type {}, {}; contract {})", r.qname, r.qtype, r.reason, r.contract
+        );
+        let Some(t) = self.audit_trail() else {
+            return;
+        };
+        let rcode = if r.reason == "not-granted" {
+            "NXDOMAIN"
+        } else {
+            "REFUSED"
+        };
+        let rec = t
+            .agent_record(audit::Kind::Denial, &r.tenant, &r.name)
+            .decision(Decision::Deny)
+            .detail(json!({
+                "syscall": "dns-query",
+                "effect": rcode,
+                "mechanism": "dns-stub",
+                "hook": "dns-stub",
+                "name": r.qname,
+                "qtype": r.qtype,
+                "reason": r.reason,
+                "contract": r.contract,
+            }));
+        t.submit_or_count(rec);
     }
 
     pub(super) fn audit_denial(&self, d: &net::Denial) {

@@ -74,7 +74,8 @@ impl Supervisor {
     }
 
     /// Fill agent's entry in the BPF policy map from its contract's `net.connect` and `net.bind`
-    /// grants (host names resolved now), keyed by the id of `cg`, which must exist. Returns notes for
+    /// grants (host names become name grants its DNS stub answers, started here, unless the
+    /// daemon runs no stubs: then they are resolved now), keyed by the id of `cg`, which must exist. Returns notes for
     /// `agentctl status`. Without BPF, refuses an agent whose contract requires `cgroup_bpf`.
     async fn net_policy_prepare(
         &self,
@@ -113,6 +114,9 @@ impl Supervisor {
                 .collect()
         };
         let (mut connect, bind) = (scopes("net.connect"), scopes("net.bind"));
+        // The stub answers the contract's names; the gateway's loopback ports below are no reason
+        // for one.
+        let contract_connect = !connect.is_empty();
         // The model gateway's port on the loopback of its own network namespace.
         if self.gateway_port(contract) {
             connect.push(format!("127.0.0.1:{}", crate::models::tcp::TCP_PORT));
@@ -123,11 +127,19 @@ impl Supervisor {
         {
             connect.push(format!("127.0.0.1:{port}"));
         }
-        // Name resolution is bounded: a start never hangs on DNS (and fails closed).
+        let dns = self.dns().cloned();
+        // With the daemon's DNS, names are grants (only /etc/hosts is read now); without it
+        // they are resolved now, bounded: a start never hangs on DNS (and fails closed).
+        let by_name = dns.is_some();
         let resolve = tokio::task::spawn_blocking(move || {
-            net::policy_from_grants(&connect, &bind, &net::system_resolve)
+            if by_name {
+                let hosts = |h: &str| net::hosts_file(std::path::Path::new("/etc/hosts"), h);
+                net::policy_with_dns(&connect, &bind, &hosts)
+            } else {
+                net::policy_from_grants(&connect, &bind, &net::system_resolve)
+            }
         });
-        let policy = tokio::time::timeout(std::time::Duration::from_secs(15), resolve)
+        let mut policy = tokio::time::timeout(std::time::Duration::from_secs(15), resolve)
             .await
             .map_err(|_| {
                 Error::Kernel(format!(
@@ -137,7 +149,26 @@ impl Supervisor {
             })?
             .map_err(|e| Error::Kernel(format!("resolving net.connect hosts: {e}")))?
             .map_err(|e| Error::InvalidContract(format!("agent {}: {e}", agent.id)))?;
+        policy.dns &= contract_connect;
         let id = cgroup_id(cg.path());
+        if let Some(dns) = dns.filter(|_| policy.dns) {
+            // A re-adopted agent's pinned policy names its stub's port: the same one again.
+            let pinned = enforcer
+                .policy_of(id)
+                .map(|p| p.dns_port)
+                .filter(|p| *p != 0);
+            let spec = crate::dns::StubSpec {
+                agent_id: agent.id.clone(),
+                tenant: agent.tenant.clone(),
+                name: agent.name.clone(),
+                contract: contract.map(|c| c.name().to_string()).unwrap_or_default(),
+                cgroup_id: id,
+                grants: policy.names.clone(),
+            };
+            policy.dns_port = dns
+                .start(spec, pinned)
+                .map_err(|e| Error::Kernel(format!("agent {}: DNS stub: {e}", agent.id)))?;
+        }
         enforcer
             .set_policy(&agent.id, &agent.tenant, &agent.name, id, &policy)
             .map_err(|e| Error::Kernel(format!("agent {}: network policy: {e}", agent.id)))?;
@@ -220,6 +251,9 @@ impl RunMechanism for NetPolicy<'_> {
     }
 
     fn release(&self, agent_id: &str) {
+        if let Some(d) = self.0.dns() {
+            d.stop(agent_id);
+        }
         if let Ok(n) = self.0.net() {
             n.clear(agent_id);
         }

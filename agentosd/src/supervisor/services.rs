@@ -20,6 +20,8 @@ pub struct Services {
     pub offer: contracts::HostOffer,
     /// cgroup BPF network enforcement, or why it is unavailable.
     pub net: Result<Arc<NetEnforcer>, String>,
+    /// The agents' DNS stubs (with `net`; `None` without network enforcement): see dns/.
+    pub dns: Option<Arc<crate::dns::Dns>>,
     /// BPF LSM filesystem scopes, or why they are unavailable.
     pub fs: Result<Arc<FsEnforcer>, String>,
     /// Per-agent syscall counts when the operator enabled them, or why they are off.
@@ -40,6 +42,7 @@ impl Default for Services {
             audit: None,
             offer: contracts::HostOffer::default(),
             net: Err("not set up by the daemon".into()),
+            dns: None,
             fs: Err("not set up by the daemon".into()),
             sysc: Err("not enabled (agentosd --syscall-counts)".into()),
             scx: None,
@@ -85,6 +88,11 @@ impl Supervisor {
     /// The network enforcer, or why there is none.
     pub fn net(&self) -> Result<&Arc<NetEnforcer>, String> {
         self.services.net.as_ref().map_err(Clone::clone)
+    }
+
+    /// The agents' DNS stubs, when the daemon runs them.
+    pub fn dns(&self) -> Option<&Arc<crate::dns::Dns>> {
+        self.services.dns.as_ref()
     }
 
     /// The BPF LSM filesystem enforcer, or why there is none.

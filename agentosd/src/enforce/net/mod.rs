@@ -15,6 +15,7 @@
 //! complete set is attached.
 
 mod event;
+mod names;
 mod pins;
 mod policy;
 
@@ -28,23 +29,26 @@ use aya::programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSock
 use serde::Serialize;
 
 pub use event::{Denial, RawEvent};
+pub use names::{NamePorts, RawNameKey, RawNameValue};
 pub use pins::{DEFAULT_PIN_ROOT, Pins, is_bpffs, pin_check_line};
 pub use policy::{
-    Policy, PolicyError, RawPolicy, RawRule, Rule, RuleKind, policy_from_grants,
-    policy_from_scopes, system_resolve,
+    NameGrant, Policy, PolicyError, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
+    policy_from_grants, policy_from_scopes, policy_with_dns, system_resolve,
 };
 
 /// The embedded object (empty when clang was missing at build time).
 static NET_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/net.bpf.o"));
 
 /// The cgroup sock_addr program names in `ebpf/net.bpf.c`.
-pub const PROGRAMS: [&str; 6] = [
+pub const PROGRAMS: [&str; 8] = [
     "agentos_connect4",
     "agentos_connect6",
     "agentos_sendmsg4",
     "agentos_sendmsg6",
     "agentos_bind4",
     "agentos_bind6",
+    "agentos_recvmsg4",
+    "agentos_recvmsg6",
 ];
 
 /// The `cgroup/sock_create` program (family, type and protocol of every inet socket).
@@ -54,8 +58,7 @@ pub const SOCK_PROGRAM: &str = "agentos_sock_create";
 pub const SKB_PROGRAM: &str = "agentos_ingress";
 
 /// Hooks for logs and `agentosd check`.
-pub const HOOKS: &str =
-    "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, sock_create, cgroup_skb/ingress";
+pub const HOOKS: &str = "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, recvmsg4, recvmsg6, sock_create, cgroup_skb/ingress";
 
 /// The BPF LSM program (defence in depth; loads only where the kernel allows BPF LSM).
 pub const LSM_PROGRAM: &str = "agentos_lsm_connect";
@@ -67,6 +70,7 @@ const AF_INET6: u16 = 10;
 const ALLOW_ALL: u32 = 1;
 const ALLOW_ALL_BIND: u32 = 2;
 const INET: u32 = 4;
+const DNS: u32 = 8;
 const RULE_CONNECT: u32 = 0;
 const RULE_BIND: u32 = 1;
 const STAT_ALLOWED: u32 = 0;
@@ -200,6 +204,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Maps {
     policy: HashMap<MapData, u64, RawPolicy>,
     stats: Array<MapData, u64>,
+    /// Addresses the agents' DNS stubs answered (`net_names`).
+    names: HashMap<MapData, RawNameKey, RawNameValue>,
+    /// Entries per agent cgroup in `names` (refreshed by [`NetEnforcer::expire_names`]).
+    names_per_agent: std::collections::HashMap<u64, usize>,
 }
 
 /// The loaded programs, their maps and the agents they know.
@@ -277,10 +285,17 @@ impl NetEnforcer {
         let policy =
             HashMap::try_from(take(&mut bpf, "net_policy")?).map_err(map_err("net_policy"))?;
         let stats = Array::try_from(take(&mut bpf, "stats")?).map_err(map_err("stats"))?;
+        let names =
+            HashMap::try_from(take(&mut bpf, "net_names")?).map_err(map_err("net_names"))?;
         let events = RingBuf::try_from(take(&mut bpf, "events")?).map_err(map_err("events"))?;
         Ok(Arc::new(NetEnforcer {
             bpf: Mutex::new(bpf),
-            maps: Mutex::new(Maps { policy, stats }),
+            maps: Mutex::new(Maps {
+                policy,
+                stats,
+                names,
+                names_per_agent: Default::default(),
+            }),
             events: Mutex::new(Some(events)),
             agents: super::AgentCgroups::default(),
             attached: Mutex::new(None),
@@ -404,11 +419,63 @@ impl NetEnforcer {
         Ok(())
     }
 
-    /// Remove agent `id`'s entry (its cgroup is gone or going).
+    /// Remove agent `id`'s entry and the addresses its DNS stub answered (its cgroup is gone
+    /// or going).
     pub fn clear(&self, id: &str) {
         if let Some(cg) = self.agents.remove(id) {
-            let _ = lock(&self.maps).policy.remove(&cg);
+            let mut maps = lock(&self.maps);
+            let _ = maps.policy.remove(&cg);
+            names::remove_where(&mut maps.names, |k, _| k.cgroup_id == cg);
+            maps.names_per_agent.remove(&cg);
         }
+    }
+
+    /// The policy entry of cgroup `cgroup_id` now (a pinned one a previous daemon left, too).
+    pub fn policy_of(&self, cgroup_id: u64) -> Option<RawPolicy> {
+        lock(&self.maps).policy.get(&cgroup_id, 0).ok()
+    }
+
+    /// Allow cgroup `cgroup_id` to reach `addr` on `ports` until `expires` (CLOCK_BOOTTIME, ns):
+    /// merged with what is there (ports joined, the later expiry). Refused past
+    /// [`names::MAX_PER_AGENT`] addresses for one agent (the map is shared).
+    pub fn learn_name(
+        &self,
+        cgroup_id: u64,
+        addr: std::net::IpAddr,
+        ports: &NamePorts,
+        expires: u64,
+    ) -> Result<(), NetError> {
+        let mut maps = lock(&self.maps);
+        let maps = &mut *maps;
+        names::learn(
+            &mut maps.names,
+            &mut maps.names_per_agent,
+            cgroup_id,
+            addr,
+            ports,
+            expires,
+        )
+    }
+
+    /// Remove the entries of `net_names` that expired before `now` (CLOCK_BOOTTIME, ns) and
+    /// recount each agent's; returns how many went.
+    pub fn expire_names(&self, now: u64) -> usize {
+        let mut maps = lock(&self.maps);
+        let n = names::remove_where(&mut maps.names, |_, v| v.expires_ns <= now);
+        let mut counts = std::collections::HashMap::new();
+        for k in maps.names.keys().flatten() {
+            *counts.entry(k.cgroup_id).or_insert(0usize) += 1;
+        }
+        maps.names_per_agent = counts;
+        n
+    }
+
+    /// The entry of `net_names` for (`cgroup_id`, `addr`), if any.
+    pub fn name_entry(&self, cgroup_id: u64, addr: std::net::IpAddr) -> Option<RawNameValue> {
+        lock(&self.maps)
+            .names
+            .get(&RawNameKey::new(cgroup_id, addr), 0)
+            .ok()
     }
 
     /// The agent (tenant, name) whose cgroup has this id.

@@ -11,14 +11,17 @@ use super::NetError;
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/agentos";
 /// Version of the pinned maps' layout (`ebpf/intf.h`): a daemon with another layout uses its
 /// own maps and removes the old ones once its links are pinned.
-const MAPS_LAYOUT: &str = "maps-v2";
+const MAPS_LAYOUT: &str = "maps-v3";
 /// Maps kept across daemons (the ring buffer too: denials while the daemon was down are read by
 /// the next one).
-pub(super) const PINNED_MAPS: [&str; 3] = ["net_policy", "stats", "events"];
+/// `net_names` and `dns_orig` too: addresses learnt from DNS stay allowed, and replies to queries
+/// redirected to a stub keep their source rewritten, across a restart.
+pub(super) const PINNED_MAPS: [&str; 5] =
+    ["net_policy", "stats", "events", "net_names", "dns_orig"];
 
 /// The bpffs directory that holds one daemon's pins: `ROOT/net-CGID` where CGID is the id of the
 /// `agents` cgroup the programs are attached to (so daemons on other cgroup roots never share
-/// pins), with `maps-v2/` (the maps) and `links/PROGRAM-GENERATION` (the links).
+/// pins), with `maps-v3/` (the maps) and `links/PROGRAM-GENERATION` (the links).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pins {
     pub dir: PathBuf,

@@ -1,10 +1,13 @@
 //! An agent's network policy: the contract's `net.connect` and `net.bind` scopes parsed into
-//! rules (host names resolved by a resolver passed in), and their layout in the `net_policy` map.
+//! rules and name grants, and their layout in the `net_policy` map. A host name is either
+//! resolved now by a resolver passed in ([`policy_from_grants`], tool cgroups) or, for an agent
+//! whose DNS is the daemon's ([`policy_with_dns`]), kept as a name grant that its DNS stub
+//! answers (only names in /etc/hosts stay static rules).
 
 use std::net::IpAddr;
 
 use super::{
-    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, INET, MAX_RULES, RULE_BIND, RULE_CONNECT,
+    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, INET, MAX_RULES, RULE_BIND, RULE_CONNECT,
 };
 
 /// `struct agentos_net_rule`.
@@ -26,6 +29,9 @@ pub struct RawPolicy {
     pub n_rules: u32,
     pub flags: u32,
     pub rules: [RawRule; MAX_RULES],
+    /// The agent's DNS stub port on 127.0.0.1 (`AGENTOS_NET_DNS`).
+    pub dns_port: u16,
+    pub _pad: [u16; 3],
 }
 
 // SAFETY: plain `#[repr(C)]` integers and arrays of them with explicit padding fields, no
@@ -99,8 +105,67 @@ pub struct Policy {
     /// IPv4/IPv6 (TCP and UDP) sockets at all: the contract has a network grant.
     pub inet: bool,
     pub rules: Vec<Rule>,
+    /// DNS belongs to the daemon (`AGENTOS_NET_DNS`): port 53 goes to the stub at
+    /// 127.0.0.1:`dns_port`, and addresses it answers for `names` are allowed while valid.
+    pub dns: bool,
+    pub dns_port: u16,
+    /// `net.connect` scopes by name (`api.example.com:443`, `*.example.test:443`).
+    pub names: Vec<NameGrant>,
     /// What the operator should know (names that did not resolve…).
     pub notes: Vec<String>,
+}
+
+/// A `net.connect` scope whose host is a name or a wildcard, answered by the agent's DNS stub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameGrant {
+    /// Lower case, without a trailing dot; for a wildcard the suffix after `*.`.
+    pub name: String,
+    /// `*.SUFFIX`: one or more labels under SUFFIX (any depth), never SUFFIX itself.
+    pub wildcard: bool,
+    /// 0 = any port.
+    pub port: u16,
+}
+
+impl NameGrant {
+    /// The grant of host `host` (a name or `*.SUFFIX`) on `port`.
+    pub fn new(host: &str, port: u16) -> NameGrant {
+        let h = host.trim_end_matches('.').to_ascii_lowercase();
+        match h.strip_prefix("*.") {
+            Some(suffix) => NameGrant {
+                name: suffix.to_string(),
+                wildcard: true,
+                port,
+            },
+            None => NameGrant {
+                name: h,
+                wildcard: false,
+                port,
+            },
+        }
+    }
+
+    /// Whether `qname` (as asked: any case, a trailing dot or not) is granted by this.
+    pub fn matches(&self, qname: &str) -> bool {
+        let q = qname.trim_end_matches('.');
+        if !self.wildcard {
+            return q.eq_ignore_ascii_case(&self.name);
+        }
+        let n = self.name.len();
+        q.len() > n + 1
+            && q.as_bytes()[q.len() - n - 1] == b'.'
+            && q[q.len() - n..].eq_ignore_ascii_case(&self.name)
+            && !q[..q.len() - n - 1].is_empty()
+    }
+
+    fn describe(&self) -> String {
+        let port = if self.port == 0 {
+            "*".to_string()
+        } else {
+            self.port.to_string()
+        };
+        let star = if self.wildcard { "*." } else { "" };
+        format!("{star}{}:{port}", self.name)
+    }
 }
 
 impl Policy {
@@ -113,8 +178,11 @@ impl Policy {
                 } else {
                     0
                 }
-                | if self.inet { INET } else { 0 },
+                | if self.inet { INET } else { 0 }
+                | if self.dns { DNS } else { 0 },
             rules: [RawRule::default(); MAX_RULES],
+            dns_port: self.dns_port,
+            _pad: [0; 3],
         };
         for (slot, r) in p.rules.iter_mut().zip(&self.rules) {
             *slot = r.raw();
@@ -145,6 +213,16 @@ impl Policy {
         if kind == RuleKind::Connect && self.allow_all {
             return Some("any destination (net.connect *:*)".into());
         }
+        let mut names: Vec<String> = Vec::new();
+        if kind == RuleKind::Connect {
+            names = self.names.iter().map(NameGrant::describe).collect();
+            if self.dns {
+                names.push(format!(
+                    "DNS through the daemon's stub (127.0.0.1:{})",
+                    self.dns_port
+                ));
+            }
+        }
         if kind == RuleKind::Bind && self.allow_all_bind {
             return Some("any address (net.bind *:*)".into());
         }
@@ -169,6 +247,7 @@ impl Policy {
             })
             .collect();
         v.dedup();
+        v.extend(names);
         (!v.is_empty()).then(|| v.join(", "))
     }
 }
@@ -220,12 +299,51 @@ pub fn policy_from_grants(
     bind: &[String],
     resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
 ) -> Result<Policy, PolicyError> {
+    build(connect, bind, &Names::Resolve(resolve))
+}
+
+/// The policy of an agent whose DNS is the daemon's: like [`policy_from_grants`], but a
+/// `net.connect` host name or `*.SUFFIX` wildcard is a name grant (the stub answers it and the
+/// kernel allows the addresses it returned while their TTL runs) unless `hosts` (the daemon's
+/// /etc/hosts) knows it, which makes it static rules as before. With any `net.connect` grant but
+/// `*:*`, the policy has the DNS flag; its port is set by the caller once the stub is bound.
+pub fn policy_with_dns(
+    connect: &[String],
+    bind: &[String],
+    hosts: &dyn Fn(&str) -> Vec<IpAddr>,
+) -> Result<Policy, PolicyError> {
+    let mut p = build(connect, bind, &Names::Grant(hosts))?;
+    p.dns = !connect.is_empty() && !p.allow_all;
+    Ok(p)
+}
+
+/// What a `net.connect` host name becomes.
+enum Names<'a> {
+    /// Addresses now, from this resolver.
+    Resolve(&'a dyn Fn(&str) -> Result<Vec<IpAddr>, String>),
+    /// A name grant, unless this (/etc/hosts) has addresses for it.
+    Grant(&'a dyn Fn(&str) -> Vec<IpAddr>),
+}
+
+fn build(connect: &[String], bind: &[String], names: &Names<'_>) -> Result<Policy, PolicyError> {
     let mut p = Policy {
         inet: !connect.is_empty() || !bind.is_empty(),
         ..Policy::default()
     };
-    add_rules(&mut p, connect, RuleKind::Connect, resolve)?;
-    add_rules(&mut p, bind, RuleKind::Bind, resolve)?;
+    add_rules(&mut p, connect, RuleKind::Connect, names)?;
+    match names {
+        Names::Resolve(_) => add_rules(&mut p, bind, RuleKind::Bind, names)?,
+        // net.bind names are local addresses: /etc/hosts only, never a name grant.
+        Names::Grant(hosts) => {
+            let local = |h: &str| Ok(hosts(h));
+            add_rules(&mut p, bind, RuleKind::Bind, &Names::Resolve(&local))?;
+        }
+    }
+    finish(p)
+}
+
+fn finish(mut p: Policy) -> Result<Policy, PolicyError> {
+    p.names.dedup();
     p.rules.dedup();
     if p.rules.len() > MAX_RULES && !(p.allow_all && p.allow_all_bind) {
         return Err(PolicyError::TooMany(p.rules.len()));
@@ -238,7 +356,7 @@ fn add_rules(
     p: &mut Policy,
     scopes: &[String],
     kind: RuleKind,
-    resolve: &dyn Fn(&str) -> Result<Vec<IpAddr>, String>,
+    names: &Names<'_>,
 ) -> Result<(), PolicyError> {
     let cap = match kind {
         RuleKind::Connect => "net.connect",
@@ -274,22 +392,38 @@ fn add_rules(
             p.rules.push(rule_for(addr, len, port, kind));
             continue;
         }
-        let addrs = match host.parse::<IpAddr>() {
-            Ok(a) => vec![a],
-            Err(_) => match resolve(host) {
-                Ok(v) if !v.is_empty() => v,
-                Ok(_) => {
-                    p.notes
-                        .push(format!("{cap} {s}: {host} has no address; nothing granted"));
+        let resolved = match (host.parse::<IpAddr>(), names) {
+            (Ok(a), _) => Ok(vec![a]),
+            (Err(_), Names::Resolve(_)) if host.starts_with("*.") => Err(format!(
+                "{host} is a wildcard: only an agent's DNS stub answers wildcards"
+            )),
+            (Err(_), Names::Resolve(resolve)) => resolve(host),
+            (Err(_), Names::Grant(hosts)) => {
+                let fixed = if host.starts_with("*.") {
+                    Vec::new()
+                } else {
+                    hosts(host)
+                };
+                if fixed.is_empty() {
+                    p.names.push(NameGrant::new(host, port));
                     continue;
                 }
-                Err(e) => {
-                    p.notes.push(format!(
-                        "{cap} {s}: cannot resolve {host} ({e}); nothing granted"
-                    ));
-                    continue;
-                }
-            },
+                Ok(fixed)
+            }
+        };
+        let addrs = match resolved {
+            Ok(v) if !v.is_empty() => v,
+            Ok(_) => {
+                p.notes
+                    .push(format!("{cap} {s}: {host} has no address; nothing granted"));
+                continue;
+            }
+            Err(e) => {
+                p.notes.push(format!(
+                    "{cap} {s}: cannot resolve {host} ({e}); nothing granted"
+                ));
+                continue;
+            }
         };
         for a in addrs {
             let len = if a.is_ipv4() { 32 } else { 128 };
@@ -315,6 +449,29 @@ fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
         port,
         kind,
     }
+}
+
+/// The addresses /etc/hosts (`path`) gives `host` (case-insensitive; empty when none or
+/// unreadable): the static names that stay rules for an agent whose DNS is the daemon's.
+pub fn hosts_file(path: &std::path::Path, host: &str) -> Vec<IpAddr> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    hosts_lookup(&text, host)
+}
+
+fn hosts_lookup(text: &str, host: &str) -> Vec<IpAddr> {
+    let host = host.trim_end_matches('.');
+    let mut v: Vec<IpAddr> = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or(""))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let addr: IpAddr = it.next()?.parse().ok()?;
+            it.any(|n| n.eq_ignore_ascii_case(host)).then_some(addr)
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// Resolve a host name with the system resolver (blocking: call off the runtime).
@@ -350,7 +507,7 @@ mod tests {
     #[test]
     fn layouts_match_intf_h() {
         assert_eq!(std::mem::size_of::<RawRule>(), 40);
-        assert_eq!(std::mem::size_of::<RawPolicy>(), 8 + 40 * MAX_RULES);
+        assert_eq!(std::mem::size_of::<RawPolicy>(), 8 + 40 * MAX_RULES + 8);
         assert_eq!(std::mem::size_of::<RawEvent>(), 72);
     }
 
@@ -435,5 +592,88 @@ mod tests {
         let none = policy_from_grants(&[], &[], &no_dns).unwrap();
         assert_eq!(none.raw().flags, 0);
         assert!(none.describe().starts_with("no network grant"));
+    }
+
+    #[test]
+    fn wildcards_match_labels_under_the_suffix_at_any_depth() {
+        let g = NameGrant::new("*.Example.TEST", 443);
+        assert!(g.wildcard && g.name == "example.test");
+        for yes in ["a.example.test", "A.B.example.test.", "x-1.EXAMPLE.test"] {
+            assert!(g.matches(yes), "{yes}");
+        }
+        for no in [
+            "example.test",
+            ".example.test",
+            "aexample.test",
+            "a.example.test.evil",
+            "example.test.",
+            "test",
+        ] {
+            assert!(!g.matches(no), "{no}");
+        }
+        let n = NameGrant::new("named.example.test.", 80);
+        assert!(n.matches("NAMED.example.test") && n.matches("named.example.test."));
+        assert!(!n.matches("a.named.example.test"));
+    }
+
+    #[test]
+    fn names_are_grants_unless_in_hosts_and_set_the_dns_flag() {
+        let hosts =
+            |h: &str| hosts_lookup("127.0.0.1 localhost # me\n::1 localhost ip6-localhost\n", h);
+        let p = policy_with_dns(
+            &[
+                "*.example.test:443".into(),
+                "named.example.test:8080".into(),
+                "localhost:9000".into(),
+                "198.18.0.9:*".into(),
+            ],
+            &["localhost:7000".into()],
+            &hosts,
+        )
+        .unwrap();
+        assert!(p.dns && p.inet && !p.allow_all);
+        assert_eq!(
+            p.names,
+            vec![
+                NameGrant::new("*.example.test", 443),
+                NameGrant::new("named.example.test", 8080)
+            ]
+        );
+        // localhost is static (both addresses), the address a rule, the bind name local.
+        assert_eq!(p.rules.len(), 5, "{:?}", p.rules);
+        let mut pp = p.clone();
+        pp.dns_port = 5353;
+        let raw = pp.raw();
+        assert_eq!(raw.flags, INET | DNS);
+        assert_eq!(raw.dns_port, 5353);
+        assert!(
+            pp.describe().contains("*.example.test:443, named.example.test:8080, DNS through the daemon's stub (127.0.0.1:5353)"),
+            "{}",
+            pp.describe()
+        );
+        // *:* needs no stub; no net.connect, no stub.
+        let all = policy_with_dns(&["*:*".into(), "a.test:1".into()], &[], &hosts).unwrap();
+        assert!(!all.dns);
+        let bind_only = policy_with_dns(&[], &["127.0.0.1:1".into()], &hosts).unwrap();
+        assert!(!bind_only.dns && bind_only.raw().flags == INET);
+        // The resolve-now builder (tool cgroups) grants nothing for a wildcard, and says so.
+        let t = policy_from_scopes(&["*.example.test:443".into()], &no_dns).unwrap();
+        assert!(t.rules.is_empty() && t.names.is_empty() && !t.dns);
+        assert!(t.notes[0].contains("wildcard"), "{:?}", t.notes);
+    }
+
+    #[test]
+    fn hosts_file_lines() {
+        let text =
+            "# c\n10.0.0.1  db.internal db\n10.0.0.2 other\nbad line\n10.0.0.3 DB.internal\n";
+        let v = hosts_lookup(text, "db.internal.");
+        assert_eq!(
+            v,
+            vec![
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "10.0.0.3".parse().unwrap()
+            ]
+        );
+        assert!(hosts_lookup(text, "nowhere").is_empty());
     }
 }

@@ -1,0 +1,314 @@
+//! DNS belongs to the daemon: one stub per agent with `net.connect` grants (UDP and TCP on
+//! 127.0.0.1, the same port), to which cgroup BPF redirects the agent's every query to port 53.
+//! A name outside the agent's name grants gets NXDOMAIN (with an Extended DNS Error naming the
+//! contract when the query had EDNS) and never reaches an upstream; a granted name's A/AAAA query
+//! is forwarded, the answer's addresses (minus loopback, link-local, unspecified and multicast:
+//! rebinding) enter the `net_names` map with the record's TTL plus a grace period, and the
+//! answer goes back; other types for a granted name get an empty answer (no TXT tunnelling).
+//! See docs/security.md, "Egress by name".
+
+mod stub;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::enforce::net::{NameGrant, NamePorts, NetEnforcer};
+
+/// The port DNS queries go to (redirected to the stub by cgroup BPF).
+pub const PORT: u16 = 53;
+/// The grace added to an answer's TTL before its addresses are refused again
+/// (`agentosd --dns-grace`): a connection begun just before the TTL ran out still gets through.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// TTLs above this are cut to it (an upstream cannot grant an address for days).
+pub const MAX_TTL: u32 = 24 * 3600;
+/// How often expired entries are removed from `net_names` (the programs ignore them already).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// Refusal reports waiting for the audit trail; more are counted and dropped.
+const REFUSALS_QUEUED: usize = 1024;
+
+/// The daemon's DNS settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where granted queries go: `--dns-upstream`, or the nameservers of /etc/resolv.conf.
+    pub upstreams: Vec<SocketAddr>,
+    pub grace: Duration,
+    /// How long one upstream has to answer.
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            upstreams: Vec::new(),
+            grace: DEFAULT_GRACE,
+            timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// The nameservers of a resolv.conf text, port 53 (IPv6 zone suffixes are dropped).
+pub fn resolv_conf_upstreams(text: &str) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next()? == "nameserver").then_some(())?;
+            let a = it.next()?;
+            let a: IpAddr = a.split('%').next()?.parse().ok()?;
+            Some(SocketAddr::new(a, 53))
+        })
+        .collect()
+}
+
+/// Whether an address from an answer may be learnt and returned: not loopback, link-local
+/// (169.254.0.0/16 and fe80::/10: the cloud metadata address among them), unspecified,
+/// multicast or broadcast, also when written as a v4-mapped IPv6 address. A name that
+/// resolves to these (DNS rebinding) gets them stripped from its answer.
+pub fn addr_allowed(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => {
+            !(v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.octets()[0] == 0)
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => addr_allowed(IpAddr::V4(v4)),
+            None => {
+                !(v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || v6.is_unicast_link_local())
+            }
+        },
+    }
+}
+
+/// The ports of the grants that match `name`: `None` when none matches (not granted).
+pub fn ports_for(grants: &[NameGrant], name: &str) -> Option<NamePorts> {
+    let mut ports = Vec::new();
+    let mut any = false;
+    for g in grants.iter().filter(|g| g.matches(name)) {
+        any = true;
+        if g.port == 0 {
+            return Some(NamePorts::Any);
+        }
+        ports.push(g.port);
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    any.then_some(NamePorts::Some(ports))
+}
+
+/// One agent's stub: what it answers and for whom.
+#[derive(Debug, Clone)]
+pub struct StubSpec {
+    pub agent_id: String,
+    pub tenant: String,
+    pub name: String,
+    /// The contract's name, for the Extended DNS Error text.
+    pub contract: String,
+    /// The cgroup whose `net_names` entries its answers fill (the agent's `main`).
+    pub cgroup_id: u64,
+    pub grants: Vec<NameGrant>,
+}
+
+/// A name the stub refused, for the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub agent_id: String,
+    pub tenant: String,
+    pub name: String,
+    pub contract: String,
+    /// The name asked (empty when it could not be read).
+    pub qname: String,
+    pub qtype: u16,
+    /// `not-granted` (NXDOMAIN), `too-long` or `bad-label` (REFUSED).
+    pub reason: &'static str,
+}
+
+/// Errors of starting a stub.
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    #[error("binding the DNS stub on 127.0.0.1:{port}: {error}")]
+    Bind { port: u16, error: std::io::Error },
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The stubs of all agents, their upstreams and the refusal reports.
+pub struct Dns {
+    cfg: Config,
+    net: Arc<NetEnforcer>,
+    stubs: Mutex<HashMap<String, stub::Stub>>,
+    refusals: tokio::sync::mpsc::Sender<Refusal>,
+    refusals_rx: Mutex<Option<tokio::sync::mpsc::Receiver<Refusal>>>,
+    refusals_dropped: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Dns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dns").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl Dns {
+    /// The service over `net` (whose `net_names` map the stubs fill). Call
+    /// [`Dns::spawn_sweeper`] on the runtime.
+    pub fn new(cfg: Config, net: Arc<NetEnforcer>) -> Arc<Dns> {
+        let (tx, rx) = tokio::sync::mpsc::channel(REFUSALS_QUEUED);
+        Arc::new(Dns {
+            cfg,
+            net,
+            stubs: Mutex::default(),
+            refusals: tx,
+            refusals_rx: Mutex::new(Some(rx)),
+            refusals_dropped: Default::default(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Start (or restart) agent `spec.agent_id`'s stub, on `port` when given and free (a
+    /// re-adopted agent's pinned policy names it), else on a new one; returns the port.
+    pub fn start(self: &Arc<Self>, spec: StubSpec, port: Option<u16>) -> Result<u16, DnsError> {
+        let id = spec.agent_id.clone();
+        // The old stub (a restart of the same agent) goes first: its port is free again.
+        let old = lock(&self.stubs).remove(&id);
+        let port = port.or(old.as_ref().map(stub::Stub::port));
+        drop(old);
+        let s = match port.filter(|p| *p != 0) {
+            Some(p) => stub::Stub::start(self.clone(), spec.clone(), p)
+                .or_else(|_| stub::Stub::start(self.clone(), spec, 0))?,
+            None => stub::Stub::start(self.clone(), spec, 0)?,
+        };
+        let port = s.port();
+        lock(&self.stubs).insert(id, s);
+        Ok(port)
+    }
+
+    /// Stop agent `id`'s stub (its sockets close).
+    pub fn stop(&self, id: &str) {
+        lock(&self.stubs).remove(id);
+    }
+
+    /// The port of agent `id`'s stub, if it has one.
+    pub fn port_of(&self, id: &str) -> Option<u16> {
+        lock(&self.stubs).get(id).map(stub::Stub::port)
+    }
+
+    /// The refusal reports (once), for the audit trail.
+    pub fn take_refusals(&self) -> Option<tokio::sync::mpsc::Receiver<Refusal>> {
+        lock(&self.refusals_rx).take()
+    }
+
+    /// Refusal reports dropped because the queue was full (counted, never silent).
+    pub fn refusals_dropped(&self) -> u64 {
+        self.refusals_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn refused(&self, r: Refusal) {
+        if self.refusals.try_send(r).is_err() {
+            self.refusals_dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Remove expired `net_names` entries every [`SWEEP_EVERY`] (on the current runtime).
+    pub fn spawn_sweeper(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(dns) = me.upgrade() else { return };
+                let net = dns.net.clone();
+                let _ = tokio::task::spawn_blocking(move || net.expire_names(boottime_ns())).await;
+            }
+        });
+    }
+}
+
+/// CLOCK_BOOTTIME in ns: the clock of `bpf_ktime_get_boot_ns`.
+pub fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; CLOCK_BOOTTIME
+    // exists on every kernel this daemon supports, and on failure `ts` stays zero.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn rebinding_filter() {
+        for bad in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "169.254.169.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(!addr_allowed(bad.parse().unwrap()), "{bad}");
+        }
+        for good in ["198.18.0.7", "10.0.0.1", "93.184.216.34", "2001:db8::1"] {
+            assert!(addr_allowed(good.parse().unwrap()), "{good}");
+        }
+    }
+
+    #[test]
+    fn ports_of_matching_grants() {
+        let g = vec![
+            NameGrant::new("*.example.test", 443),
+            NameGrant::new("named.example.test", 80),
+            NameGrant::new("named.example.test", 443),
+            NameGrant::new("any.test", 0),
+        ];
+        assert_eq!(
+            ports_for(&g, "named.example.test"),
+            Some(NamePorts::Some(vec![80, 443]))
+        );
+        assert_eq!(
+            ports_for(&g, "x.example.test"),
+            Some(NamePorts::Some(vec![443]))
+        );
+        assert_eq!(ports_for(&g, "ANY.test."), Some(NamePorts::Any));
+        assert_eq!(ports_for(&g, "example.test"), None);
+        assert_eq!(ports_for(&g, "evil.test"), None);
+    }
+
+    #[test]
+    fn resolv_conf() {
+        let t = "# x\nnameserver 10.255.255.53\nsearch a\nnameserver fe80::1%eth0\nnameserver ::1\noptions x\n";
+        assert_eq!(
+            resolv_conf_upstreams(t),
+            vec![
+                "10.255.255.53:53".parse().unwrap(),
+                "[fe80::1]:53".parse().unwrap(),
+                "[::1]:53".parse().unwrap()
+            ]
+        );
+    }
+}

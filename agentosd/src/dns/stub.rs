@@ -1,0 +1,272 @@
+//! One agent's stub: a UDP socket and a TCP listener on 127.0.0.1:PORT, the queries they take
+//! answered by [`answer`]. Bounded: at most [`MAX_INFLIGHT`] UDP queries and [`MAX_TCP`]
+//! connections per agent at once (more UDP queries are dropped, the resolver retries; more
+//! connections wait in the backlog), each TCP connection idle at most [`TCP_IDLE`].
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use super::wire::{self, QueryError};
+use super::{Config, Dns, DnsError, Refusal, StubSpec, addr_allowed, boottime_ns, ports_for};
+
+const MAX_INFLIGHT: usize = 32;
+const MAX_TCP: usize = 8;
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// A query or answer, bytes (EDNS allows up to 65 535 over TCP; the stub takes less).
+const MAX_MSG: usize = 4096;
+
+pub(super) struct Stub {
+    port: u16,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Stub {
+    pub(super) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Bind UDP and TCP on 127.0.0.1:`port` (0: a free port both are free on) and serve.
+    pub(super) fn start(dns: Arc<Dns>, spec: StubSpec, port: u16) -> Result<Stub, DnsError> {
+        let (udp, tcp) = bind_pair(port)?;
+        let port = udp.local_addr().map(|a| a.port()).unwrap_or(port);
+        let udp = UdpSocket::from_std(udp).map_err(|error| DnsError::Bind { port, error })?;
+        let tcp = TcpListener::from_std(tcp).map_err(|error| DnsError::Bind { port, error })?;
+        let spec = Arc::new(spec);
+        let tasks = vec![
+            tokio::spawn(serve_udp(dns.clone(), spec.clone(), Arc::new(udp))),
+            tokio::spawn(serve_tcp(dns, spec, tcp)),
+        ];
+        Ok(Stub { port, tasks })
+    }
+}
+
+fn bind_pair(port: u16) -> Result<(std::net::UdpSocket, std::net::TcpListener), DnsError> {
+    let mut last = None;
+    for _ in 0..8 {
+        let at = |p: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, p));
+        let udp =
+            std::net::UdpSocket::bind(at(port)).map_err(|error| DnsError::Bind { port, error })?;
+        let p = udp.local_addr().map(|a| a.port()).unwrap_or(port);
+        match std::net::TcpListener::bind(at(p)) {
+            Ok(tcp) => {
+                for (r, what) in [
+                    (udp.set_nonblocking(true), "udp"),
+                    (tcp.set_nonblocking(true), "tcp"),
+                ] {
+                    r.map_err(|error| DnsError::Bind {
+                        port: p,
+                        error: std::io::Error::new(error.kind(), format!("{what}: {error}")),
+                    })?;
+                }
+                return Ok((udp, tcp));
+            }
+            // Another socket holds the TCP port of this UDP one: try another pair.
+            Err(error) if port == 0 => last = Some(DnsError::Bind { port: p, error }),
+            Err(error) => return Err(DnsError::Bind { port: p, error }),
+        }
+    }
+    Err(last.unwrap_or(DnsError::Bind {
+        port,
+        error: std::io::Error::other("no free port pair"),
+    }))
+}
+
+async fn serve_udp(dns: Arc<Dns>, spec: Arc<StubSpec>, sock: Arc<UdpSocket>) {
+    let sem = Arc::new(Semaphore::new(MAX_INFLIGHT));
+    let mut buf = vec![0u8; MAX_MSG];
+    loop {
+        let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+            continue;
+        };
+        let Ok(permit) = sem.clone().try_acquire_owned() else {
+            continue; // over the bound: dropped, the resolver retries
+        };
+        let msg = buf[..n].to_vec();
+        let (dns, spec, sock) = (dns.clone(), spec.clone(), sock.clone());
+        tokio::spawn(async move {
+            if let Some(r) = answer(&dns, &spec, &msg, Transport::Udp).await {
+                let _ = sock.send_to(&r, peer).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_tcp(dns: Arc<Dns>, spec: Arc<StubSpec>, listener: TcpListener) {
+    let sem = Arc::new(Semaphore::new(MAX_TCP));
+    loop {
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok((conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let (dns, spec) = (dns.clone(), spec.clone());
+        tokio::spawn(async move {
+            let _ = serve_conn(&dns, &spec, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_conn(dns: &Dns, spec: &StubSpec, mut conn: TcpStream) -> std::io::Result<()> {
+    let idle = |e| std::io::Error::new(std::io::ErrorKind::TimedOut, e);
+    loop {
+        let mut len = [0u8; 2];
+        tokio::time::timeout(TCP_IDLE, conn.read_exact(&mut len))
+            .await
+            .map_err(idle)??;
+        let len = u16::from_be_bytes(len) as usize;
+        if len > MAX_MSG {
+            return Ok(());
+        }
+        let mut msg = vec![0u8; len];
+        tokio::time::timeout(TCP_IDLE, conn.read_exact(&mut msg))
+            .await
+            .map_err(idle)??;
+        let Some(r) = answer(dns, spec, &msg, Transport::Tcp).await else {
+            return Ok(());
+        };
+        let mut out = (r.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&r);
+        conn.write_all(&out).await?;
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+fn refusal(spec: &StubSpec, qname: &str, qtype: u16, reason: &'static str) -> Refusal {
+    Refusal {
+        agent_id: spec.agent_id.clone(),
+        tenant: spec.tenant.clone(),
+        name: spec.name.clone(),
+        contract: spec.contract.clone(),
+        qname: qname.to_string(),
+        qtype,
+        reason,
+    }
+}
+
+/// The stub's answer to one message of the agent's (`None`: not answered at all).
+async fn answer(dns: &Dns, spec: &StubSpec, msg: &[u8], via: Transport) -> Option<Vec<u8>> {
+    let q = match wire::parse_query(msg) {
+        Ok(q) => q,
+        Err(QueryError::Short) => return None,
+        Err(e @ (QueryError::TooLong | QueryError::BadLabel)) => {
+            let reason = if e == QueryError::TooLong {
+                "too-long"
+            } else {
+                "bad-label"
+            };
+            dns.refused(refusal(spec, "", 0, reason));
+            return Some(wire::bare_response(wire::id_of(msg)?, wire::REFUSED));
+        }
+        Err(QueryError::Malformed(_)) => {
+            return Some(wire::bare_response(wire::id_of(msg)?, wire::FORMERR));
+        }
+    };
+    let Some(ports) = ports_for(&spec.grants, &q.name) else {
+        dns.refused(refusal(spec, &q.name, q.qtype, "not-granted"));
+        let text = format!(
+            "agentos: {} is not granted to agent {} by contract {}",
+            q.name, spec.agent_id, spec.contract
+        );
+        let r = wire::response(&q, wire::NXDOMAIN, &[], Some((wire::EDE_PROHIBITED, &text)));
+        return Some(r);
+    };
+    if q.qclass != wire::CLASS_IN || !(q.qtype == wire::TYPE_A || q.qtype == wire::TYPE_AAAA) {
+        // Granted name, another type (TXT, MX, HTTPS…): nothing forwarded, nothing answered.
+        return Some(wire::response(&q, wire::NOERROR, &[], None));
+    }
+    let Some(ans) = forward(&dns.cfg, &q).await else {
+        return Some(wire::response(&q, wire::SERVFAIL, &[], None));
+    };
+    let now = boottime_ns();
+    let mut kept = Vec::new();
+    for r in ans.records {
+        let addr = match r.data {
+            wire::RData::A(a) => a.into(),
+            wire::RData::Aaaa(a) => a.into(),
+            wire::RData::Cname(_) => {
+                kept.push(r);
+                continue;
+            }
+        };
+        if !addr_allowed(addr) {
+            tracing::info!(
+                agent = %spec.agent_id,
+                "DNS answer for {} carried {addr}: stripped (loopback, link-local, unspecified or multicast)",
+                q.name
+            );
+            continue;
+        }
+        let ttl = u64::from(r.ttl.min(super::MAX_TTL));
+        let expires = now + ttl * 1_000_000_000 + dns.cfg.grace.as_nanos() as u64;
+        match dns.net.learn_name(spec.cgroup_id, addr, &ports, expires) {
+            Ok(()) => kept.push(r),
+            Err(e) => tracing::warn!(agent = %spec.agent_id, "DNS answer for {}: {e}", q.name),
+        }
+    }
+    let mut out = wire::response(&q, ans.rcode, &kept, None);
+    let limit = if q.edns {
+        wire::EDNS_PAYLOAD as usize
+    } else {
+        512
+    };
+    if via == Transport::Udp && out.len() > limit {
+        out = wire::response(&q, ans.rcode, &[], None);
+        out[2] |= 0x02; // TC: ask again over TCP
+    }
+    Some(out)
+}
+
+/// Ask the upstreams in turn (a fresh socket and a random id each); `None` when none answered
+/// in time.
+async fn forward(cfg: &Config, q: &wire::Query) -> Option<wire::Answer> {
+    for up in &cfg.upstreams {
+        let local: SocketAddr = if up.is_ipv4() {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let Ok(sock) = UdpSocket::bind(local).await else {
+            continue;
+        };
+        let id: u16 = rand::random();
+        if sock.connect(up).await.is_err() || sock.send(&wire::upstream_query(id, q)).await.is_err()
+        {
+            continue;
+        }
+        let deadline = tokio::time::Instant::now() + cfg.timeout;
+        let mut buf = vec![0u8; MAX_MSG];
+        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
+            if let Some(a) = wire::parse_answer(&buf[..n], id, q) {
+                return Some(a);
+            }
+        }
+        tracing::warn!(
+            "DNS upstream {up}: no answer for {} in {:?}",
+            q.name,
+            cfg.timeout
+        );
+    }
+    None
+}

@@ -1,0 +1,203 @@
+//! The `net_names` map: addresses an agent's DNS stub answered for its name grants, each with
+//! the ports those grants name and an expiry (the record's TTL plus a grace period), which the
+//! programs compare with `bpf_ktime_get_boot_ns`.
+
+use std::collections::HashMap as StdHashMap;
+use std::net::IpAddr;
+
+use aya::maps::{HashMap, MapData};
+
+use super::{AF_INET, AF_INET6, NetError};
+
+/// `AGENTOS_NAME_PORTS` in `ebpf/intf.h`.
+pub const NAME_PORTS: usize = 8;
+/// `AGENTOS_NAME_ANY_PORT`.
+const ANY_PORT: u32 = 1;
+/// Addresses one agent may have in `net_names` at once (the map holds 65 536 for all agents): a
+/// stub past it answers without learning more, so an agent that floods lookups of a wildcard
+/// grant only loses its own new addresses.
+pub const MAX_PER_AGENT: usize = 4096;
+
+/// `struct agentos_name_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawNameKey {
+    pub cgroup_id: u64,
+    pub addr: [u32; 4],
+    pub family: u32,
+    pub _pad: u32,
+}
+
+/// `struct agentos_name_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawNameValue {
+    pub expires_ns: u64,
+    pub flags: u32,
+    pub n_ports: u16,
+    pub ports: [u16; NAME_PORTS],
+    pub _pad: u16,
+}
+
+// SAFETY: plain `#[repr(C)]` integers and arrays of them with explicit padding fields, no
+// pointers: any bit pattern is valid and the layouts match `ebpf/intf.h` (sizes tested below).
+unsafe impl aya::Pod for RawNameKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for RawNameValue {}
+
+impl RawNameKey {
+    /// The key of `addr` for cgroup `cgroup_id`; a v4-mapped IPv6 address is its IPv4 address
+    /// (the programs check mapped destinations as IPv4).
+    pub fn new(cgroup_id: u64, addr: IpAddr) -> RawNameKey {
+        let addr = match addr {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr),
+            a => a,
+        };
+        let mut k = RawNameKey {
+            cgroup_id,
+            ..Default::default()
+        };
+        match addr {
+            IpAddr::V4(a) => {
+                k.family = AF_INET.into();
+                k.addr[0] = u32::from_ne_bytes(a.octets());
+            }
+            IpAddr::V6(a) => {
+                k.family = AF_INET6.into();
+                let o = a.octets();
+                for (w, c) in k.addr.iter_mut().zip(o.chunks_exact(4)) {
+                    *w = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+        k
+    }
+}
+
+/// The ports a learnt address may be reached on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamePorts {
+    /// A grant `NAME:*`.
+    Any,
+    /// These ports (at most [`NAME_PORTS`] are kept; more are dropped: fail closed).
+    Some(Vec<u16>),
+}
+
+impl RawNameValue {
+    /// Join `ports` and `expires` into this entry (the union of ports, the later expiry).
+    pub fn merge(&mut self, ports: &NamePorts, expires: u64) {
+        self.expires_ns = self.expires_ns.max(expires);
+        match ports {
+            NamePorts::Any => self.flags |= ANY_PORT,
+            NamePorts::Some(v) => {
+                for p in v {
+                    let n = usize::from(self.n_ports).min(NAME_PORTS);
+                    if self.ports[..n].contains(p) {
+                        continue;
+                    }
+                    if n == NAME_PORTS {
+                        tracing::warn!(
+                            "a learnt address is granted more than {NAME_PORTS} ports; port {p} not added"
+                        );
+                        continue;
+                    }
+                    self.ports[n] = *p;
+                    self.n_ports += 1;
+                }
+            }
+        }
+    }
+
+    /// Whether port `port` is allowed (ignoring expiry).
+    pub fn allows(&self, port: u16) -> bool {
+        self.flags & ANY_PORT != 0
+            || self.ports[..usize::from(self.n_ports).min(NAME_PORTS)].contains(&port)
+    }
+}
+
+/// Insert or merge an entry (see [`super::NetEnforcer::learn_name`]).
+pub(super) fn learn(
+    map: &mut HashMap<MapData, RawNameKey, RawNameValue>,
+    counts: &mut StdHashMap<u64, usize>,
+    cgroup_id: u64,
+    addr: IpAddr,
+    ports: &NamePorts,
+    expires: u64,
+) -> Result<(), NetError> {
+    let key = RawNameKey::new(cgroup_id, addr);
+    let old = map.get(&key, 0).ok();
+    let count = counts.entry(cgroup_id).or_insert(0);
+    if old.is_none() && *count >= MAX_PER_AGENT {
+        return Err(NetError::Map {
+            map: "net_names",
+            error: format!(
+                "the agent has {MAX_PER_AGENT} learnt addresses already (the per-agent cap); {addr} not added until some expire"
+            ),
+        });
+    }
+    let mut value = old.unwrap_or_default();
+    value.merge(ports, expires);
+    map.insert(key, value, 0).map_err(|e| NetError::Map {
+        map: "net_names",
+        error: e.to_string(),
+    })?;
+    if old.is_none() {
+        *count += 1;
+    }
+    Ok(())
+}
+
+/// Remove the entries for which `pred` holds; returns how many went.
+pub(super) fn remove_where(
+    map: &mut HashMap<MapData, RawNameKey, RawNameValue>,
+    pred: impl Fn(&RawNameKey, &RawNameValue) -> bool,
+) -> usize {
+    let doomed: Vec<RawNameKey> = map
+        .iter()
+        .flatten()
+        .filter(|(k, v)| pred(k, v))
+        .map(|(k, _)| k)
+        .collect();
+    doomed.iter().filter(|k| map.remove(k).is_ok()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn layouts_match_intf_h() {
+        assert_eq!(std::mem::size_of::<RawNameKey>(), 32);
+        assert_eq!(std::mem::size_of::<RawNameValue>(), 32);
+    }
+
+    #[test]
+    fn keys_are_network_order_and_mapped_is_v4() {
+        let k = RawNameKey::new(7, "198.18.0.1".parse().unwrap());
+        assert_eq!(k.family, u32::from(AF_INET));
+        assert_eq!(k.addr, [u32::from_ne_bytes([198, 18, 0, 1]), 0, 0, 0]);
+        assert_eq!(k, RawNameKey::new(7, "::ffff:198.18.0.1".parse().unwrap()));
+        let k6 = RawNameKey::new(7, "2001:db8::1".parse().unwrap());
+        assert_eq!(k6.family, u32::from(AF_INET6));
+        assert_eq!(k6.addr[0], u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]));
+        assert_eq!(k6.addr[3], u32::from_ne_bytes([0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn merge_joins_ports_and_keeps_the_later_expiry() {
+        let mut v = RawNameValue::default();
+        v.merge(&NamePorts::Some(vec![443, 80]), 100);
+        v.merge(&NamePorts::Some(vec![443, 8443]), 50);
+        assert_eq!(v.expires_ns, 100);
+        assert_eq!(&v.ports[..v.n_ports as usize], &[443, 80, 8443]);
+        assert!(v.allows(8443) && !v.allows(22));
+        let many: Vec<u16> = (1..=20).collect();
+        v.merge(&NamePorts::Some(many), 200);
+        assert_eq!(v.n_ports as usize, NAME_PORTS);
+        assert_eq!(v.expires_ns, 200);
+        assert!(!v.allows(20), "past the cap nothing more is allowed");
+        v.merge(&NamePorts::Any, 0);
+        assert!(v.allows(22));
+    }
+}
