@@ -10,6 +10,7 @@
 //!   Outbox::send ─mpsc (bounded)─▶ ring ──send──▶ agent       agent ──recv──▶ ring ─mpsc─▶ rx
 //! ```
 
+pub mod budget;
 mod lines;
 mod peer;
 mod ring;
@@ -21,6 +22,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr};
 use tokio::sync::mpsc;
@@ -29,6 +31,7 @@ pub use lines::LineSplitter;
 pub use peer::{identify, parse_proc_cgroup, relative_to};
 
 use crate::sys::SyscallError;
+use budget::ConnBytes;
 use ring::Cmd;
 
 /// Limits per connection and per agent; see docs/ipc.md for what happens at each.
@@ -45,6 +48,19 @@ pub struct Limits {
     /// Lines buffered per connection towards the agent; [`Outbox::send`] waits when full.
     /// Default 256.
     pub outbound_queue: usize,
+    /// Bytes of complete lines held per connection towards the daemon before the ring stops
+    /// reading that socket (`--ipc-inbound-bytes`). Default 4 MiB.
+    pub inbound_bytes: usize,
+    /// Bytes of replies queued per connection towards the agent (not yet sent) before
+    /// [`Outbox::send`] waits and the ring stops reading that socket (`--ipc-outbound-bytes`).
+    /// A reply larger than this still goes when nothing else is queued. Default 4 MiB.
+    pub outbound_bytes: usize,
+    /// Inbound plus outbound bytes over all of one agent's connections before the ring stops
+    /// reading those of them that hold anything (`--ipc-agent-bytes`). Default 16 MiB.
+    pub agent_bytes: usize,
+    /// A connection over its outbound bound (the agent does not read its replies) this long is
+    /// disconnected and what it held is freed (`--ipc-stall-timeout`). Default 5 s.
+    pub stall_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -54,6 +70,27 @@ impl Default for Limits {
             max_conns_per_agent: 16,
             inbound_queue: 64,
             outbound_queue: 256,
+            inbound_bytes: DEFAULT_INBOUND_BYTES,
+            outbound_bytes: DEFAULT_OUTBOUND_BYTES,
+            agent_bytes: DEFAULT_AGENT_BYTES,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+        }
+    }
+}
+
+/// Defaults of the byte bounds (docs/ipc.md, "Bounded in bytes", says why these).
+pub const DEFAULT_INBOUND_BYTES: usize = 4 << 20;
+pub const DEFAULT_OUTBOUND_BYTES: usize = 4 << 20;
+pub const DEFAULT_AGENT_BYTES: usize = 16 << 20;
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Limits {
+    fn bytes(&self) -> budget::ByteLimits {
+        budget::ByteLimits {
+            inbound: self.inbound_bytes,
+            outbound: self.outbound_bytes,
+            agent: self.agent_bytes,
+            stall: self.stall_timeout,
         }
     }
 }
@@ -100,8 +137,43 @@ pub enum Inbound {
 /// through `tx`. Dropping both closes the connection (after queued replies are sent).
 pub struct Connection {
     pub peer: Peer,
-    pub rx: mpsc::Receiver<Inbound>,
+    pub rx: Inbox,
     pub tx: Outbox,
+}
+
+/// The receiving half of a connection: lines taken from here leave the connection's inbound
+/// byte count (and let the ring read again when it had paused).
+pub struct Inbox {
+    rx: mpsc::Receiver<Inbound>,
+    bytes: Arc<ConnBytes>,
+    conn: u64,
+    shared: Arc<Shared>,
+}
+
+impl Inbox {
+    /// The next line; None once the peer closed and every line was taken, or at once when the
+    /// daemon closed the connection (the lines still queued are dropped).
+    pub async fn recv(&mut self) -> Option<Inbound> {
+        if self.bytes.is_closed() {
+            return None;
+        }
+        let m = self.rx.recv().await?;
+        if self.bytes.is_closed() {
+            return None;
+        }
+        if self.bytes.taken(inbound_len(&m)) {
+            let _ = self.shared.command(Cmd::Read(self.conn));
+        }
+        Some(m)
+    }
+}
+
+/// The bytes a received message holds.
+fn inbound_len(m: &Inbound) -> usize {
+    match m {
+        Inbound::Line(l) => l.len(),
+        Inbound::TooLong { .. } => 0,
+    }
 }
 
 /// The connection is closed: nothing more can be sent.
@@ -131,6 +203,41 @@ struct OutboxInner {
     /// Set while a `Flush` for this connection is queued to the ring (saves wake-ups).
     flagged: Arc<AtomicBool>,
     shared: Arc<Shared>,
+    bytes: Arc<ConnBytes>,
+}
+
+/// Outbound bytes reserved for a line not yet queued: given back unless [`Reserved::keep`].
+struct Reserved<'a> {
+    bytes: &'a ConnBytes,
+    n: usize,
+}
+
+impl Reserved<'_> {
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.bytes.sent(self.n);
+    }
+}
+
+/// Counts a sender as waiting while it lives (also when its future is dropped).
+struct Waiting<'a>(&'a ConnBytes);
+
+impl<'a> Waiting<'a> {
+    fn new(b: &'a ConnBytes) -> Self {
+        b.set_waiting(true);
+        Waiting(b)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.set_waiting(false);
+    }
 }
 
 impl Outbox {
@@ -148,16 +255,54 @@ impl Outbox {
     }
 
     /// Queue one line (the `\n` is appended; `line` must not contain one). Waits while the
-    /// outbound queue is full, i.e. while the agent does not read (back-pressure).
+    /// outbound queue is full in lines or bytes, i.e. while the agent does not read
+    /// (back-pressure); [`Limits::stall_timeout`] of that closes the connection.
     pub async fn send(&self, mut line: Vec<u8>) -> Result<(), Closed> {
         debug_assert!(
             !line.contains(&b'\n'),
             "MCP messages must not contain newlines"
         );
         line.push(b'\n');
-        self.sender().send(line).await.map_err(|_| Closed)?;
+        let reserved = self.reserve(line.len()).await?;
+        let queued = match self.sender().try_send(line) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(line)) => {
+                let _w = Waiting::new(&self.inner.bytes);
+                self.notify();
+                self.sender().send(line).await.map_err(|_| Closed)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Closed),
+        };
+        queued?;
+        reserved.keep();
         self.notify();
         Ok(())
+    }
+
+    /// Room for `n` bytes in the outbound queue, waiting for the ring to send what is queued.
+    async fn reserve(&self, n: usize) -> Result<Reserved<'_>, Closed> {
+        let b = &*self.inner.bytes;
+        let granted = || {
+            if b.is_closed() {
+                return Some(Err(Closed));
+            }
+            b.try_reserve_out(n).then(|| Ok(Reserved { bytes: b, n }))
+        };
+        if let Some(r) = granted() {
+            return r;
+        }
+        let _w = Waiting::new(b);
+        // The ring starts the stall clock when it sees a waiting sender.
+        self.notify();
+        loop {
+            let notified = b.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(r) = granted() {
+                return r;
+            }
+            notified.await;
+        }
     }
 
     /// Queue one line without waiting.
@@ -166,9 +311,21 @@ impl Outbox {
             !line.contains(&b'\n'),
             "MCP messages must not contain newlines"
         );
+        let b = &*self.inner.bytes;
+        if b.is_closed() {
+            return Err(TrySendError::Closed(line));
+        }
+        if !b.try_reserve_out(line.len() + 1) {
+            return Err(TrySendError::Full(line));
+        }
+        let reserved = Reserved {
+            bytes: b,
+            n: line.len() + 1,
+        };
         line.push(b'\n');
         match self.sender().try_send(line) {
             Ok(()) => {
+                reserved.keep();
                 self.notify();
                 Ok(())
             }
@@ -190,7 +347,7 @@ impl Outbox {
 
     /// True once the connection is closed (by either side).
     pub fn is_closed(&self) -> bool {
-        self.sender().is_closed()
+        self.inner.bytes.is_closed() || self.sender().is_closed()
     }
 
     fn notify(&self) {
@@ -220,10 +377,29 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// A connection the daemon closed because its agent did not read its replies: over its
+/// outbound bound for [`Limits::stall_timeout`]. What it held is freed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disconnect {
+    pub agent: String,
+    pub conn: u64,
+    /// `SO_PEERCRED` pid; None for the inherited connection.
+    pub pid: Option<u32>,
+    pub uid: u32,
+    /// Bytes of lines received and of replies queued when it was closed (freed with it).
+    pub inbound: usize,
+    pub outbound: usize,
+    /// How long it had been over the bound.
+    pub stalled: Duration,
+    /// The bound (bytes) it was over.
+    pub limit: usize,
+}
+
 /// What the ring hands to the daemon.
 pub struct Incoming {
     pub conns: mpsc::Receiver<Connection>,
     pub refusals: mpsc::Receiver<Refusal>,
+    pub disconnects: mpsc::Receiver<Disconnect>,
 }
 
 /// Counters since start.
@@ -240,6 +416,10 @@ pub struct IpcStats {
     pub bytes_out: u64,
     /// Refusals not delivered because `Incoming::refusals` was full or gone.
     pub refusals_dropped: u64,
+    /// Times the ring stopped reading a connection whose agent did not read its replies.
+    pub outbound_pauses: u64,
+    /// Connections closed because their agent did not read its replies ([`Disconnect`]).
+    pub stalled: u64,
 }
 
 /// Errors of the ipc layer.
@@ -297,6 +477,8 @@ struct Counters {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     refusals_dropped: AtomicU64,
+    outbound_pauses: AtomicU64,
+    stalled: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -348,7 +530,17 @@ impl IpcServer {
         });
         let (conns_tx, conns) = mpsc::channel(256);
         let (refusals_tx, refusals) = mpsc::channel(256);
-        let ring = ring::Ring::new(limits, shared.clone(), rt, conns_tx, refusals_tx)?;
+        let (disconnects_tx, disconnects) = mpsc::channel(256);
+        let ring = ring::Ring::new(
+            limits,
+            shared.clone(),
+            rt,
+            conns_tx,
+            ring::Reports {
+                refusals: refusals_tx,
+                disconnects: disconnects_tx,
+            },
+        )?;
         let thread = std::thread::Builder::new()
             .name("agentos-ipc".into())
             .spawn(move || ring.run())
@@ -358,7 +550,11 @@ impl IpcServer {
                 shared,
                 thread: Mutex::new(Some(thread)),
             }),
-            Incoming { conns, refusals },
+            Incoming {
+                conns,
+                refusals,
+                disconnects,
+            },
         ))
     }
 
@@ -439,6 +635,8 @@ impl IpcServer {
             bytes_in: l(&c.bytes_in),
             bytes_out: l(&c.bytes_out),
             refusals_dropped: l(&c.refusals_dropped),
+            outbound_pauses: l(&c.outbound_pauses),
+            stalled: l(&c.stalled),
         }
     }
 
