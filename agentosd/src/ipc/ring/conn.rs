@@ -4,6 +4,19 @@
 
 use super::*;
 
+impl Conn {
+    /// Count the lines the splitter added to `pending` past its first `before` entries.
+    fn count_received(&self, before: usize) {
+        let n = self
+            .pending
+            .iter()
+            .skip(before)
+            .map(super::super::inbound_len)
+            .sum();
+        self.bytes.received(n);
+    }
+}
+
 impl Ring {
     pub(super) fn submit_recv(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else {
@@ -47,13 +60,7 @@ impl Ring {
             bump(&self.shared.stats.bytes_in, n as u64);
             let before = c.pending.len();
             c.split.feed(&c.rbuf[..n], &mut c.pending);
-            let lines: usize = c
-                .pending
-                .iter()
-                .skip(before)
-                .map(super::super::inbound_len)
-                .sum();
-            c.bytes.received(lines);
+            c.count_received(before);
             self.deliver(id);
             return;
         }
@@ -61,13 +68,7 @@ impl Ring {
             c.eof = true;
             let before = c.pending.len();
             c.split.finish(&mut c.pending);
-            let lines: usize = c
-                .pending
-                .iter()
-                .skip(before)
-                .map(super::super::inbound_len)
-                .sum();
-            c.bytes.received(lines);
+            c.count_received(before);
             self.deliver(id);
             return;
         }
