@@ -80,6 +80,22 @@ pub struct RunArgs {
     /// run a process in the agent's cgroup); more are refused with error -32003
     #[arg(long, global = true, default_value_t = crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT)]
     pub max_tool_calls_per_agent: usize,
+    /// Bytes of an agent connection's requests the daemon holds before it stops reading that
+    /// socket (complete lines not yet taken; at least the 1 MiB longest line)
+    #[arg(long, global = true, default_value_t = crate::ipc::DEFAULT_INBOUND_BYTES, value_name = "BYTES")]
+    pub ipc_inbound_bytes: usize,
+    /// Bytes of replies queued for an agent connection (not yet read by the agent) before the
+    /// daemon stops reading its requests (back-pressure)
+    #[arg(long, global = true, default_value_t = crate::ipc::DEFAULT_OUTBOUND_BYTES, value_name = "BYTES")]
+    pub ipc_outbound_bytes: usize,
+    /// Bytes held for one agent over all its MCP connections (requests and replies) before the
+    /// daemon stops reading those of them that hold any
+    #[arg(long, global = true, default_value_t = crate::ipc::DEFAULT_AGENT_BYTES, value_name = "BYTES")]
+    pub ipc_agent_bytes: usize,
+    /// Seconds an agent connection may stay over its outbound bound (the agent does not read
+    /// its replies) before the daemon closes it and frees what it held
+    #[arg(long, global = true, default_value_t = crate::ipc::DEFAULT_STALL_TIMEOUT.as_secs_f64(), value_name = "SECONDS")]
+    pub ipc_stall_timeout: f64,
     /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
     /// stay attached while agentosd is down or restarting (the next daemon takes them over);
     /// mounted as a bpffs instance when it is not one. "none": do not pin. Also

@@ -50,6 +50,9 @@ pub struct Options {
     /// `tools/call` requests of one agent in flight at once, over all its connections
     /// (`--max-tool-calls-per-agent`; `mcp::SessionLimits::max_calls_per_agent`).
     pub max_tool_calls_per_agent: usize,
+    /// The agents' sockets' bounds (`--ipc-inbound-bytes`, `--ipc-outbound-bytes`,
+    /// `--ipc-agent-bytes`, `--ipc-stall-timeout`; the rest are built in). See ipc/.
+    pub ipc: crate::ipc::Limits,
     /// bpffs directory where the network programs' links and maps are pinned so that they
     /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net/pins.rs `Pins`.
     pub bpf_pin_dir: Option<PathBuf>,
@@ -100,6 +103,7 @@ impl Default for Options {
             run_dir: None,
             consent_timeout: Duration::from_secs(120),
             max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
+            ipc: Default::default(),
             bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
             authz: Vec::new(),
             polkit: crate::polkit::Mode::Auto,
@@ -193,7 +197,7 @@ fn bound_self(root: &Path, opts: &Options) {
 /// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
 fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     let run_dir = run_dir(opts);
-    let (ipc, incoming) = match crate::ipc::IpcServer::start(crate::ipc::Limits::default()) {
+    let (ipc, incoming) = match crate::ipc::IpcServer::start(opts.ipc.clone()) {
         Ok(x) => x,
         Err(e) => {
             warn!("agents get no MCP socket, so no tools: {e}");
@@ -227,10 +231,19 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         sup.telemetry().clone(),
         crate::mcp::SessionLimits {
             max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
+            max_line: opts.ipc.max_line,
+            records: opts.denial_records,
             ..Default::default()
         },
     );
-    tokio::spawn(service.clone().run(incoming.conns, incoming.refusals));
+    info!(
+        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed",
+        opts.ipc.inbound_bytes,
+        opts.ipc.outbound_bytes,
+        opts.ipc.agent_bytes,
+        opts.ipc.stall_timeout.as_millis()
+    );
+    tokio::spawn(service.clone().run(incoming));
     sup.set_mcp(crate::supervisor::McpHooks {
         ipc,
         service,

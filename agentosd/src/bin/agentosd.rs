@@ -160,6 +160,15 @@ fn main() -> anyhow::Result<()> {
                 run_dir: r.run_dir,
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
                 max_tool_calls_per_agent: r.max_tool_calls_per_agent,
+                ipc: agentosd::ipc::Limits {
+                    inbound_bytes: r.ipc_inbound_bytes,
+                    outbound_bytes: r.ipc_outbound_bytes,
+                    agent_bytes: r.ipc_agent_bytes,
+                    stall_timeout: Duration::from_secs_f64(
+                        r.ipc_stall_timeout.clamp(0.1, 86_400.0),
+                    ),
+                    ..Default::default()
+                },
                 bpf_pin_dir: Some(
                     r.bpf_pin_dir
                         .or_else(|| std::env::var_os("AGENTOSD_BPF_PIN_DIR").map(PathBuf::from))

@@ -10,6 +10,8 @@
 //!   Outbox::send ─mpsc (bounded)─▶ ring ──send──▶ agent       agent ──recv──▶ ring ─mpsc─▶ rx
 //! ```
 
+pub mod budget;
+mod halves;
 mod lines;
 mod peer;
 mod ring;
@@ -21,10 +23,13 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr};
 use tokio::sync::mpsc;
 
+pub use halves::{Inbox, Outbox};
+use halves::{OutboxInner, inbound_len};
 pub use lines::LineSplitter;
 pub use peer::{identify, parse_proc_cgroup, relative_to};
 
@@ -45,6 +50,19 @@ pub struct Limits {
     /// Lines buffered per connection towards the agent; [`Outbox::send`] waits when full.
     /// Default 256.
     pub outbound_queue: usize,
+    /// Bytes of complete lines held per connection towards the daemon before the ring stops
+    /// reading that socket (`--ipc-inbound-bytes`). Default 4 MiB.
+    pub inbound_bytes: usize,
+    /// Bytes of replies queued per connection towards the agent (not yet sent) before
+    /// [`Outbox::send`] waits and the ring stops reading that socket (`--ipc-outbound-bytes`).
+    /// A reply larger than this still goes when nothing else is queued. Default 4 MiB.
+    pub outbound_bytes: usize,
+    /// Inbound plus outbound bytes over all of one agent's connections before the ring stops
+    /// reading those of them that hold anything (`--ipc-agent-bytes`). Default 16 MiB.
+    pub agent_bytes: usize,
+    /// A connection over its outbound bound (the agent does not read its replies) this long is
+    /// disconnected and what it held is freed (`--ipc-stall-timeout`). Default 5 s.
+    pub stall_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -54,6 +72,27 @@ impl Default for Limits {
             max_conns_per_agent: 16,
             inbound_queue: 64,
             outbound_queue: 256,
+            inbound_bytes: DEFAULT_INBOUND_BYTES,
+            outbound_bytes: DEFAULT_OUTBOUND_BYTES,
+            agent_bytes: DEFAULT_AGENT_BYTES,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+        }
+    }
+}
+
+/// Defaults of the byte bounds (docs/ipc.md, "Bounded in bytes", says why these).
+pub const DEFAULT_INBOUND_BYTES: usize = 4 << 20;
+pub const DEFAULT_OUTBOUND_BYTES: usize = 4 << 20;
+pub const DEFAULT_AGENT_BYTES: usize = 16 << 20;
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Limits {
+    fn bytes(&self) -> budget::ByteLimits {
+        budget::ByteLimits {
+            inbound: self.inbound_bytes,
+            outbound: self.outbound_bytes,
+            agent: self.agent_bytes,
+            stall: self.stall_timeout,
         }
     }
 }
@@ -100,7 +139,7 @@ pub enum Inbound {
 /// through `tx`. Dropping both closes the connection (after queued replies are sent).
 pub struct Connection {
     pub peer: Peer,
-    pub rx: mpsc::Receiver<Inbound>,
+    pub rx: Inbox,
     pub tx: Outbox,
 }
 
@@ -118,96 +157,6 @@ pub enum TrySendError {
     Closed(Vec<u8>),
 }
 
-/// The sending half of a connection; cheap to clone.
-#[derive(Clone)]
-pub struct Outbox {
-    inner: Arc<OutboxInner>,
-}
-
-struct OutboxInner {
-    conn: u64,
-    /// Always Some until drop (taken there so the ring sees the channel closed).
-    tx: Option<mpsc::Sender<Vec<u8>>>,
-    /// Set while a `Flush` for this connection is queued to the ring (saves wake-ups).
-    flagged: Arc<AtomicBool>,
-    shared: Arc<Shared>,
-}
-
-impl Outbox {
-    fn sender(&self) -> &mpsc::Sender<Vec<u8>> {
-        // Invariant: `tx` is only taken in OutboxInner::drop.
-        self.inner
-            .tx
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("outbox sender taken before drop"))
-    }
-
-    /// The connection this sends on.
-    pub fn conn(&self) -> u64 {
-        self.inner.conn
-    }
-
-    /// Queue one line (the `\n` is appended; `line` must not contain one). Waits while the
-    /// outbound queue is full, i.e. while the agent does not read (back-pressure).
-    pub async fn send(&self, mut line: Vec<u8>) -> Result<(), Closed> {
-        debug_assert!(
-            !line.contains(&b'\n'),
-            "MCP messages must not contain newlines"
-        );
-        line.push(b'\n');
-        self.sender().send(line).await.map_err(|_| Closed)?;
-        self.notify();
-        Ok(())
-    }
-
-    /// Queue one line without waiting.
-    pub fn try_send(&self, mut line: Vec<u8>) -> Result<(), TrySendError> {
-        debug_assert!(
-            !line.contains(&b'\n'),
-            "MCP messages must not contain newlines"
-        );
-        line.push(b'\n');
-        match self.sender().try_send(line) {
-            Ok(()) => {
-                self.notify();
-                Ok(())
-            }
-            Err(mpsc::error::TrySendError::Full(mut l)) => {
-                l.pop();
-                Err(TrySendError::Full(l))
-            }
-            Err(mpsc::error::TrySendError::Closed(mut l)) => {
-                l.pop();
-                Err(TrySendError::Closed(l))
-            }
-        }
-    }
-
-    /// Close the connection once the lines queued so far are sent.
-    pub fn close(&self) {
-        let _ = self.inner.shared.command(Cmd::Close(self.inner.conn));
-    }
-
-    /// True once the connection is closed (by either side).
-    pub fn is_closed(&self) -> bool {
-        self.sender().is_closed()
-    }
-
-    fn notify(&self) {
-        if !self.inner.flagged.swap(true, Ordering::AcqRel) {
-            let _ = self.inner.shared.command(Cmd::Flush(self.inner.conn));
-        }
-    }
-}
-
-impl Drop for OutboxInner {
-    fn drop(&mut self) {
-        // Drop the sender first, so the ring's try_recv reports the channel closed.
-        drop(self.tx.take());
-        let _ = self.shared.command(Cmd::Flush(self.conn));
-    }
-}
-
 /// A refused connection, for the audit trail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -220,10 +169,29 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// A connection the daemon closed because its agent did not read its replies: over its
+/// outbound bound for [`Limits::stall_timeout`]. What it held is freed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disconnect {
+    pub agent: String,
+    pub conn: u64,
+    /// `SO_PEERCRED` pid; None for the inherited connection.
+    pub pid: Option<u32>,
+    pub uid: u32,
+    /// Bytes of lines received and of replies queued when it was closed (freed with it).
+    pub inbound: usize,
+    pub outbound: usize,
+    /// How long it had been over the bound.
+    pub stalled: Duration,
+    /// The bound (bytes) it was over.
+    pub limit: usize,
+}
+
 /// What the ring hands to the daemon.
 pub struct Incoming {
     pub conns: mpsc::Receiver<Connection>,
     pub refusals: mpsc::Receiver<Refusal>,
+    pub disconnects: mpsc::Receiver<Disconnect>,
 }
 
 /// Counters since start.
@@ -240,6 +208,10 @@ pub struct IpcStats {
     pub bytes_out: u64,
     /// Refusals not delivered because `Incoming::refusals` was full or gone.
     pub refusals_dropped: u64,
+    /// Times the ring stopped reading a connection whose agent did not read its replies.
+    pub outbound_pauses: u64,
+    /// Connections closed because their agent did not read its replies ([`Disconnect`]).
+    pub stalled: u64,
 }
 
 /// Errors of the ipc layer.
@@ -297,6 +269,8 @@ struct Counters {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     refusals_dropped: AtomicU64,
+    outbound_pauses: AtomicU64,
+    stalled: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -348,7 +322,17 @@ impl IpcServer {
         });
         let (conns_tx, conns) = mpsc::channel(256);
         let (refusals_tx, refusals) = mpsc::channel(256);
-        let ring = ring::Ring::new(limits, shared.clone(), rt, conns_tx, refusals_tx)?;
+        let (disconnects_tx, disconnects) = mpsc::channel(256);
+        let ring = ring::Ring::new(
+            limits,
+            shared.clone(),
+            rt,
+            conns_tx,
+            ring::Reports {
+                refusals: refusals_tx,
+                disconnects: disconnects_tx,
+            },
+        )?;
         let thread = std::thread::Builder::new()
             .name("agentos-ipc".into())
             .spawn(move || ring.run())
@@ -358,7 +342,11 @@ impl IpcServer {
                 shared,
                 thread: Mutex::new(Some(thread)),
             }),
-            Incoming { conns, refusals },
+            Incoming {
+                conns,
+                refusals,
+                disconnects,
+            },
         ))
     }
 
@@ -439,6 +427,8 @@ impl IpcServer {
             bytes_in: l(&c.bytes_in),
             bytes_out: l(&c.bytes_out),
             refusals_dropped: l(&c.refusals_dropped),
+            outbound_pauses: l(&c.outbound_pauses),
+            stalled: l(&c.stalled),
         }
     }
 

@@ -7,6 +7,7 @@
 mod call;
 pub mod consent;
 pub mod jsonrpc;
+mod stall;
 mod trace;
 
 use std::collections::{BTreeSet, HashMap};
@@ -19,6 +20,7 @@ use tokio::sync::{Semaphore, oneshot};
 use tracing::{debug, warn};
 
 use crate::audit_trail::AuditTrail;
+use crate::enforce::limit::RecordLimiter;
 use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
 use crate::telemetry::Telemetry;
 use crate::tools::{Caller, Tools};
@@ -39,6 +41,9 @@ pub struct SessionLimits {
     /// (each may start a tool process in the agent's cgroup); more get
     /// [`jsonrpc::TOO_MANY_CALLS`] with `error.data.scope = "agent"`.
     pub max_calls_per_agent: usize,
+    /// Per-agent rate of the records about connections the ipc layer closed (the denial
+    /// records' limits, `--denial-records-per-sec`, `--denial-records-burst`).
+    pub records: crate::enforce::limit::Limits,
 }
 
 /// The default of [`SessionLimits::max_calls_per_agent`].
@@ -50,6 +55,7 @@ impl Default for SessionLimits {
             max_in_flight: 32,
             max_line: crate::ipc::Limits::default().max_line,
             max_calls_per_agent: DEFAULT_MAX_CALLS_PER_AGENT,
+            records: Default::default(),
         }
     }
 }
@@ -118,6 +124,9 @@ pub trait Callers: Send + Sync {
     /// The caller's context, taken from the contract of the running agent `agent_id`; why not
     /// when the agent is unknown, not running, or has no contract.
     fn caller(&self, agent_id: &str) -> Result<CallerCtx, String>;
+
+    /// A line from the daemon in agent `agent_id`'s journal (about its connections).
+    fn note(&self, _agent_id: &str, _text: &str) {}
 }
 
 /// The MCP service: one per daemon.
@@ -138,6 +147,10 @@ pub struct McpService {
     /// Agent id → `tools/call` requests since the daemon started (`agentctl top`, D-Bus
     /// `ToolCalls`), whatever became of them.
     call_counts: Mutex<HashMap<String, u64>>,
+    /// Rate limit of the records about closed connections (stall.rs).
+    record_limit: Mutex<RecordLimiter>,
+    /// Reports left at which to give freed memory back after a disconnect (stall.rs).
+    trim_after: std::sync::atomic::AtomicU32,
 }
 
 impl McpService {
@@ -155,10 +168,12 @@ impl McpService {
             tools: std::sync::RwLock::new(tools),
             consents,
             telemetry,
-            limits,
+            limits: limits.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             agent_calls: Mutex::new(HashMap::new()),
             call_counts: Mutex::new(HashMap::new()),
+            record_limit: Mutex::new(RecordLimiter::new(limits.records)),
+            trim_after: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -205,12 +220,16 @@ impl McpService {
         self.audit.as_ref()
     }
 
-    /// Serves every connection the ipc layer hands over, and audits refused peers.
-    pub async fn run(
-        self: Arc<Self>,
-        mut conns: tokio::sync::mpsc::Receiver<Connection>,
-        mut refusals: tokio::sync::mpsc::Receiver<Refusal>,
-    ) {
+    /// Serves every connection the ipc layer hands over, and audits refused peers and the
+    /// connections it closed.
+    pub async fn run(self: Arc<Self>, incoming: crate::ipc::Incoming) {
+        let crate::ipc::Incoming {
+            mut conns,
+            mut refusals,
+            mut disconnects,
+        } = incoming;
+        let mut report = tokio::time::interval(stall::SUMMARY_EVERY);
+        report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 c = conns.recv() => match c {
@@ -221,6 +240,8 @@ impl McpService {
                     None => break,
                 },
                 r = refusals.recv() => if let Some(r) = r { self.refused_peer(r) },
+                d = disconnects.recv() => if let Some(d) = d { self.disconnected(d) },
+                _ = report.tick() => self.report_suppressed(),
             }
         }
     }
@@ -347,7 +368,7 @@ impl McpService {
     }
 }
 
-fn split_id(id: &str) -> (&str, &str) {
+pub(crate) fn split_id(id: &str) -> (&str, &str) {
     id.split_once('/').unwrap_or(("", id))
 }
 

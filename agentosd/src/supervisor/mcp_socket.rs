@@ -248,4 +248,12 @@ impl Callers for CallersOf {
             .ok_or_else(|| "agentosd is shutting down".to_string())?;
         sup.mcp_caller(agent_id)
     }
+
+    fn note(&self, agent_id: &str, text: &str) {
+        if let Some(sup) = self.0.upgrade()
+            && let Ok(agent) = sup.find(agent_id)
+        {
+            sup.note(&agent, text, false);
+        }
+    }
 }

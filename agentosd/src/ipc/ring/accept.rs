@@ -139,7 +139,7 @@ impl Ring {
             cgroup: r.cgroup,
             reason: r.reason,
         };
-        if let Err(e) = self.refusals_tx.try_send(refusal) {
+        if let Err(e) = self.reports.refusals.try_send(refusal) {
             bump(&self.shared.stats.refusals_dropped, 1);
             let r = match e {
                 mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
@@ -186,6 +186,7 @@ impl Ring {
         let (in_tx, rx) = mpsc::channel(self.limits.inbound_queue);
         let (out_tx, out_rx) = mpsc::channel(self.limits.outbound_queue);
         let flagged = Arc::new(AtomicBool::new(false));
+        let bytes = Arc::new(ConnBytes::new(self.limits.outbound_bytes));
         let peer = Peer {
             agent: agent.to_string(),
             conn: id,
@@ -200,7 +201,14 @@ impl Ring {
                 tx: Some(out_tx),
                 flagged: flagged.clone(),
                 shared: self.shared.clone(),
+                bytes: bytes.clone(),
             }),
+        };
+        let rx = super::super::Inbox {
+            rx,
+            bytes: bytes.clone(),
+            conn: id,
+            shared: self.shared.clone(),
         };
         if let Err(e) = self.conns_tx.try_send(Connection { peer, rx, tx }) {
             drop(fd);
@@ -227,7 +235,11 @@ impl Ring {
             id,
             Conn {
                 agent: agent.to_string(),
+                pid: ident.pid,
+                uid: ident.uid,
                 fd,
+                bytes,
+                over_since: None,
                 rbuf: vec![0u8; RECV_BUF].into_boxed_slice(),
                 split: LineSplitter::new(self.limits.max_line),
                 pending: VecDeque::new(),

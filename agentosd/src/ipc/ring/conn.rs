@@ -4,6 +4,19 @@
 
 use super::*;
 
+impl Conn {
+    /// Count the lines the splitter added to `pending` past its first `before` entries.
+    fn count_received(&self, before: usize) {
+        let n = self
+            .pending
+            .iter()
+            .skip(before)
+            .map(super::super::inbound_len)
+            .sum();
+        self.bytes.received(n);
+    }
+}
+
 impl Ring {
     pub(super) fn submit_recv(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else {
@@ -12,6 +25,12 @@ impl Ring {
         if c.dead || c.recv_busy || c.eof || !c.pending.is_empty() || c.waiter.is_some() {
             return;
         }
+        if self.paused_on_bytes(id) {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         c.recv_busy = true;
         let e = opcode::Recv::new(
             types::Fd(c.fd.as_raw_fd()),
@@ -39,13 +58,17 @@ impl Ring {
         if res > 0 {
             let n = res as usize;
             bump(&self.shared.stats.bytes_in, n as u64);
+            let before = c.pending.len();
             c.split.feed(&c.rbuf[..n], &mut c.pending);
+            c.count_received(before);
             self.deliver(id);
             return;
         }
         if res == 0 {
             c.eof = true;
+            let before = c.pending.len();
             c.split.finish(&mut c.pending);
+            c.count_received(before);
             self.deliver(id);
             return;
         }
@@ -131,7 +154,10 @@ impl Ring {
             return;
         };
         c.flagged.store(false, Ordering::Release);
-        if c.dead || c.send_busy {
+        let busy = c.dead || c.send_busy;
+        // A sender may have started waiting for room: the stall clock starts now.
+        self.track(id);
+        if busy {
             return;
         }
         self.fill_and_send(id);
@@ -221,6 +247,7 @@ impl Ring {
         }
         if res > 0 {
             bump(&self.shared.stats.bytes_out, res as u64);
+            c.bytes.sent(res as usize);
             c.woff += res as usize;
             if c.woff < c.wbuf.len() {
                 // Short send: the rest, from where the kernel stopped.
@@ -228,6 +255,9 @@ impl Ring {
             } else {
                 self.fill_and_send(id);
             }
+            // The agent read: it may be back under its bound.
+            self.track(id);
+            self.submit_recv(id);
             return;
         }
         let errno = if res == 0 { libc::EAGAIN } else { -res };
@@ -270,7 +300,11 @@ impl Ring {
         }
         c.in_tx = None;
         c.pending.clear();
+        c.over_since = None;
+        // Waiting senders get Closed, the inbox ends, queued replies are freed now.
+        c.bytes.close();
         c.out_rx.close();
+        while c.out_rx.try_recv().is_ok() {}
         let (recv_busy, send_busy) = (c.recv_busy, c.send_busy);
         let agent = c.agent.clone();
         if let Some(e) = self.agents.get_mut(&agent) {

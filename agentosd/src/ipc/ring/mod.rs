@@ -31,11 +31,14 @@ use tracing::{debug, warn};
 
 mod accept;
 mod conn;
+mod stall;
 
+use super::budget::{self, ConnBytes};
 use super::lines::LineSplitter;
 use super::peer::{self, Identity, Refused};
 use super::{
-    AgentRef, Connection, Inbound, IpcError, Limits, Outbox, OutboxInner, Peer, Refusal, Shared,
+    AgentRef, Connection, Disconnect, Inbound, IpcError, Limits, Outbox, OutboxInner, Peer,
+    Refusal, Shared,
 };
 
 /// Commands from the tokio side.
@@ -53,6 +56,8 @@ pub(super) enum Cmd {
     Flush(u64),
     /// The connection's inbound queue has room again.
     Resume(u64),
+    /// The daemon took lines from a connection whose reading was paused on its byte bounds.
+    Read(u64),
     /// Close the connection after the queued lines are sent.
     Close(u64),
     Forget(String),
@@ -74,6 +79,7 @@ const K_SEND: u64 = 6;
 const K_SEND_RETRY: u64 = 7;
 const K_CANCEL: u64 = 8;
 const K_TIMER: u64 = 9;
+const K_STALL: u64 = 10;
 
 fn ud(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -89,6 +95,14 @@ static BACKOFF_RETRY: types::Timespec = types::Timespec::new().nsec(10_000_000);
 static BACKOFF_ACCEPT: types::Timespec = types::Timespec::new().nsec(100_000_000);
 static BACKOFF_SLOW: types::Timespec = types::Timespec::new().sec(1);
 static SHUTDOWN_TICK: types::Timespec = types::Timespec::new().nsec(200_000_000);
+/// How often connections over their outbound bound are looked at (armed only while any is).
+static STALL_TICK: types::Timespec = types::Timespec::new().nsec(250_000_000);
+
+/// Where the ring reports what the daemon must record.
+pub(super) struct Reports {
+    pub refusals: mpsc::Sender<Refusal>,
+    pub disconnects: mpsc::Sender<Disconnect>,
+}
 
 struct Listener {
     agent: String,
@@ -101,7 +115,14 @@ struct Listener {
 
 struct Conn {
     agent: String,
+    /// The peer, for the disconnect report.
+    pid: Option<u32>,
+    uid: u32,
     fd: OwnedFd,
+    /// Byte counts shared with the connection's Inbox and Outbox (budget.rs).
+    bytes: Arc<ConnBytes>,
+    /// Since when the agent has not kept up with its replies (over the outbound bound).
+    over_since: Option<Instant>,
     /// Receive buffer: allocated once, never replaced (see the module docs).
     rbuf: Box<[u8]>,
     split: LineSplitter,
@@ -138,7 +159,7 @@ pub(super) struct Ring {
     limits: Limits,
     rt: tokio::runtime::Handle,
     conns_tx: mpsc::Sender<Connection>,
-    refusals_tx: mpsc::Sender<Refusal>,
+    reports: Reports,
     agents: HashMap<String, AgentEntry>,
     listeners: HashMap<u64, Listener>,
     conns: HashMap<u64, Conn>,
@@ -146,6 +167,8 @@ pub(super) struct Ring {
     /// Completions reaped but not yet handled.
     backlog: VecDeque<(u64, i32)>,
     shutdown_deadline: Option<Instant>,
+    /// A stall tick is in flight.
+    stall_armed: bool,
 }
 
 fn bump(a: &AtomicU64, n: u64) {
@@ -162,7 +185,7 @@ impl Ring {
         shared: Arc<Shared>,
         rt: tokio::runtime::Handle,
         conns_tx: mpsc::Sender<Connection>,
-        refusals_tx: mpsc::Sender<Refusal>,
+        reports: Reports,
     ) -> Result<Ring, IpcError> {
         let ring = IoUring::new(RING_ENTRIES).map_err(|source| IpcError::Ring {
             entries: RING_ENTRIES,
@@ -192,6 +215,12 @@ impl Ring {
             max_conns_per_agent: limits.max_conns_per_agent,
             inbound_queue: limits.inbound_queue.max(1),
             outbound_queue: limits.outbound_queue.max(1),
+            // One line of `max_line` always fits: a real message is never refused for its size
+            // alone, only held until the daemon takes the ones before it.
+            inbound_bytes: limits.inbound_bytes.max(limits.max_line.max(1)),
+            outbound_bytes: limits.outbound_bytes.max(1),
+            agent_bytes: limits.agent_bytes.max(1),
+            stall_timeout: limits.stall_timeout,
         };
         Ok(Ring {
             ring,
@@ -199,13 +228,14 @@ impl Ring {
             limits,
             rt,
             conns_tx,
-            refusals_tx,
+            reports,
             agents: HashMap::new(),
             listeners: HashMap::new(),
             conns: HashMap::new(),
             next_id: 1,
             backlog: VecDeque::new(),
             shutdown_deadline: None,
+            stall_armed: false,
         })
     }
 
@@ -355,6 +385,7 @@ impl Ring {
                     self.arm_tick();
                 }
             }
+            K_STALL => self.on_stall_tick(),
             K_CANCEL => {}
             _ => warn!("ipc: completion with unknown user_data {u:#x}"),
         }
@@ -424,6 +455,8 @@ impl Ring {
                 self.admit(&agent.id, fd, Ok(ident), true);
             }
             Cmd::Flush(id) => self.flush(id),
+            // The taker cleared the pause flag: look at the counts again.
+            Cmd::Read(id) => self.submit_recv(id),
             Cmd::Resume(id) => {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.waiter = None;

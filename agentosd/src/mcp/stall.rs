@@ -1,0 +1,145 @@
+//! Connections the ipc layer closed because their agent did not read its replies (ipc/budget.rs):
+//! a line in the agent's journal and a Gate record, rate-limited per agent like the kernel
+//! denial records (enforce/limit.rs); what the rate leaves out is counted in one
+//! "socket-events-suppressed" record per agent every [`SUMMARY_EVERY`], never silently.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use audit::{Decision, Kind};
+use serde_json::json;
+use tracing::warn;
+
+use super::{McpService, lock, split_id};
+use crate::ipc::Disconnect;
+
+/// How often the suppressed counts are written (as the denials' report does).
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(2);
+
+/// The event name of a disconnect record (and its key in a summary's `by`).
+pub const EVENT: &str = "socket-stalled";
+
+/// Reports after a disconnect at which freed memory is given back: the connection's session
+/// ends and drops its lines a moment after the ring closed it.
+pub const TRIM_TICKS: u32 = 2;
+
+/// Give the allocator's free memory back to the system (glibc keeps what the connections of a
+/// flooding agent held in its arenas otherwise, and the daemon's RSS would stay at its peak).
+fn give_back_memory() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: malloc_trim only walks the allocator's own free lists under its locks; it
+        // takes no pointer and is safe to call from any thread at any time.
+        unsafe { libc::malloc_trim(0) };
+    }
+}
+
+/// What the agent's journal says (also the log line).
+pub fn note_text(d: &Disconnect) -> String {
+    format!(
+        "agentosd closed MCP connection {} (pid {}): the agent did not read its replies for {} ms \
+         ({} bytes of replies queued, the bound is {} per connection, --ipc-outbound-bytes); \
+         {} bytes of its requests were dropped with it",
+        d.conn,
+        d.pid.map_or("-".to_string(), |p| p.to_string()),
+        d.stalled.as_millis(),
+        d.outbound,
+        d.limit,
+        d.inbound
+    )
+}
+
+impl McpService {
+    pub(super) fn disconnected(&self, d: Disconnect) {
+        if !lock(&self.record_limit).admit(&d.agent, EVENT, Instant::now()) {
+            return;
+        }
+        self.trim_after.store(TRIM_TICKS, Ordering::Relaxed);
+        let text = note_text(&d);
+        warn!(agent = %d.agent, "{text}");
+        self.callers.note(&d.agent, &text);
+        if let Some(t) = self.audit() {
+            let (tenant, name) = split_id(&d.agent);
+            t.submit_or_count(
+                t.agent_record(Kind::Gate, tenant, name)
+                    .decision(Decision::Deny)
+                    .detail(json!({
+                        "event": EVENT,
+                        "reason": "the agent did not read its replies",
+                        "conn": d.conn,
+                        "peer_pid": d.pid,
+                        "peer_uid": d.uid,
+                        "stalled_ms": d.stalled.as_millis() as u64,
+                        "outbound_bytes": d.outbound,
+                        "inbound_bytes": d.inbound,
+                        "limit": d.limit,
+                    })),
+            );
+        }
+    }
+
+    /// One record per agent whose disconnects were over the rate since the last report; and
+    /// after a disconnect, the memory its connection held is given back to the system.
+    pub(super) fn report_suppressed(&self) {
+        if self
+            .trim_after
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            give_back_memory();
+        }
+        let summaries = lock(&self.record_limit).summaries(Instant::now());
+        let limits = self.limits.records;
+        for s in summaries {
+            let text = format!(
+                "{} more MCP connection(s) closed for not reading replies in {} ms (over the record rate {}/s, burst {}): counted, not recorded one by one",
+                s.suppressed,
+                s.window.as_millis(),
+                limits.per_sec,
+                limits.burst
+            );
+            warn!(agent = %s.agent, "{text}");
+            self.callers.note(&s.agent, &text);
+            let Some(t) = self.audit() else {
+                continue;
+            };
+            let (tenant, name) = split_id(&s.agent);
+            t.submit_or_count(
+                t.agent_record(Kind::Gate, tenant, name)
+                    .decision(Decision::Deny)
+                    .detail(json!({
+                        "event": "socket-events-suppressed",
+                        "count": s.suppressed,
+                        "by": s.by,
+                        "window_ms": s.window.as_millis() as u64,
+                        "agent": s.agent,
+                        "limit": {"per_sec": limits.per_sec, "burst": limits.burst},
+                    })),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_note_names_the_bound_and_what_was_dropped() {
+        let d = Disconnect {
+            agent: "t/a".into(),
+            conn: 7,
+            pid: Some(42),
+            uid: 1000,
+            inbound: 4096,
+            outbound: 5000,
+            stalled: Duration::from_millis(5250),
+            limit: 4096,
+        };
+        let t = note_text(&d);
+        assert!(t.contains("connection 7 (pid 42)"), "{t}");
+        assert!(t.contains("for 5250 ms"), "{t}");
+        assert!(t.contains("--ipc-outbound-bytes"), "{t}");
+        assert!(t.contains("4096 bytes of its requests"), "{t}");
+    }
+}
