@@ -181,6 +181,10 @@ fn an_agent_with_net_grants_has_its_own_namespace_and_a_broker_that_outlives_the
     assert_eq!(field(broker, "CapPrm:"), "0000000000000000");
     assert_eq!(field(broker, "CapBnd:"), "0000000000000000");
     assert_eq!(field(broker, "NoNewPrivs:"), "1");
+    // No handler of the daemon's left: signals act on it as on any process (but glibc's own
+    // signals 32 and 33, whose handlers glibc does not let anyone change).
+    let caught = u64::from_str_radix(&field(broker, "SigCgt:"), 16).unwrap();
+    assert_eq!(caught & !(0b11 << 31), 0, "SigCgt {caught:#x}");
     assert_eq!(netns(&broker.to_string()), netns("self"));
     assert_ne!(netns(&main_pid.to_string()), netns("self"));
 

@@ -296,6 +296,13 @@ const LISTENER_FD: RawFd = 3;
 unsafe fn broker_main(s: &BrokerSetup) -> ! {
     // SAFETY: plain system calls on integers and on this stack; see the function's contract.
     unsafe {
+        // The daemon's signal handlers (tokio's) came with the clone: back to the defaults,
+        // as an exec would leave them, so a signal to the agent's cgroup ends the broker too.
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
