@@ -59,35 +59,45 @@ fn now_s() -> f64 {
         .unwrap()
         .as_secs_f64()
 }
+
+/// `base/tools.d` with the shipped `clock.now` manifest in it.
+fn tools_dir(base: &Path) -> PathBuf {
+    let tools = base.join("tools.d");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tools/clock-now.yaml"),
+        tools.join("clock-now.yaml"),
+    )
+    .unwrap();
+    tools
+}
+
+/// Every PID in /proc now.
+fn all_pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+}
+
 /// The processes whose command line runs our agent script for `name`.
 fn agent_processes(script: &Path, name: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        if args.len() > 2
-            && args[1] == script.as_os_str().as_encoded_bytes()
-            && args[2] == name.as_bytes()
-            && common::alive(pid)
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    all_pids()
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.len() > 2
+                && args[1] == script.as_os_str().as_encoded_bytes()
+                && args[2] == name.as_bytes()
+                && common::alive(*pid)
+        })
+        .collect()
 }
 
 /// The processes with `path` open: PID, name, cgroup.
 fn holders(path: &Path) -> Vec<(u32, String, String)> {
     let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
+    for pid in all_pids() {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::{self, Bus, Daemon, TestCgroup, audit, audit_records, output_text};
 use crate::skip_unless_capable;
-use crate::{Rng, agent_processes, chmod, env_u64, holders, now_s, populated};
+use crate::{Rng, agent_processes, chmod, env_u64, holders, now_s, populated, tools_dir};
 
 /// The storm's agent: connects to `$AGENTOS_SOCKET` (again whenever the daemon went away),
 /// calls `clock.now` in a loop with ids of its own (`NAME:PID:N`), and appends to
@@ -68,13 +68,7 @@ impl Storm {
         chmod(dir.path(), 0o711);
         let base = dir.path();
         let state = base.join("state");
-        let tools = base.join("tools.d");
-        std::fs::create_dir_all(&tools).unwrap();
-        std::fs::copy(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tools/clock-now.yaml"),
-            tools.join("clock-now.yaml"),
-        )
-        .unwrap();
+        let tools = tools_dir(base);
         let pins = base.join("bpffs");
         let d = Daemon::start_with(
             &bus,
@@ -307,6 +301,14 @@ fn kill9_storm_loses_nothing_and_keeps_enforcing() {
         let seen = storm.d.log_text().len();
         storm.d.spawn();
         restarts.push(t.elapsed());
+        // Up in seconds: at most the 10 s wait for the audit log's lock on top of loading the
+        // programs and re-adopting six agents.
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "round {round}: the restarted daemon took {:?} to answer:\n{}",
+            t.elapsed(),
+            &storm.d.log_text()[seen..]
+        );
         // Each daemon opens the trail it was killed holding (else it refuses every start).
         let log = storm.d.log_text();
         if log[seen..].contains("cannot open the audit trail") {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, Bus, Daemon, TestCgroup};
 use crate::skip_unless_capable;
-use crate::{chmod, populated};
+use crate::{chmod, populated, tools_dir};
 
 /// A D-Bus client that disconnects in the middle of a slow `StopAgent` (an agent that ignores
 /// SIGTERM, so the stop waits out the stop timeout): the daemon finishes the stop, answers
@@ -146,13 +146,7 @@ fn hanging_crashing_and_flooding_tools_fail_the_call_only() {
     let dir = tempfile::tempdir().unwrap();
     chmod(dir.path(), 0o711);
     let base = dir.path();
-    let tools = base.join("tools.d");
-    std::fs::create_dir_all(&tools).unwrap();
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tools/clock-now.yaml"),
-        tools.join("clock-now.yaml"),
-    )
-    .unwrap();
+    let tools = tools_dir(base);
     for (file, text) in FAULT_TOOLS {
         std::fs::write(tools.join(file), text).unwrap();
     }
