@@ -761,6 +761,9 @@ fn report_budgets(root: &Path, missing: &[String]) {
     }
 }
 
+/// How long a start-up waits for the audit log's lock (see [`open_audit`]).
+const AUDIT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Open the audit trail under the state directory (creating the host key if missing) and
 /// record the daemon's start. A log that cannot be opened (unwritable, locked, tampered) does
 /// not stop the daemon, which still re-adopts its agents, but every new start is refused with
@@ -769,9 +772,34 @@ fn open_audit(
     opts: &Options,
     storage: &std::sync::Arc<crate::storage::Storage>,
 ) -> std::sync::Arc<crate::audit_trail::AuditTrail> {
-    use crate::audit_trail::AuditTrail;
+    use crate::audit_trail::{AuditTrail, TrailError};
     let paths = trail_paths(opts);
-    match AuditTrail::open(&paths, opts.audit_journal, Some(storage.clone())) {
+    // The log's lock (flock) belongs to its open file description, which every process the
+    // daemon forks shares until it execs: after a `kill -9`, an agent, tool or socket broker
+    // still between its clone3 and its execve (or close_range) holds the lock for a moment
+    // longer than the daemon lived. Wait for that (bounded) rather than refuse every start
+    // until the next restart; another agentosd really running still holds it after the wait.
+    let deadline = std::time::Instant::now() + AUDIT_LOCK_WAIT;
+    let mut waited = false;
+    let opened = loop {
+        match AuditTrail::open(&paths, opts.audit_journal, Some(storage.clone())) {
+            Err(TrailError::Open(audit::OpenError::Locked(p)))
+                if std::time::Instant::now() < deadline =>
+            {
+                if !waited {
+                    warn!(
+                        "audit log {} is locked; waiting up to {:?} for the processes a previous agentosd forked to exec or exit",
+                        p.display(),
+                        AUDIT_LOCK_WAIT
+                    );
+                    waited = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r,
+        }
+    };
+    match opened {
         Ok(t) => {
             info!("audit trail {}", t.path().display());
             t.submit(t.lifecycle(

@@ -131,7 +131,13 @@ impl Supervisor {
                         .await,
                 );
                 if then_stop {
-                    let _ = self.stop(&agent).await;
+                    // The stop a previous daemon began (now persisted before its first signal)
+                    // goes on in the background: it may wait out the stop timeout, and the
+                    // daemon must not wait for it before it serves D-Bus.
+                    let (sup, agent) = (self.clone(), agent.clone());
+                    tokio::spawn(async move {
+                        let _ = sup.stop(&agent).await;
+                    });
                 }
             }
             (

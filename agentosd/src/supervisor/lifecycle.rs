@@ -144,6 +144,9 @@ pub fn readopt(prev: State, restart: &Restart, restarts: u32, found: Found) -> R
         // load_agents_dir), like enabled vs. transient units.
         result: if found.rebooted {
             "not running after a reboot".into()
+        } else if prev == State::Starting {
+            // The spawn may have happened, its record not: what the run left is killed.
+            "start interrupted: agentosd stopped before the main process was recorded".into()
         } else {
             "main process exited while agentosd was not running (status unknown)".into()
         },
@@ -286,6 +289,12 @@ mod tests {
             (Running, Always, 4, GONE, lost(Failed, false, true)),
             (Running, Always, 5, GONE, lost(Failed, false, false)),
             (Stopping, Always, 0, GONE, lost(Inactive, false, false)),
+            // A start the daemon did not see through: no main process recorded, so none found.
+            (Starting, No, 0, GONE, Readopt::Lost {
+                state: Failed,
+                result: "start interrupted: agentosd stopped before the main process was recorded".into(),
+                restart: false,
+            }),
             // After a reboot: inactive, never restarted here (the agents directory starts them).
             (Running, Always, 0, REBOOTED, lost(Inactive, true, false)),
             (Restarting, OnFailure, 0, REBOOTED, lost(Inactive, true, false)),

@@ -189,9 +189,15 @@ impl Supervisor {
             i.state = State::Starting;
             i.result.clear();
             i.exit_status = None;
+            i.main_pid = None;
+            i.main_start_time = None;
             (i.spec.clone(), i.generation)
         };
-        self.emit(Event::Changed(agent.clone()));
+        // Persisted before anything runs: a daemon killed between the spawn and the record of
+        // the main process finds `starting` and kills what the run left (re-adoption), where an
+        // unpersisted start left a process running under an agent recorded as stopped (or not
+        // recorded at all), found by tests/faults.rs.
+        self.changed(agent);
         let spawned = match self.audit_start(agent).await {
             Ok(()) => self.prepare_and_spawn(agent, &spec).await,
             Err(e) => Err(e),

@@ -78,7 +78,10 @@ impl Supervisor {
             )
         };
         agent.wake.notify_waiters();
-        self.emit(Event::Changed(agent.clone()));
+        // Persisted before the first signal: a daemon killed during the stop finishes it when it
+        // comes back (re-adoption of a `stopping` agent), and a main process that exited
+        // meanwhile is not taken for a failure to restart.
+        self.changed(agent);
         if was_frozen || agent.cgroup.events().map(|e| e.frozen).unwrap_or(false) {
             let _ = agent.cgroup.set_freeze(false);
         }
