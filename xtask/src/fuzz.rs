@@ -238,8 +238,12 @@ fn parse_log(text: &str) -> Outcome {
         .next_back();
     Outcome {
         runs: stat("stat::number_of_executed_units:").unwrap_or(0),
-        seconds: stat("stat::total_time_sec:")
-            .or_else(|| stat("Done ").map(|_| 0))
+        // `Done 123456 runs in 181 second(s)`
+        seconds: text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Done ")?.split_once(" runs in "))
+            .filter_map(|(_, t)| t.split_whitespace().next()?.parse().ok())
+            .next_back()
             .unwrap_or(0),
         crash,
         ..Outcome::default()
@@ -262,7 +266,7 @@ mod tests {
     #[test]
     fn reads_final_stats_and_the_artifact() {
         let ok = "#1024\tDONE   cov: 10 ft: 20 corp: 5/100b\nstat::number_of_executed_units: 123456\n\
-                  stat::average_exec_per_sec:     2057\nstat::total_time_sec:           60\n";
+                  stat::average_exec_per_sec:     2057\nDone 123456 runs in 60 second(s)\n";
         assert_eq!(
             parse_log(ok),
             Outcome {
