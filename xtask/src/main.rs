@@ -8,10 +8,12 @@ use clap::{Parser, Subcommand};
 #[cfg(feature = "bench")]
 mod bench;
 mod demo;
+mod fuzz;
 mod install;
 mod model_peers;
 mod mutants;
 mod peers;
+mod tools;
 mod vm;
 
 #[derive(Parser)]
@@ -49,6 +51,10 @@ enum Cmd {
     /// Mutation testing (cargo-mutants) of the code that decides access, time-boxed, with a
     /// caught/missed table per file; fails on a missed mutant (docs/testing.md).
     Mutants(mutants::MutantsArgs),
+    /// Fuzz the parsers of what agents, tools and files send the daemon (cargo-fuzz, nightly),
+    /// each target for a bounded time, with a runs/corpus/crashes table; fails on a crash
+    /// (docs/testing.md#fuzzing).
+    Fuzz(fuzz::FuzzArgs),
     /// Build and install agentosd, agentctl, the systemd unit and the D-Bus policy.
     Install(install::InstallArgs),
     /// Build, start agentosd (private bus if needed) and the example agents, show list/status.
@@ -84,6 +90,7 @@ fn main() -> Result<()> {
         Cmd::ModelPeers => model_peers::ensure().map(|d| println!("{}", d.display())),
         Cmd::Install(args) => install::run(args),
         Cmd::Mutants(args) => mutants::run(args),
+        Cmd::Fuzz(args) => fuzz::run(args),
         Cmd::Demo(args) => demo::run(args),
         #[cfg(feature = "bench")]
         Cmd::Bench { cmd } => bench::run(cmd),

@@ -3,7 +3,7 @@
 //! table per file. A missed mutant in an access decision is a test to write (docs/testing.md).
 
 use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -132,7 +132,7 @@ pub fn run(args: MutantsArgs) -> Result<()> {
         bail!("no mutants target matches (see `cargo xtask mutants --list`)");
     }
     let root = crate::workspace_root();
-    let bin = ensure_cargo_mutants(&root)?;
+    let bin = crate::tools::ensure_cargo_subcommand(&root, "mutants", CARGO_MUTANTS)?;
     let mut missed_all = Vec::new();
     let mut rows = Vec::new();
     for t in chosen {
@@ -233,41 +233,10 @@ fn tally(dir: &Path, file: &str) -> Tally {
     }
 }
 
-/// `target/tools/bin/cargo-mutants`, installed from crates.io on first use.
-fn ensure_cargo_mutants(root: &Path) -> Result<PathBuf> {
-    let tools = root.join("target/tools");
-    let bin = tools.join("bin/cargo-mutants");
-    let version_ok = Command::new(&bin)
-        .arg("mutants")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_MUTANTS));
-    if !version_ok {
-        println!(
-            "xtask mutants: installing cargo-mutants {CARGO_MUTANTS} into {}",
-            tools.display()
-        );
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
-            .args([
-                "install",
-                "--locked",
-                "--version",
-                CARGO_MUTANTS,
-                "cargo-mutants",
-                "--root",
-            ])
-            .arg(&tools)
-            .status()?;
-        if !st.success() {
-            bail!("cargo install cargo-mutants {CARGO_MUTANTS} failed ({st})");
-        }
-    }
-    Ok(bin)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     #[test]

@@ -366,8 +366,9 @@ impl Call<'_> {
 }
 
 /// The tool name and the arguments (`{}` when absent) of a `tools/call`, or what is wrong with
-/// them.
-fn call_params(params: &Value) -> Result<(&str, Value), &'static str> {
+/// them. Public for the fuzz target `jsonrpc` only.
+#[doc(hidden)]
+pub fn call_params(params: &Value) -> Result<(&str, Value), &'static str> {
     let Some(name) = params.get("name").and_then(Value::as_str) else {
         return Err("tools/call needs params.name (a string)");
     };

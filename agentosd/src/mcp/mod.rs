@@ -24,6 +24,8 @@ use crate::enforce::limit::RecordLimiter;
 use crate::ipc::{Connection, Inbound, Outbox, Peer, Refusal};
 use crate::telemetry::Telemetry;
 use crate::tools::{Caller, Tools};
+#[doc(hidden)]
+pub use call::call_params;
 use consent::Consents;
 use jsonrpc::Incoming;
 
