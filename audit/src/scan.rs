@@ -200,7 +200,8 @@ fn check_checkpoint(
 ) -> Result<CheckpointDetail, String> {
     let d: CheckpointDetail = serde_json::from_value(rec.detail.clone())
         .map_err(|e| format!("detail is not a checkpoint: {e}"))?;
-    if d.covers_seq + 1 != rec.seq {
+    // `covers_seq` comes from the file: u64::MAX must be a mismatch, not an overflow.
+    if d.covers_seq.checked_add(1) != Some(rec.seq) {
         return Err(format!(
             "covers seq {} but sits at seq {}",
             d.covers_seq, rec.seq
@@ -244,5 +245,29 @@ pub(crate) fn classify_seq<R: BufRead>(problem: Problem, mut rest: R) -> Problem
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint claiming to cover seq u64::MAX is refused as a mismatch (it once computed
+    /// `covers_seq + 1`: a panic in debug builds, a wrap to 0 in release).
+    #[test]
+    fn a_checkpoint_covering_u64_max_is_a_mismatch_not_an_overflow() {
+        let rec: StoredRecord = serde_json::from_value(serde_json::json!({
+            "seq": 0u64,
+            "time_us": 1u64,
+            "prev": "00",
+            "kind": "checkpoint",
+            "agent": "",
+            "tenant": "",
+            "detail": {"covers_seq": u64::MAX, "head": "00", "time_us": 1u64, "key": "", "sig": ""},
+            "hash": "00",
+        }))
+        .expect("a record");
+        let e = check_checkpoint(&rec, None).expect_err("refused");
+        assert!(e.contains("covers seq 18446744073709551615"), "{e}");
     }
 }
