@@ -145,38 +145,37 @@ pub fn client(a: ClientArgs) -> Result<()> {
 /// The fake upstream: `server.bench.test` and `qN.bench.test` → SERVER, `nN.bench.test` → an
 /// address of its own (198.18.1.0 + N), TTL 300; anything else NXDOMAIN.
 fn fake_upstream(sock: UdpSocket) {
+    use agentosd::dns::wire;
     let mut buf = [0u8; 1500];
     while let Ok((n, peer)) = sock.recv_from(&mut buf) {
-        let q = &buf[..n];
-        let mut i = 12;
-        let mut labels = Vec::new();
-        while i < n && q[i] != 0 {
-            let l = q[i] as usize;
-            labels.push(String::from_utf8_lossy(&q[i + 1..(i + 1 + l).min(n)]).to_lowercase());
-            i += 1 + l;
-        }
-        if i + 5 > n {
+        let Ok(q) = wire::parse_query(&buf[..n]) else {
             continue;
-        }
-        let addr = match labels.first().map(String::as_str) {
-            _ if labels.len() != 3 || labels[1..] != ["bench", "test"] => None,
-            Some("server") => Some(SERVER),
-            Some(l) if l.starts_with('q') => Some(SERVER),
-            Some(l) => l
+        };
+        let labels: Vec<&str> = q.name.split('.').collect();
+        let addr = match labels[..] {
+            ["server", "bench", "test"] => Some(SERVER),
+            [l, "bench", "test"] if l.starts_with('q') => Some(SERVER),
+            [l, "bench", "test"] => l
                 .strip_prefix('n')
                 .and_then(|k| k.parse::<u32>().ok())
                 .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 1, 0)) + k)),
-            None => None,
+            _ => None,
         };
-        let mut r = q[..2].to_vec();
-        r.extend_from_slice(&[0x81, if addr.is_some() { 0x80 } else { 0x83 }, 0, 1]);
-        r.extend_from_slice(&[0, u8::from(addr.is_some()), 0, 0, 0, 0]);
-        r.extend_from_slice(&q[12..i + 5]);
-        if let Some(a) = addr {
-            r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 1, 0x2c, 0, 4]);
-            r.extend_from_slice(&a.octets());
-        }
-        let _ = sock.send_to(&r, peer);
+        let owner = q.question[..q.question.len().saturating_sub(4)].to_vec();
+        let records: Vec<wire::Record> = addr
+            .map(|a| wire::Record {
+                name: owner,
+                ttl: 300,
+                data: wire::RData::A(a),
+            })
+            .into_iter()
+            .collect();
+        let rcode = if addr.is_some() {
+            wire::NOERROR
+        } else {
+            wire::NXDOMAIN
+        };
+        let _ = sock.send_to(&wire::response(&q, rcode, &records, None), peer);
     }
 }
 
