@@ -57,7 +57,8 @@ struct agentos_net_policy {
 
 /* Addresses learnt from DNS answers, all agents together (the daemon caps each agent's share). */
 #define AGENTOS_MAX_NAMES (64 * 1024)
-/* Ports one learnt address may be reached on (the union of the name grants that resolved to it). */
+/* Ports one learnt address may be reached on (the union of the name grants that resolved to it;
+ * at most 8: the tcp/udp bit masks of the value are a byte each). */
 #define AGENTOS_NAME_PORTS 8
 
 /* The key of `net_names`: an address the agent's stub answered (IPv4 in word 0, network byte
@@ -69,15 +70,18 @@ struct agentos_name_key {
 	__u32 _pad;
 };
 
-/* Any port (a name grant `NAME:*`). */
-#define AGENTOS_NAME_ANY_PORT 1
+/* Any port over TCP (a name grant `NAME:*`). */
+#define AGENTOS_NAME_ANY_TCP 1
+/* Any port over UDP (a name grant `udp://NAME:*`). */
+#define AGENTOS_NAME_ANY_UDP 2
 
 struct agentos_name_value {
 	__u64 expires_ns; /* bpf_ktime_get_boot_ns (CLOCK_BOOTTIME): allowed while now < this */
 	__u32 flags;      /* AGENTOS_NAME_* */
 	__u16 n_ports;    /* ports used, <= AGENTOS_NAME_PORTS */
 	__u16 ports[AGENTOS_NAME_PORTS]; /* host byte order */
-	__u16 _pad;
+	__u8 tcp; /* bit i: ports[i] over TCP (every name grant) */
+	__u8 udp; /* bit i: ports[i] over UDP (declared: `udp://NAME:PORT`; QUIC/HTTP3) */
 };
 
 /* Socket storage of a DNS query redirected to the stub: where the agent sent it, so that

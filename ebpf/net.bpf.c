@@ -33,7 +33,8 @@
  * (`dns_orig`) so that cgroup/recvmsg4/6 give the stub's replies that source back. The stub
  * answers only names the contract grants and enters the addresses it returns into `net_names`
  * with their TTL: connect/sendmsg (and UDP ingress) to such an address on a granted port is
- * allowed until it expires (bpf_ktime_get_boot_ns).
+ * allowed until it expires (bpf_ktime_get_boot_ns), over TCP, and over UDP only where the grant
+ * declared it (`udp://NAME:PORT`: QUIC is refused unless declared).
  *
  * lsm/socket_connect enforces the same connect policy as defence in depth where the kernel allows
  * BPF LSM programs (not on hosts with lockdown; the daemon reports that). It is global, so it acts
@@ -128,9 +129,12 @@ static __always_inline int granted(const struct agentos_net_policy *pol, __u16 f
 	return 0;
 }
 
-/* Whether the agent's stub answered `dst` for a name it may reach on `port`, and the answer's
- * TTL still runs. */
-static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], __u16 port)
+/* Whether the agent's stub answered `dst` for a name it may reach on `port` over `proto`
+ * (IPPROTO_TCP, IPPROTO_UDP: a name grant is TCP unless it declares UDP; 0: either, for
+ * lsm/socket_connect, which does not read the socket's protocol and runs before the cgroup
+ * connect hook that does), and the answer's TTL still runs. */
+static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], __u16 port,
+				  __u32 proto)
 {
 	struct agentos_name_key k = {};
 	k.cgroup_id = cgid;
@@ -142,12 +146,23 @@ static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], 
 	const struct agentos_name_value *v = bpf_map_lookup_elem(&net_names, &k);
 	if (!v || v->expires_ns <= bpf_ktime_get_boot_ns())
 		return 0;
-	if (v->flags & AGENTOS_NAME_ANY_PORT)
+	__u32 any = 0, mask = 0;
+	if (proto == IPPROTO_TCP) {
+		any = AGENTOS_NAME_ANY_TCP;
+		mask = v->tcp;
+	} else if (proto == IPPROTO_UDP) {
+		any = AGENTOS_NAME_ANY_UDP;
+		mask = v->udp;
+	} else if (proto == 0) {
+		any = AGENTOS_NAME_ANY_TCP | AGENTOS_NAME_ANY_UDP;
+		mask = v->tcp | v->udp;
+	}
+	if (v->flags & any)
 		return 1;
 	for (int i = 0; i < AGENTOS_NAME_PORTS; i++) {
 		if (i >= v->n_ports)
 			break;
-		if (v->ports[i] == port)
+		if (v->ports[i] == port && (mask & (1u << i)))
 			return 1;
 	}
 	return 0;
@@ -255,7 +270,7 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 				count(AGENTOS_STAT_ALLOWED);
 				return 1;
 			}
-			if (learnt(cgid, family, dst, port)) {
+			if (learnt(cgid, family, dst, port, ctx->protocol)) {
 				count(AGENTOS_STAT_ALLOWED);
 				return 1;
 			}
@@ -437,7 +452,7 @@ int agentos_ingress(struct __sk_buff *skb)
 	if (proto == IPPROTO_UDP && (pol->flags & AGENTOS_NET_DNS) &&
 	    ((family == AF_INET && src[0] == bpf_htonl(LOOPBACK4) && pol->dns_port &&
 	      sport == pol->dns_port) ||
-	     learnt(cgid, family, src, sport)))
+	     learnt(cgid, family, src, sport, IPPROTO_UDP)))
 		return 1;
 	__u16 lfamily = lfam;
 	__u32 local[4] = {l60, l61, l62, l63};
@@ -491,7 +506,7 @@ int BPF_PROG(agentos_lsm_connect, void *sock, void *address, int addrlen, int re
 	__u16 family = unmap(sa.family, dst);
 	/* Port 53 with the daemon's DNS: the cgroup connect hook sends it to the stub next. */
 	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT) ||
-	    ((pol->flags & AGENTOS_NET_DNS) && (port == 53 || learnt(cgid, family, dst, port)))) {
+	    ((pol->flags & AGENTOS_NET_DNS) && (port == 53 || learnt(cgid, family, dst, port, 0)))) {
 		count(AGENTOS_STAT_ALLOWED);
 		return 0;
 	}

@@ -7,6 +7,15 @@
 //! nothing, and the reply shows the address the agent asked); a name that resolves to loopback
 //! or the metadata address gets those stripped; each refused name is an audit record.
 //!
+//! Slice 2, the bypass corpus: a refused connect to an address the stub answered earlier names
+//! the name in its audit record (after the TTL ran out too); a name grant is TCP only, UDP
+//! (QUIC) to its addresses refused unless the contract declares `udp://NAME:PORT`, and such a
+//! declaration gives UDP, not TCP; the v4-mapped IPv6 form of an answered address reaches it on
+//! the granted port only, an IPv6 destination never answered is refused; an HTTP CONNECT relay
+//! on the host is refused until the contract grants the relay's name (then the relay is the
+//! contract's choice); a name over 253 bytes is REFUSED with a record; DoT (853) and DoH (443)
+//! to an address no granted name resolved to are refused.
+//!
 //! Everything runs in a network namespace this test makes (198.18.0.x addresses on its
 //! loopback): the daemon, the fake upstream resolver and the servers are in it, so
 //! no packet leaves the machine and the host's resolver is never asked. Root only; skips when
@@ -31,6 +40,10 @@ const NEIGHBOUR: &str = "198.18.0.11";
 const NAMED: &str = "198.18.0.12";
 const UPSTREAM: &str = "198.18.0.53";
 const OTHER_RESOLVER: &str = "198.18.0.54";
+/// quic.other.test's address: granted over UDP only (`udp://quic.other.test:P1`).
+const QUIC: &str = "198.18.0.13";
+/// relay.example.test's address: an HTTP CONNECT proxy run by the test (a host process).
+const RELAY: &str = "198.18.0.20";
 
 const SCRIPT: &str = r#"
 import errno, socket, struct, sys, time
@@ -49,6 +62,28 @@ def resolve(host):
     return socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
 def tcp(addr, port):
     socket.create_connection((addr, port), timeout=3).close()
+def tcp6(addr, port):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((addr, port))
+    finally:
+        s.close()
+def udp(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(b"ping", (addr, port))
+        return s.recvfrom(100)[0].decode()
+    finally:
+        s.close()
+def relay(addr, port, target):
+    s = socket.create_connection((addr, port), timeout=3)
+    try:
+        s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+        return s.recv(100).decode().split("\r\n")[0]
+    finally:
+        s.close()
 def query(name, qtype, edns):
     q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 1 if edns else 0)
     for l in name.split("."):
@@ -73,7 +108,20 @@ def raw(server, name, qtype, edns=True):
             ede = b"%d:" % code + data[i+6:i+4+n]
     return "src=%s:%d rcode=%d an=%d ede=%s" % (src[0], src[1], rcode, an, ede.decode(errors="replace"))
 a = None
+attempt("relay-direct", lambda: relay("198.18.0.20", p1, "198.18.0.11:%d" % p1))
 attempt("resolve-www", lambda: resolve("www.example.test"))
+attempt("udp-www", lambda: udp(resolve("www.example.test"), p1))
+attempt("mapped-www", lambda: tcp6("::ffff:" + resolve("www.example.test"), p1))
+attempt("mapped-wrong-port", lambda: tcp6("::ffff:" + resolve("www.example.test"), p2))
+attempt("mapped-neighbour", lambda: tcp6("::ffff:198.18.0.11", p1))
+attempt("v6-unanswered", lambda: tcp6("2001:db8::10", p1))
+attempt("udp-quic", lambda: udp(resolve("quic.other.test"), p1))
+attempt("tcp-quic", lambda: tcp(resolve("quic.other.test"), p1))
+attempt("relay-named", lambda: relay(resolve("relay.example.test"), p1, "198.18.0.11:%d" % p1))
+attempt("dot", lambda: tcp("198.18.0.54", 853))
+attempt("doh", lambda: tcp("198.18.0.54", 443))
+attempt("doh-granted-port", lambda: tcp("198.18.0.54", p1))
+attempt("raw-long-name", lambda: raw("8.8.8.8", ".".join(["a" * 60] * 4) + ".example.test", 1))
 attempt("connect-www", lambda: tcp(resolve("www.example.test"), p1))
 attempt("connect-named", lambda: tcp(resolve("named.other.test"), p2))
 attempt("named-wrong-port", lambda: tcp(resolve("named.other.test"), p1))
@@ -97,6 +145,8 @@ fn fake_upstream(sock: UdpSocket, log: Arc<Mutex<Vec<String>>>) {
     let table: &[(&str, &[[u8; 4]])] = &[
         ("www.example.test", &[[198, 18, 0, 10]]),
         ("named.other.test", &[[198, 18, 0, 12]]),
+        ("quic.other.test", &[[198, 18, 0, 13]]),
+        ("relay.example.test", &[[198, 18, 0, 20]]),
         (
             "rebind.example.test",
             &[[127, 0, 0, 1], [169, 254, 169, 254]],
@@ -148,6 +198,37 @@ fn silent_resolver(sock: UdpSocket, log: Arc<Mutex<Vec<String>>>) {
     let mut buf = [0u8; 1500];
     while let Ok((n, peer)) = sock.recv_from(&mut buf) {
         log.lock().unwrap().push(format!("{n} bytes from {peer}"));
+    }
+}
+
+/// Answers every datagram with `pong`.
+fn udp_echo(sock: UdpSocket) {
+    let mut buf = [0u8; 1500];
+    while let Ok((_, peer)) = sock.recv_from(&mut buf) {
+        let _ = sock.send_to(b"pong", peer);
+    }
+}
+
+/// A tiny HTTP CONNECT proxy (a host process the agent's contract does not name): `CONNECT
+/// HOST:PORT` → `200` when it reaches HOST:PORT, `502` when not; then it closes.
+fn connect_proxy(l: TcpListener) {
+    use std::io::{Read as _, Write as _};
+    for c in l.incoming() {
+        let Ok(mut c) = c else { continue };
+        let mut buf = [0u8; 512];
+        let n = c.read(&mut buf).unwrap_or(0);
+        let req = String::from_utf8_lossy(&buf[..n]).to_string();
+        let target = req.split_whitespace().nth(1).unwrap_or("").to_string();
+        let reached = target
+            .parse::<SocketAddr>()
+            .ok()
+            .and_then(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).ok());
+        let status = if reached.is_some() {
+            "HTTP/1.1 200 Connection established\r\n\r\n"
+        } else {
+            "HTTP/1.1 502 Bad Gateway\r\n\r\n"
+        };
+        let _ = c.write_all(status.as_bytes());
     }
 }
 
@@ -212,7 +293,15 @@ fn in_netns() {
     // The addresses on the namespace's loopback (this kernel has no dummy links): local, and
     // not 127/8, so the stub's rebinding filter lets them through.
     ip(&["link", "set", "lo", "up"]);
-    for a in [SERVER, NEIGHBOUR, NAMED, UPSTREAM, OTHER_RESOLVER] {
+    for a in [
+        SERVER,
+        NEIGHBOUR,
+        NAMED,
+        UPSTREAM,
+        OTHER_RESOLVER,
+        QUIC,
+        RELAY,
+    ] {
         ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
     }
 
@@ -231,9 +320,19 @@ fn in_netns() {
     let n1 = TcpListener::bind((NEIGHBOUR, p1)).unwrap();
     let m1 = TcpListener::bind((NAMED, p1)).unwrap();
     let m2 = TcpListener::bind((NAMED, p2)).unwrap();
-    for l in [s1, s2, n1, m1, m2] {
+    let q1 = TcpListener::bind((QUIC, p1)).unwrap();
+    let dot = TcpListener::bind((OTHER_RESOLVER, 853)).unwrap();
+    let doh = TcpListener::bind((OTHER_RESOLVER, 443)).unwrap();
+    let doh_p1 = TcpListener::bind((OTHER_RESOLVER, p1)).unwrap();
+    for l in [s1, s2, n1, m1, m2, q1, dot, doh, doh_p1] {
         std::thread::spawn(move || accept_all(l));
     }
+    for a in [SERVER, QUIC] {
+        let u = UdpSocket::bind((a, p1)).unwrap();
+        std::thread::spawn(move || udp_echo(u));
+    }
+    let proxy = TcpListener::bind((RELAY, p1)).unwrap();
+    std::thread::spawn(move || connect_proxy(proxy));
 
     let bus = Bus::start();
     let cg = TestCgroup::new("dns");
@@ -262,7 +361,7 @@ fn in_netns() {
     std::fs::write(&script, SCRIPT).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let text = format!(
-        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: names\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\", \"{p2}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"named.other.test:{p2}\"]\nrestart: \"no\"\n",
+        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: names\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\", \"{p2}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"named.other.test:{p2}\", \"udp://quic.other.test:{p1}\"]\nrestart: \"no\"\n",
         script.display().to_string(),
         scripts.display().to_string(),
     );
@@ -273,7 +372,7 @@ fn in_netns() {
     let notes = st["notes"].to_string();
     assert!(
         notes.contains(&format!(
-            "*.example.test:{p1}, named.other.test:{p2}, DNS through the daemon's stub (127.0.0.1:"
+            "*.example.test:{p1}, named.other.test:{p2}, udp://quic.other.test:{p1}, DNS through the daemon's stub (127.0.0.1:"
         )),
         "{notes}"
     );
@@ -318,12 +417,50 @@ fn in_netns() {
     assert_eq!(got("connect-expired"), "err EPERM", "{r:?}");
     assert_eq!(got("connect-again"), "ok", "{r:?}");
 
+    // QUIC/HTTP3 refused unless declared: a name grant is TCP only; udp:// is UDP only.
+    assert_eq!(got("udp-www"), "err EPERM", "{r:?}");
+    assert_eq!(got("udp-quic"), "ok pong", "{r:?}");
+    assert_eq!(got("tcp-quic"), "err EPERM", "{r:?}");
+    // v4-mapped IPv6: the answered address on its granted port only; IPv6 never answered: no.
+    assert_eq!(got("mapped-www"), "ok", "{r:?}");
+    assert_eq!(got("mapped-wrong-port"), "err EPERM", "{r:?}");
+    assert_eq!(got("mapped-neighbour"), "err EPERM", "{r:?}");
+    assert_eq!(got("v6-unanswered"), "err EPERM", "{r:?}");
+    // A relay the contract does not name is unreachable; named, it is the contract's choice.
+    assert_eq!(got("relay-direct"), "err EPERM", "{r:?}");
+    assert_eq!(
+        got("relay-named"),
+        "ok HTTP/1.1 200 Connection established",
+        "{r:?}"
+    );
+    // DoT and DoH to a resolver no granted name resolved to (listening there). On ports no
+    // grant names, Landlock's TCP rules refuse first (EACCES) where the kernel has them, else
+    // cgroup BPF (EPERM); on the port the names are granted, cgroup BPF refuses.
+    for port in ["dot", "doh"] {
+        let v = got(port);
+        assert!(v == "err EACCES" || v == "err EPERM", "{port}: {r:?}");
+    }
+    assert_eq!(got("doh-granted-port"), "err EPERM", "{r:?}");
+    // Tunnelling by long names: over 253 bytes (labels of 60) is REFUSED, nothing forwarded.
+    assert_eq!(
+        got("raw-long-name"),
+        "ok src=8.8.8.8:53 rcode=5 an=0 ede=",
+        "{r:?}"
+    );
+
     // The upstream saw only A questions for granted names; the other resolver saw nothing.
     let seen = upstream_log.lock().unwrap().clone();
     assert!(!seen.is_empty());
     for q in &seen {
         assert!(
-            q == "www.example.test 1" || q == "named.other.test 1" || q == "rebind.example.test 1",
+            [
+                "www.example.test 1",
+                "named.other.test 1",
+                "rebind.example.test 1",
+                "quic.other.test 1",
+                "relay.example.test 1"
+            ]
+            .contains(&q.as_str()),
             "the upstream was asked {q:?}: {seen:?}"
         );
     }
@@ -341,11 +478,32 @@ fn in_netns() {
             .arg(&state)
             .output()
             .unwrap();
-        let recs: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        let all: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
-            .filter(|r: &serde_json::Value| r["detail"]["mechanism"] == "dns-stub")
             .collect();
+        let recs: Vec<&serde_json::Value> = all
+            .iter()
+            .filter(|r| r["detail"]["mechanism"] == "dns-stub")
+            .collect();
+        // Kernel refusals name the name the stub answered the address for, expired or not.
+        let kernel = |syscall: &str, addr: &str, port: u16| {
+            all.iter()
+                .find(|r| {
+                    r["detail"]["syscall"] == syscall
+                        && r["detail"]["addr"] == addr
+                        && r["detail"]["port"] == port
+                        && r["detail"]["errno"] == "EPERM"
+                })
+                .map(|r| r["detail"]["name"].clone())
+        };
+        let named = [
+            kernel("connect", SERVER, p1),
+            kernel("sendmsg", SERVER, p1),
+            kernel("connect", SERVER, p2),
+            kernel("connect", NEIGHBOUR, p1),
+            kernel("connect", RELAY, p1),
+        ];
         let has = |name: &str, reason: &str| {
             recs.iter()
                 .any(|r| r["detail"]["name"] == name && r["detail"]["reason"] == reason)
@@ -353,7 +511,16 @@ fn in_netns() {
         if has("secret.attacker.test", "not-granted")
             && has("leak.attacker.test", "not-granted")
             && has("", "too-long")
+            && named.iter().all(Option::is_some)
         {
+            let www = serde_json::json!("www.example.test");
+            // The expired answer's connect, the UDP send (TCP-only grant), the wrong port.
+            assert_eq!(named[0].as_ref(), Some(&www), "{named:?}");
+            assert_eq!(named[1].as_ref(), Some(&www), "{named:?}");
+            assert_eq!(named[2].as_ref(), Some(&www), "{named:?}");
+            // Never answered (the relay was refused before its name was asked): no name.
+            assert_eq!(named[3], Some(serde_json::Value::Null), "{named:?}");
+            assert_eq!(named[4], Some(serde_json::Value::Null), "{named:?}");
             let r = recs
                 .iter()
                 .find(|r| r["detail"]["name"] == "leak.attacker.test")
@@ -365,7 +532,7 @@ fn in_netns() {
         }
         assert!(
             Instant::now() < deadline,
-            "refusals not in the audit trail: {recs:#?}\n{o:?}\ndaemon log:\n{}",
+            "refusals not in the audit trail: {recs:#?}\n{named:?}\n{o:?}\ndaemon log:\n{}",
             d.log_text()
         );
         std::thread::sleep(Duration::from_millis(200));

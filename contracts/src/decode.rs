@@ -931,8 +931,13 @@ pub(crate) fn normalize_path(s: &str) -> Option<String> {
 /// prefix `ADDR/LEN` (`10.0.0.0/8:443`, `[fd00::/8]:443`: LEN up to 32 or 128), and PORT
 /// 1-65535 or `*`. The daemon's policy builder (`enforce::net`) reads the same forms.
 /// A HOST may also be a wildcard `*.SUFFIX` (one or more labels under SUFFIX, at any depth,
-/// never SUFFIX itself), answered by the agent's DNS stub.
+/// never SUFFIX itself), answered by the agent's DNS stub. `udp://NAME:PORT` (a name or a
+/// wildcard only) declares UDP to the name's addresses (QUIC/HTTP3): a name grant without it
+/// is TCP only.
 pub(crate) fn net_scope_ok(s: &str) -> bool {
+    if let Some(rest) = s.strip_prefix(UDP_SCHEME) {
+        return udp_host_error(rest).is_none() && net_scope_ok(rest);
+    }
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
     };
@@ -980,9 +985,38 @@ pub(crate) fn wildcard_error(host: &str) -> Option<String> {
     None
 }
 
+/// The prefix that declares UDP to a name's addresses in `net.connect`.
+pub(crate) const UDP_SCHEME: &str = "udp://";
+
+/// What is wrong with the HOST of `udp://HOST:PORT` (`rest` is `HOST:PORT`): it must be a name
+/// or a `*.SUFFIX` wildcard, since only name grants are TCP-only by default.
+fn udp_host_error(rest: &str) -> Option<String> {
+    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let address = host == "*" || host.contains('/') || bare.parse::<std::net::IpAddr>().is_ok();
+    address.then(|| format!(
+        "\"udp://{rest}\": udp:// declares UDP to a name's addresses (\"udp://api.example.com:443\", \"udp://*.example.com:443\"); an address, prefix or \"*\" grant allows UDP already"
+    ))
+}
+
+/// What is wrong with network scope `s` of capability `cap` (`net.connect`, `net.bind`), as a
+/// message for `field`; `None` when it is valid.
+pub(crate) fn net_scope_error(cap: &str, field: &str, s: &str) -> Option<String> {
+    if cap != "net.connect" && s.starts_with(UDP_SCHEME) {
+        return Some(format!(
+            "{field}: \"{s}\": udp:// is for net.connect names only ({cap} grants local addresses for TCP and UDP)"
+        ));
+    }
+    (!net_scope_ok(s)).then(|| net_scope_message(field, s))
+}
+
 /// The message for a network scope `s` of `field` that [`net_scope_ok`] refuses.
 pub(crate) fn net_scope_message(field: &str, s: &str) -> String {
-    let wildcard = s.rsplit_once(':').and_then(|(h, _)| wildcard_error(h));
+    if let Some(e) = s.strip_prefix(UDP_SCHEME).and_then(udp_host_error) {
+        return format!("{field}: {e}");
+    }
+    let bare = s.strip_prefix(UDP_SCHEME).unwrap_or(s);
+    let wildcard = bare.rsplit_once(':').and_then(|(h, _)| wildcard_error(h));
     match wildcard {
         Some(w) => format!("{field}: {w}"),
         None => format!(
@@ -1037,13 +1071,10 @@ fn decode_scope(
                 Some(p) => out.push(p),
                 None => dec.err(pos, field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (or one under \"{{state}}/\")")),
             },
-            CapabilityKind::Network => {
-                if net_scope_ok(&s) {
-                    out.push(s);
-                } else {
-                    dec.err(pos, field, net_scope_message(field, &s));
-                }
-            }
+            CapabilityKind::Network => match net_scope_error(name, field, &s) {
+                None => out.push(s),
+                Some(e) => dec.err(pos, field, e),
+            },
             CapabilityKind::Tool => {
                 if s.is_empty() || s.chars().any(char::is_control) {
                     dec.err(pos, field, format!("{field}: empty or invalid scope entry"));

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::{Map, Number, Value};
 
 use crate::capability::{self, CapabilityKind};
-use crate::decode::{Dec, Fields, net_scope_message, net_scope_ok, normalize_path};
+use crate::decode::{Dec, Fields, net_scope_error, normalize_path};
 use crate::diag::{ContractError, Diagnostic, Severity, suggest};
 use crate::node::{self, N, Pos, V};
 use crate::units;
@@ -745,17 +745,11 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
                     Some(p) if !p.starts_with('{') => needs.runtime.push(PathBuf::from(p)),
                     _ => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (the tool's own code, e.g. /usr/lib/agentos/tools)")),
                 },
-                "net.connect" | "net.bind" => {
-                    if net_scope_ok(&s) {
-                        if *key == "net.connect" {
-                            needs.net_connect.push(s);
-                        } else {
-                            needs.net_bind.push(s);
-                        }
-                    } else {
-                        dec.err(pos, &field, net_scope_message(&field, &s));
-                    }
-                }
+                "net.connect" | "net.bind" => match net_scope_error(key, &field, &s) {
+                    None if *key == "net.connect" => needs.net_connect.push(s),
+                    None => needs.net_bind.push(s),
+                    Some(e) => dec.err(pos, &field, e),
+                },
                 _ => match normalize_path(&s) {
                     Some(p) => match *key {
                         "fs.read" => needs.fs_read.push(p),

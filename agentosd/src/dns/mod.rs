@@ -7,15 +7,18 @@
 //! answer goes back; other types for a granted name get an empty answer (no TXT tunnelling).
 //! See docs/security.md, "Egress by name".
 
+mod answered;
 mod stub;
 pub mod wire;
+
+pub use answered::{Answered, REMEMBER_FOR};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::enforce::net::{NameGrant, NamePorts, NetEnforcer};
+use crate::enforce::net::{NameGrant, NetEnforcer, PortGrant};
 
 /// The port DNS queries go to (redirected to the stub by cgroup BPF).
 pub const PORT: u16 = 53;
@@ -88,20 +91,17 @@ pub fn addr_allowed(a: IpAddr) -> bool {
     }
 }
 
-/// The ports of the grants that match `name`: `None` when none matches (not granted).
-pub fn ports_for(grants: &[NameGrant], name: &str) -> Option<NamePorts> {
-    let mut ports = Vec::new();
-    let mut any = false;
-    for g in grants.iter().filter(|g| g.matches(name)) {
-        any = true;
-        if g.port == 0 {
-            return Some(NamePorts::Any);
-        }
-        ports.push(g.port);
-    }
+/// The ports (and protocols) of the grants that match `name`: `None` when none matches (not
+/// granted).
+pub fn ports_for(grants: &[NameGrant], name: &str) -> Option<Vec<PortGrant>> {
+    let mut ports: Vec<PortGrant> = grants
+        .iter()
+        .filter(|g| g.matches(name))
+        .map(NameGrant::port_grant)
+        .collect();
     ports.sort_unstable();
     ports.dedup();
-    any.then_some(NamePorts::Some(ports))
+    (!ports.is_empty()).then_some(ports)
 }
 
 /// One agent's stub: what it answers and for whom.
@@ -150,6 +150,8 @@ pub struct Dns {
     refusals: tokio::sync::mpsc::Sender<Refusal>,
     refusals_rx: Mutex<Option<tokio::sync::mpsc::Receiver<Refusal>>>,
     refusals_dropped: std::sync::atomic::AtomicU64,
+    /// Which name each address was answered for, to name it in refusals.
+    answered: Mutex<Answered>,
 }
 
 impl std::fmt::Debug for Dns {
@@ -170,6 +172,7 @@ impl Dns {
             refusals: tx,
             refusals_rx: Mutex::new(Some(rx)),
             refusals_dropped: Default::default(),
+            answered: Mutex::default(),
         })
     }
 
@@ -183,6 +186,9 @@ impl Dns {
         let id = spec.agent_id.clone();
         // The old stub (a restart of the same agent) goes first: its port is free again.
         let old = lock(&self.stubs).remove(&id);
+        if let Some(o) = old.as_ref().filter(|o| o.cgroup_id() != spec.cgroup_id) {
+            lock(&self.answered).forget(o.cgroup_id());
+        }
         let port = port.or(old.as_ref().map(stub::Stub::port));
         drop(old);
         let s = match port.filter(|p| *p != 0) {
@@ -195,9 +201,21 @@ impl Dns {
         Ok(port)
     }
 
-    /// Stop agent `id`'s stub (its sockets close).
+    /// Stop agent `id`'s stub (its sockets close) and forget what it answered.
     pub fn stop(&self, id: &str) {
-        lock(&self.stubs).remove(id);
+        if let Some(s) = lock(&self.stubs).remove(id) {
+            lock(&self.answered).forget(s.cgroup_id());
+        }
+    }
+
+    /// The name agent cgroup `cgroup_id` last asked for and got `addr` in the answer, within
+    /// [`REMEMBER_FOR`] (expired or not): what a refused connect to `addr` was most likely for.
+    pub fn name_of(&self, cgroup_id: u64, addr: IpAddr) -> Option<String> {
+        lock(&self.answered).name_of(cgroup_id, addr, std::time::Instant::now())
+    }
+
+    fn remember(&self, cgroup_id: u64, addr: IpAddr, name: &str) {
+        lock(&self.answered).remember(cgroup_id, addr, name, std::time::Instant::now());
     }
 
     /// The port of agent `id`'s stub, if it has one.
@@ -284,17 +302,16 @@ mod tests {
             NameGrant::new("*.example.test", 443),
             NameGrant::new("named.example.test", 80),
             NameGrant::new("named.example.test", 443),
+            NameGrant::new("*.example.test", 443).over_udp(),
             NameGrant::new("any.test", 0),
         ];
+        let (t, u) = (PortGrant::tcp, PortGrant::udp);
         assert_eq!(
             ports_for(&g, "named.example.test"),
-            Some(NamePorts::Some(vec![80, 443]))
+            Some(vec![t(80), t(443), u(443)])
         );
-        assert_eq!(
-            ports_for(&g, "x.example.test"),
-            Some(NamePorts::Some(vec![443]))
-        );
-        assert_eq!(ports_for(&g, "ANY.test."), Some(NamePorts::Any));
+        assert_eq!(ports_for(&g, "x.example.test"), Some(vec![t(443), u(443)]));
+        assert_eq!(ports_for(&g, "ANY.test."), Some(vec![t(0)]));
         assert_eq!(ports_for(&g, "example.test"), None);
         assert_eq!(ports_for(&g, "evil.test"), None);
     }

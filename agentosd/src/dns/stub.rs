@@ -23,6 +23,7 @@ const MAX_MSG: usize = 4096;
 
 pub(super) struct Stub {
     port: u16,
+    cgroup_id: u64,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -39,18 +40,27 @@ impl Stub {
         self.port
     }
 
+    pub(super) fn cgroup_id(&self) -> u64 {
+        self.cgroup_id
+    }
+
     /// Bind UDP and TCP on 127.0.0.1:`port` (0: a free port both are free on) and serve.
     pub(super) fn start(dns: Arc<Dns>, spec: StubSpec, port: u16) -> Result<Stub, DnsError> {
         let (udp, tcp) = bind_pair(port)?;
         let port = udp.local_addr().map(|a| a.port()).unwrap_or(port);
         let udp = UdpSocket::from_std(udp).map_err(|error| DnsError::Bind { port, error })?;
         let tcp = TcpListener::from_std(tcp).map_err(|error| DnsError::Bind { port, error })?;
+        let cgroup_id = spec.cgroup_id;
         let spec = Arc::new(spec);
         let tasks = vec![
             tokio::spawn(serve_udp(dns.clone(), spec.clone(), Arc::new(udp))),
             tokio::spawn(serve_tcp(dns, spec, tcp)),
         ];
-        Ok(Stub { port, tasks })
+        Ok(Stub {
+            port,
+            cgroup_id,
+            tasks,
+        })
     }
 }
 
@@ -218,6 +228,7 @@ async fn answer(dns: &Dns, spec: &StubSpec, msg: &[u8], via: Transport) -> Optio
             );
             continue;
         }
+        dns.remember(spec.cgroup_id, addr, &q.name);
         let ttl = u64::from(r.ttl.min(super::MAX_TTL));
         let expires = now + ttl * 1_000_000_000 + dns.cfg.grace.as_nanos() as u64;
         match dns.net.learn_name(spec.cgroup_id, addr, &ports, expires) {

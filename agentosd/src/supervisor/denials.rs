@@ -194,10 +194,16 @@ impl Supervisor {
         if !self.count_denial(&tenant, &name, d.hook) {
             return;
         }
+        // The name the agent's stub answered this address for, if it did (expired or not).
+        let asked = self.dns().and_then(|dns| dns.name_of(d.cgroup_id, d.addr));
+        let for_name = asked
+            .as_ref()
+            .map(|n| format!(" (answered for {n})"))
+            .unwrap_or_default();
         match d.errno() {
             Some(errno) => tracing::info!(
                 agent = %format!("{tenant}/{name}"),
-                "kernel denied {} to {}:{} ({}, {})", d.syscall, d.addr, d.port, d.hook,
+                "kernel denied {} to {}:{}{for_name} ({}, {})", d.syscall, d.addr, d.port, d.hook,
                 errno_name(errno)
             ),
             None => tracing::info!(
@@ -221,6 +227,7 @@ impl Supervisor {
                 "family": d.family,
                 "protocol": d.protocol,
                 "addr": d.addr.to_string(),
+                "name": asked,
                 "port": d.port,
                 "pid": d.pid,
                 "tid": d.tid,

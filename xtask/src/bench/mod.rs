@@ -3,6 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 
+pub mod dns;
 mod harness;
 pub mod hrt;
 pub mod mcp;
@@ -32,6 +33,13 @@ pub enum BenchCmd {
     /// backend and llama.cpp's server): added time to first token and per token (p50/p99),
     /// then throughput with many agents streaming at once. Root.
     Models(models::ModelsArgs),
+    /// Egress by name: lookups through an agent's DNS stub vs straight to the same upstream, and
+    /// connect latency with 1 000 learnt names vs one static rule vs no BPF (p50/p99), in a
+    /// network namespace of its own. Root.
+    Dns(dns::DnsArgs),
+    /// (internal) the measured lookups and connects of `bench dns`.
+    #[command(hide = true)]
+    DnsClient(dns::ClientArgs),
     /// (internal) the periodic loop the HRT benchmark measures.
     #[command(hide = true)]
     RtLoop(hrt::LoopArgs),
@@ -64,6 +72,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::McpClient(a) => mcp::client(a),
         BenchCmd::McpEchoServer => mcp::echo_server(),
         BenchCmd::Models(a) => models::run(a),
+        BenchCmd::Dns(a) => dns::run(a),
+        BenchCmd::DnsClient(a) => dns::client(a),
         BenchCmd::ModelClient(a) => models::client(a),
         BenchCmd::RtLoop(a) => hrt::rtloop(a),
         BenchCmd::Burn { secs, normal } => hrt::burn(secs, normal),

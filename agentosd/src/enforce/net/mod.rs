@@ -29,7 +29,7 @@ use aya::programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSock
 use serde::Serialize;
 
 pub use event::{Denial, RawEvent};
-pub use names::{NamePorts, RawNameKey, RawNameValue};
+pub use names::{IPPROTO_TCP, IPPROTO_UDP, PortGrant, RawNameKey, RawNameValue};
 pub use pins::{DEFAULT_PIN_ROOT, Pins, is_bpffs, pin_check_line};
 pub use policy::{
     NameGrant, Policy, PolicyError, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
@@ -442,7 +442,7 @@ impl NetEnforcer {
         &self,
         cgroup_id: u64,
         addr: std::net::IpAddr,
-        ports: &NamePorts,
+        ports: &[PortGrant],
         expires: u64,
     ) -> Result<(), NetError> {
         let mut maps = lock(&self.maps);

@@ -11,8 +11,10 @@ use super::{AF_INET, AF_INET6, NetError};
 
 /// `AGENTOS_NAME_PORTS` in `ebpf/intf.h`.
 pub const NAME_PORTS: usize = 8;
-/// `AGENTOS_NAME_ANY_PORT`.
-const ANY_PORT: u32 = 1;
+/// `AGENTOS_NAME_ANY_TCP`: any port over TCP (a grant `NAME:*`).
+const ANY_TCP: u32 = 1;
+/// `AGENTOS_NAME_ANY_UDP`: any port over UDP (a grant `udp://NAME:*`).
+const ANY_UDP: u32 = 2;
 /// Addresses one agent may have in `net_names` at once (the map holds 65 536 for all agents): a
 /// stub past it answers without learning more, so an agent that floods lookups of a wildcard
 /// grant only loses its own new addresses.
@@ -36,7 +38,10 @@ pub struct RawNameValue {
     pub flags: u32,
     pub n_ports: u16,
     pub ports: [u16; NAME_PORTS],
-    pub _pad: u16,
+    /// Bit i: `ports[i]` may be reached over TCP.
+    pub tcp: u8,
+    /// Bit i: `ports[i]` may be reached over UDP (declared: `udp://NAME:PORT`).
+    pub udp: u8,
 }
 
 // SAFETY: plain `#[repr(C)]` integers and arrays of them with explicit padding fields, no
@@ -74,44 +79,76 @@ impl RawNameKey {
     }
 }
 
-/// The ports a learnt address may be reached on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NamePorts {
-    /// A grant `NAME:*`.
-    Any,
-    /// These ports (at most [`NAME_PORTS`] are kept; more are dropped: fail closed).
-    Some(Vec<u16>),
+/// A port a learnt address may be reached on, and over which protocol: TCP unless the grant
+/// declared UDP (`udp://NAME:PORT`: QUIC/HTTP3 and other datagrams).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortGrant {
+    /// 0 = any port.
+    pub port: u16,
+    pub udp: bool,
 }
 
+impl PortGrant {
+    pub fn tcp(port: u16) -> PortGrant {
+        PortGrant { port, udp: false }
+    }
+
+    pub fn udp(port: u16) -> PortGrant {
+        PortGrant { port, udp: true }
+    }
+}
+
+/// What the programs compare a socket's protocol with.
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
 impl RawNameValue {
-    /// Join `ports` and `expires` into this entry (the union of ports, the later expiry).
-    pub fn merge(&mut self, ports: &NamePorts, expires: u64) {
+    /// Join `ports` and `expires` into this entry (the union of ports and protocols, the later
+    /// expiry).
+    pub fn merge(&mut self, ports: &[PortGrant], expires: u64) {
         self.expires_ns = self.expires_ns.max(expires);
-        match ports {
-            NamePorts::Any => self.flags |= ANY_PORT,
-            NamePorts::Some(v) => {
-                for p in v {
-                    let n = usize::from(self.n_ports).min(NAME_PORTS);
-                    if self.ports[..n].contains(p) {
-                        continue;
-                    }
-                    if n == NAME_PORTS {
-                        tracing::warn!(
-                            "a learnt address is granted more than {NAME_PORTS} ports; port {p} not added"
-                        );
-                        continue;
-                    }
-                    self.ports[n] = *p;
-                    self.n_ports += 1;
+        for g in ports {
+            if g.port == 0 {
+                self.flags |= if g.udp { ANY_UDP } else { ANY_TCP };
+                continue;
+            }
+            let n = usize::from(self.n_ports).min(NAME_PORTS);
+            let slot = match self.ports[..n].iter().position(|p| *p == g.port) {
+                Some(i) => i,
+                None if n == NAME_PORTS => {
+                    tracing::warn!(
+                        "a learnt address is granted more than {NAME_PORTS} ports; port {} not added",
+                        g.port
+                    );
+                    continue;
                 }
+                None => {
+                    self.ports[n] = g.port;
+                    self.n_ports += 1;
+                    n
+                }
+            };
+            if g.udp {
+                self.udp |= 1 << slot;
+            } else {
+                self.tcp |= 1 << slot;
             }
         }
     }
 
-    /// Whether port `port` is allowed (ignoring expiry).
-    pub fn allows(&self, port: u16) -> bool {
-        self.flags & ANY_PORT != 0
-            || self.ports[..usize::from(self.n_ports).min(NAME_PORTS)].contains(&port)
+    /// Whether port `port` is allowed over `proto` (`IPPROTO_TCP`/`IPPROTO_UDP`; ignoring
+    /// expiry).
+    pub fn allows(&self, port: u16, proto: u8) -> bool {
+        let (any, mask) = match proto {
+            IPPROTO_TCP => (ANY_TCP, self.tcp),
+            IPPROTO_UDP => (ANY_UDP, self.udp),
+            _ => return false,
+        };
+        self.flags & any != 0
+            || self.ports[..usize::from(self.n_ports).min(NAME_PORTS)]
+                .iter()
+                .enumerate()
+                .any(|(i, p)| *p == port && mask & (1 << i) != 0)
     }
 }
 
@@ -121,7 +158,7 @@ pub(super) fn learn(
     counts: &mut StdHashMap<u64, usize>,
     cgroup_id: u64,
     addr: IpAddr,
-    ports: &NamePorts,
+    ports: &[PortGrant],
     expires: u64,
 ) -> Result<(), NetError> {
     let key = RawNameKey::new(cgroup_id, addr);
@@ -185,19 +222,28 @@ mod tests {
     }
 
     #[test]
-    fn merge_joins_ports_and_keeps_the_later_expiry() {
+    fn merge_joins_ports_and_protocols_and_keeps_the_later_expiry() {
+        let (t, u) = (IPPROTO_TCP, IPPROTO_UDP);
         let mut v = RawNameValue::default();
-        v.merge(&NamePorts::Some(vec![443, 80]), 100);
-        v.merge(&NamePorts::Some(vec![443, 8443]), 50);
+        v.merge(&[PortGrant::tcp(443), PortGrant::tcp(80)], 100);
+        v.merge(&[PortGrant::tcp(443), PortGrant::tcp(8443)], 50);
         assert_eq!(v.expires_ns, 100);
         assert_eq!(&v.ports[..v.n_ports as usize], &[443, 80, 8443]);
-        assert!(v.allows(8443) && !v.allows(22));
-        let many: Vec<u16> = (1..=20).collect();
-        v.merge(&NamePorts::Some(many), 200);
+        assert!(v.allows(8443, t) && !v.allows(22, t));
+        // TCP only unless declared: QUIC to 443 is refused until a udp:// grant adds it.
+        assert!(!v.allows(443, u));
+        v.merge(&[PortGrant::udp(443), PortGrant::udp(3478)], 0);
+        assert!(v.allows(443, u) && v.allows(443, t) && v.allows(3478, u));
+        assert!(!v.allows(3478, t), "a udp:// grant gives no TCP");
+        assert!(!v.allows(443, 0), "another protocol: never");
+        let many: Vec<PortGrant> = (1..=20).map(PortGrant::tcp).collect();
+        v.merge(&many, 200);
         assert_eq!(v.n_ports as usize, NAME_PORTS);
         assert_eq!(v.expires_ns, 200);
-        assert!(!v.allows(20), "past the cap nothing more is allowed");
-        v.merge(&NamePorts::Any, 0);
-        assert!(v.allows(22));
+        assert!(!v.allows(20, t), "past the cap nothing more is allowed");
+        v.merge(&[PortGrant::tcp(0)], 0);
+        assert!(v.allows(22, t) && !v.allows(22, u));
+        v.merge(&[PortGrant::udp(0)], 0);
+        assert!(v.allows(22, u));
     }
 }

@@ -11,7 +11,7 @@ use super::NetError;
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/agentos";
 /// Version of the pinned maps' layout (`ebpf/intf.h`): a daemon with another layout uses its
 /// own maps and removes the old ones once its links are pinned.
-const MAPS_LAYOUT: &str = "maps-v3";
+const MAPS_LAYOUT: &str = "maps-v4";
 /// Maps kept across daemons (the ring buffer too: denials while the daemon was down are read by
 /// the next one).
 /// `net_names` and `dns_orig` too: addresses learnt from DNS stay allowed, and replies to queries
@@ -21,7 +21,7 @@ pub(super) const PINNED_MAPS: [&str; 5] =
 
 /// The bpffs directory that holds one daemon's pins: `ROOT/net-CGID` where CGID is the id of the
 /// `agents` cgroup the programs are attached to (so daemons on other cgroup roots never share
-/// pins), with `maps-v3/` (the maps) and `links/PROGRAM-GENERATION` (the links).
+/// pins), with `maps-v4/` (the maps) and `links/PROGRAM-GENERATION` (the links).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pins {
     pub dir: PathBuf,

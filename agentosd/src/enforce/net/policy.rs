@@ -124,10 +124,13 @@ pub struct NameGrant {
     pub wildcard: bool,
     /// 0 = any port.
     pub port: u16,
+    /// `udp://NAME:PORT`: UDP (QUIC/HTTP3, other datagrams) to the name's addresses, and not
+    /// TCP; a grant without it is TCP only.
+    pub udp: bool,
 }
 
 impl NameGrant {
-    /// The grant of host `host` (a name or `*.SUFFIX`) on `port`.
+    /// The TCP grant of host `host` (a name or `*.SUFFIX`) on `port`.
     pub fn new(host: &str, port: u16) -> NameGrant {
         let h = host.trim_end_matches('.').to_ascii_lowercase();
         match h.strip_prefix("*.") {
@@ -135,12 +138,27 @@ impl NameGrant {
                 name: suffix.to_string(),
                 wildcard: true,
                 port,
+                udp: false,
             },
             None => NameGrant {
                 name: h,
                 wildcard: false,
                 port,
+                udp: false,
             },
+        }
+    }
+
+    /// The same grant over UDP instead (`udp://HOST:PORT`).
+    pub fn over_udp(self) -> NameGrant {
+        NameGrant { udp: true, ..self }
+    }
+
+    /// What a matching name's addresses may be reached on.
+    pub fn port_grant(&self) -> super::PortGrant {
+        super::PortGrant {
+            port: self.port,
+            udp: self.udp,
         }
     }
 
@@ -164,7 +182,8 @@ impl NameGrant {
             self.port.to_string()
         };
         let star = if self.wildcard { "*." } else { "" };
-        format!("{star}{}:{port}", self.name)
+        let udp = if self.udp { UDP_SCHEME } else { "" };
+        format!("{udp}{star}{}:{port}", self.name)
     }
 }
 
@@ -256,7 +275,7 @@ impl Policy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     #[error(
-        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *)"
+        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://NAME:PORT (UDP to a name's addresses: names and *.SUFFIX only, net.connect only)"
     )]
     Scope(String),
     #[error(
@@ -266,8 +285,13 @@ pub enum PolicyError {
 }
 
 /// Parse one `HOST:PORT` scope into (host, port); port 0 = any.
+/// The prefix of a `net.connect` name grant over UDP (`udp://api.example.com:443`).
+pub const UDP_SCHEME: &str = "udp://";
+
+/// `HOST:PORT` (or `[V6]:PORT`) without `udp://` (see [`UDP_SCHEME`]).
 fn split_scope(scope: &str) -> Result<(&str, u16), PolicyError> {
     let bad = || PolicyError::Scope(scope.to_string());
+    let scope = scope.strip_prefix(UDP_SCHEME).unwrap_or(scope);
     let (host, port) = scope.rsplit_once(':').ok_or_else(bad)?;
     let port = match port {
         "*" => 0,
@@ -364,6 +388,17 @@ fn add_rules(
     };
     for s in scopes {
         let (host, port) = split_scope(s)?;
+        let udp = s.starts_with(UDP_SCHEME);
+        // udp:// declares UDP to a name's addresses: names only, net.connect only (contracts
+        // validates the same).
+        if udp
+            && (kind == RuleKind::Bind
+                || host == "*"
+                || host.contains('/')
+                || host.parse::<IpAddr>().is_ok())
+        {
+            return Err(PolicyError::Scope(s.clone()));
+        }
         if host == "*" {
             if port == 0 {
                 match kind {
@@ -405,7 +440,8 @@ fn add_rules(
                     hosts(host)
                 };
                 if fixed.is_empty() {
-                    p.names.push(NameGrant::new(host, port));
+                    let g = NameGrant::new(host, port);
+                    p.names.push(if udp { g.over_udp() } else { g });
                     continue;
                 }
                 Ok(fixed)
@@ -660,6 +696,43 @@ mod tests {
         let t = policy_from_scopes(&["*.example.test:443".into()], &no_dns).unwrap();
         assert!(t.rules.is_empty() && t.names.is_empty() && !t.dns);
         assert!(t.notes[0].contains("wildcard"), "{:?}", t.notes);
+    }
+
+    #[test]
+    fn udp_is_declared_per_name_grant() {
+        let none = |_: &str| Vec::new();
+        let p = policy_with_dns(
+            &[
+                "udp://*.example.test:443".into(),
+                "*.example.test:443".into(),
+            ],
+            &[],
+            &none,
+        )
+        .unwrap();
+        assert_eq!(
+            p.names,
+            vec![
+                NameGrant::new("*.example.test", 443).over_udp(),
+                NameGrant::new("*.example.test", 443),
+            ]
+        );
+        assert!(
+            p.describe()
+                .contains("udp://*.example.test:443, *.example.test:443")
+        );
+        // Names only, net.connect only.
+        for (c, b) in [
+            (vec!["udp://198.18.0.1:443".to_string()], vec![]),
+            (vec!["udp://*:443".into()], vec![]),
+            (vec!["udp://10.0.0.0/8:443".into()], vec![]),
+            (vec![], vec!["udp://localhost:53".to_string()]),
+        ] {
+            assert!(
+                matches!(policy_with_dns(&c, &b, &none), Err(PolicyError::Scope(_))),
+                "{c:?} {b:?}"
+            );
+        }
     }
 
     #[test]
