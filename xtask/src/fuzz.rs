@@ -17,6 +17,7 @@ const CARGO_FUZZ: &str = "0.13.2";
 const TARGETS: &[(&str, &str)] = &[
     ("contract", "contract and tool-manifest parsers"),
     ("ipc_lines", "line framing of agent sockets"),
+    ("dns", "DNS stub wire code: queries, answers"),
     ("jsonrpc", "JSON-RPC/MCP parse and dispatch"),
     ("tool_args", "tool-argument schema checks"),
     ("audit_reader", "audit reader/verifier, any bytes"),
