@@ -134,6 +134,26 @@ pub fn handover_pair() -> Result<(OwnedFd, OwnedFd), SyscallError> {
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 32]);
 
+/// An iovec over `byte`.
+fn one_byte(byte: &mut [u8; 1]) -> libc::iovec {
+    libc::iovec {
+        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    }
+}
+
+/// A msghdr carrying `iov` and the first `controllen` bytes of `cbuf` (no allocation: the
+/// child between clone3 and execve uses it too). The caller keeps both alive while it is used.
+fn one_byte_msg(iov: &mut libc::iovec, cbuf: &mut CmsgBuf, controllen: usize) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; zero is a valid value of every field.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = controllen.min(cbuf.0.len());
+    msg
+}
+
 /// In the child, after its other filters: install the notifying filter with a new listener,
 /// send the listener over `sock`, close it. Returns 0 or -1 with `errno` set.
 ///
@@ -157,18 +177,10 @@ pub unsafe fn hand_over_listener(sock: RawFd, prog: &[libc::sock_filter]) -> lib
     }
     let listener = listener as RawFd;
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 1,
-    };
+    let mut iov = one_byte(&mut byte);
     let mut cbuf = CmsgBuf([0; 32]);
-    // SAFETY: msghdr is plain data; every pointer set below points at a live local.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
     // SAFETY: CMSG_SPACE is arithmetic.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as usize;
+    let msg = one_byte_msg(&mut iov, &mut cbuf, unsafe { libc::CMSG_SPACE(4) } as usize);
     // SAFETY: the control buffer is at least CMSG_SPACE(4) bytes and aligned for cmsghdr, so
     // the first header and its 4 data bytes lie inside it.
     let rc = unsafe {
@@ -187,17 +199,9 @@ pub unsafe fn hand_over_listener(sock: RawFd, prog: &[libc::sock_filter]) -> lib
 /// In the daemon, after the child exec'd: the listener it sent on `sock`.
 pub fn receive_listener(sock: BorrowedFd<'_>) -> Result<OwnedFd, SyscallError> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr() as *mut libc::c_void,
-        iov_len: 1,
-    };
+    let mut iov = one_byte(&mut byte);
     let mut cbuf = CmsgBuf([0; 32]);
-    // SAFETY: msghdr is plain data; every pointer set below points at a live local.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.0.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = cbuf.0.len();
+    let mut msg = one_byte_msg(&mut iov, &mut cbuf, 32);
     let err = |e: io::Error| SyscallError::new("recvmsg", "the socket broker's listener", e);
     // SAFETY: recvmsg fills the buffers `msg` points at, all live locals.
     let n = unsafe {
