@@ -12,7 +12,7 @@ mod trace;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use audit::{Decision, Kind};
 use serde_json::{Value, json};
@@ -249,6 +249,11 @@ impl McpService {
     }
 
     fn refused_peer(&self, r: Refusal) {
+        // A process hammering an agent's socket costs a record each only within the denial
+        // records' rate; the rest are counted in the next summary (stall.rs).
+        if !lock(&self.record_limit).admit(&r.agent, "socket-refused", Instant::now()) {
+            return;
+        }
         warn!(
             agent = %r.agent,
             "refused a connection to the agent's MCP socket: {} (pid {:?}, uid {}, cgroup {:?})",

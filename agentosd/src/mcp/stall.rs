@@ -1,6 +1,7 @@
 //! Connections the ipc layer closed because their agent did not read its replies (ipc/budget.rs):
 //! a line in the agent's journal and a Gate record, rate-limited per agent like the kernel
-//! denial records (enforce/limit.rs); what the rate leaves out is counted in one
+//! denial records (enforce/limit.rs), as are the records of connections refused at an agent's
+//! socket (`socket-refused`, mod.rs); what the rate leaves out is counted in one
 //! "socket-events-suppressed" record per agent every [`SUMMARY_EVERY`], never silently.
 
 use std::sync::atomic::Ordering;
@@ -91,10 +92,12 @@ impl McpService {
         let summaries = lock(&self.record_limit).summaries(Instant::now());
         let limits = self.limits.records;
         for s in summaries {
+            let what: Vec<String> = s.by.iter().map(|(e, n)| format!("{n} {e}")).collect();
             let text = format!(
-                "{} more MCP connection(s) closed for not reading replies in {} ms (over the record rate {}/s, burst {}): counted, not recorded one by one",
+                "{} more MCP socket event(s) in {} ms ({}; over the record rate {}/s, burst {}): counted, not recorded one by one",
                 s.suppressed,
                 s.window.as_millis(),
+                what.join(", "),
                 limits.per_sec,
                 limits.burst
             );
