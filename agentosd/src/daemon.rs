@@ -297,6 +297,7 @@ fn setup_models(
         sup.telemetry().clone(),
     );
     tokio::spawn(gateway.clone().keep_ledger());
+    tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {
         gateway.set_consents(m.service.consents().clone());
     }

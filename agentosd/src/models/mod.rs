@@ -110,6 +110,9 @@ pub struct Gateway {
     /// `STATE_DIR/models/ports.json`, so a re-adopted agent's `OPENAI_BASE_URL` still holds),
     /// and the listener made for a run that has not started serving yet.
     host_ports: Mutex<HostPorts>,
+    /// Connections refused at the agents' model sockets and ports: a record each within the
+    /// denial records' default rate per agent, the rest counted ([`Gateway::report_refusals`]).
+    refusals: Mutex<crate::enforce::limit::RecordLimiter>,
 }
 
 /// See [`Gateway::host_port`].
@@ -162,7 +165,57 @@ impl Gateway {
                 ports,
                 pending: HashMap::new(),
             }),
+            refusals: Mutex::new(crate::enforce::limit::RecordLimiter::new(Default::default())),
         })
+    }
+
+    /// A connection refused at `agent`'s model socket or port: the log line and a
+    /// `socket-refused` record with `detail`, if the rate allows; else counted for the next
+    /// summary (a local process hammering the port must not fill the audit file system).
+    pub(crate) fn refused_conn(&self, agent: &AgentModels, log: &str, detail: serde_json::Value) {
+        let now = std::time::Instant::now();
+        if !lock(&self.refusals).admit(&agent.id, "socket-refused", now) {
+            return;
+        }
+        tracing::warn!("{}: {log}", agent.id);
+        if let Some(t) = &self.audit {
+            t.submit_or_count(
+                t.agent_record(audit::Kind::Gate, &agent.tenant, &agent.name)
+                    .decision(audit::Decision::Deny)
+                    .detail(detail),
+            );
+        }
+    }
+
+    /// Every 2 s, one `socket-events-suppressed` record per agent whose refused connections
+    /// were over the rate (spawned by the daemon).
+    pub async fn report_refusals(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            let summaries = lock(&self.refusals).summaries(std::time::Instant::now());
+            for s in summaries {
+                tracing::warn!(
+                    "{}: {} more connection(s) refused at its model socket or port in {} ms: counted, not recorded one by one",
+                    s.agent,
+                    s.suppressed,
+                    s.window.as_millis()
+                );
+                let Some(t) = &self.audit else { continue };
+                let (tenant, name) = s.agent.split_once('/').unwrap_or(("", &s.agent));
+                t.submit_or_count(
+                    t.agent_record(audit::Kind::Gate, tenant, name)
+                        .decision(audit::Decision::Deny)
+                        .detail(serde_json::json!({
+                            "event": "socket-events-suppressed",
+                            "socket": "models",
+                            "count": s.suppressed,
+                            "by": s.by,
+                            "window_ms": s.window.as_millis() as u64,
+                            "agent": s.agent,
+                        })),
+                );
+            }
+        }
     }
 
     /// Writes the tokens used when they changed, every [`budget::Ledger::EVERY`] (spawned by

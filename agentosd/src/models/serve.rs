@@ -7,7 +7,6 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use audit::{Decision, Kind};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -70,27 +69,21 @@ pub(super) async fn accept_unix(
             }
         };
         if let Err(r) = crate::ipc::identify(stream.as_fd(), &who) {
-            tracing::warn!(
-                "{}: model socket: refused a connection from pid {:?} uid {} ({})",
-                agent.id,
-                r.pid,
-                r.uid,
-                r.reason
+            gw.refused_conn(
+                &agent,
+                &format!(
+                    "model socket: refused a connection from pid {:?} uid {} ({})",
+                    r.pid, r.uid, r.reason
+                ),
+                json!({
+                    "event": "socket-refused",
+                    "socket": "models",
+                    "reason": r.reason,
+                    "peer_pid": r.pid,
+                    "peer_uid": r.uid,
+                    "peer_cgroup": r.cgroup,
+                }),
             );
-            if let Some(t) = &gw.audit {
-                t.submit_or_count(
-                    t.agent_record(Kind::Gate, &agent.tenant, &agent.name)
-                        .decision(Decision::Deny)
-                        .detail(json!({
-                            "event": "socket-refused",
-                            "socket": "models",
-                            "reason": r.reason,
-                            "peer_pid": r.pid,
-                            "peer_uid": r.uid,
-                            "peer_cgroup": r.cgroup,
-                        })),
-                );
-            }
             continue;
         }
         serve_conn(gw.clone(), agent.clone(), permit, stream);
@@ -170,21 +163,15 @@ fn refused_port(
     reason: &str,
     uid: Option<u32>,
 ) {
-    tracing::warn!(
-        "{}: model port: refused a connection from {peer} ({reason})",
-        agent.id
+    gw.refused_conn(
+        agent,
+        &format!("model port: refused a connection from {peer} ({reason})"),
+        json!({
+            "event": "socket-refused",
+            "socket": "models-port",
+            "reason": reason,
+            "peer": peer.to_string(),
+            "peer_uid": uid,
+        }),
     );
-    if let Some(t) = &gw.audit {
-        t.submit_or_count(
-            t.agent_record(Kind::Gate, &agent.tenant, &agent.name)
-                .decision(Decision::Deny)
-                .detail(json!({
-                    "event": "socket-refused",
-                    "socket": "models-port",
-                    "reason": reason,
-                    "peer": peer.to_string(),
-                    "peer_uid": uid,
-                })),
-        );
-    }
 }
