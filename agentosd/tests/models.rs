@@ -805,34 +805,7 @@ fn only_the_agent_may_use_its_model_socket() {
     for _ in 0..flood {
         drop(std::os::unix::net::UnixStream::connect(&sock).unwrap());
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (refused, counted) = loop {
-        let all = audit(&s);
-        let refused = all
-            .iter()
-            .filter(|r| r["detail"]["event"] == "socket-refused")
-            .count() as u64;
-        let counted: u64 = all
-            .iter()
-            .filter(|r| r["detail"]["event"] == "socket-events-suppressed")
-            .filter_map(|r| r["detail"]["by"]["socket-refused"].as_u64())
-            .sum();
-        if refused + counted > flood {
-            break (refused, counted);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{refused} records + {counted} counted of {} refusals",
-            flood + 1
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let allowed = 100 + 20 * (t0.elapsed().as_secs() + 1) + 1;
-    assert!(
-        refused <= allowed,
-        "{refused} records (rate allows {allowed})"
-    );
-    assert!(counted > 0, "nothing counted: {refused} records");
+    common::assert_refusals_rate_limited(flood + 1, t0, || audit(&s));
     // Stopping the agent removes its socket.
     s.d.ctl_ok(&["stop", "waiter"]);
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -670,3 +670,41 @@ pub fn audit_records(state_dir: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).expect("a record as JSON"))
         .collect()
 }
+
+/// After `refusals` connections refused at an agent's socket (the flood started at `t0`), wait
+/// until each is either a `socket-refused` record or counted in a `socket-events-suppressed`
+/// summary among the records `audit` reads, and check that the records stay within the denial
+/// records' default rate (burst 100, then 20/s) with the rest counted.
+pub fn assert_refusals_rate_limited(
+    refusals: u64,
+    t0: Instant,
+    audit: impl Fn() -> Vec<serde_json::Value>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (refused, counted) = loop {
+        let all = audit();
+        let refused = all
+            .iter()
+            .filter(|r| r["detail"]["event"] == "socket-refused")
+            .count() as u64;
+        let counted: u64 = all
+            .iter()
+            .filter(|r| r["detail"]["event"] == "socket-events-suppressed")
+            .filter_map(|r| r["detail"]["by"]["socket-refused"].as_u64())
+            .sum();
+        if refused + counted >= refusals {
+            break (refused, counted);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{refused} records + {counted} counted of {refusals} refusals"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let allowed = 100 + 20 * (t0.elapsed().as_secs() + 1) + 1;
+    assert!(
+        refused <= allowed,
+        "{refused} socket-refused records for {refusals} refusals (rate allows {allowed})"
+    );
+    assert!(counted > 0, "nothing counted: {refused} records");
+}
