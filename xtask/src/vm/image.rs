@@ -40,10 +40,15 @@ const GUEST_PACKAGES: &[&str] = &[
     // The example tools run as installed (vm-tests/tests/mcp.rs): text.wordcount and crypto.hmac
     // are Python scripts in /usr/lib/agentos/tools.
     "python3",
+    // The files example tool is the published MCP filesystem server, a Node.js program
+    // (examples/tools/files.yaml runs /usr/bin/node; vm-tests/tests/examples.rs).
+    "nodejs",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
-/// the io.max test a block device.
-const MODULES: &[&str] = &["veth", "dummy", "loop"];
+/// the io.max test a block device; `virtio_net` the guest's one link to the host, QEMU's user
+/// network, over which the example model agent reaches the model server on the host's loopback
+/// (vm-tests/tests/examples.rs).
+const MODULES: &[&str] = &["veth", "dummy", "loop", "virtio_net"];
 /// Units that only cost boot time in a throwaway guest.
 const MASKED_UNITS: &[&str] = &[
     "apt-daily.timer",

@@ -6,8 +6,10 @@
 //! second cpio with the freshly built binaries, boots, installs agentosd the way a user would and
 //! runs the `vm-tests` suite; `shell` boots the same guest interactively. See docs/vm-tests.md.
 
+mod examples;
 pub mod host;
 mod image;
+mod model;
 mod payload;
 mod qemu;
 
@@ -26,6 +28,10 @@ pub enum VmCmd {
     /// Boot the guest with agentosd installed and started, and give an interactive root shell
     /// on the serial console (leave with `poweroff`, or Ctrl-A X).
     Shell(ShellArgs),
+    /// (internal) QEMU runs this per guest connection to the example model: copies the
+    /// connection (stdin/stdout) to ADDR and back.
+    #[command(hide = true)]
+    Relay { addr: String },
 }
 
 #[derive(Args)]
@@ -84,6 +90,7 @@ pub fn run(cmd: VmCmd) -> Result<()> {
         }
         VmCmd::Test(a) => test(&a),
         VmCmd::Shell(a) => shell(&a),
+        VmCmd::Relay { addr } => model::relay(&addr),
     }
 }
 
@@ -104,19 +111,24 @@ fn test(a: &TestArgs) -> Result<()> {
     let image = image::setup(&cache, false)?;
     let build = payload::build(a.release, true)?;
     let run_dir = cache.join("run");
+    let examples = examples::ensure(&cache)?;
     let initrd = payload::stage(
         &build,
         &image,
+        &[examples],
         &run_dir,
         payload::Mode::Test {
             filter: a.filter.clone(),
         },
     )?;
     let log = run_dir.join("serial.log");
+    let model = model::HostModel::start()?;
+    let nic = model.nic()?;
     let boot = || {
         qemu::boot_test(
             &image,
             &initrd,
+            &nic,
             &log,
             a.mem,
             Duration::from_secs(a.timeout),
@@ -184,8 +196,10 @@ fn shell(a: &ShellArgs) -> Result<()> {
     let image = image::setup(&cache, false)?;
     let build = payload::build(a.release, true)?;
     let run_dir = cache.join("shell");
-    let initrd = payload::stage(&build, &image, &run_dir, payload::Mode::Shell)?;
-    qemu::boot_shell(&image, &initrd, a.mem)
+    let examples = examples::ensure(&cache)?;
+    let initrd = payload::stage(&build, &image, &[examples], &run_dir, payload::Mode::Shell)?;
+    let model = model::HostModel::start()?;
+    qemu::boot_shell(&image, &initrd, &model.nic()?, a.mem)
 }
 
 fn print_log(log: &Path) {

@@ -127,8 +127,15 @@ pub fn build(release: bool, tests: bool) -> Result<Build> {
 }
 
 /// Stages the payload in `run_dir/payload`, packs it, and returns the initramfs to boot:
-/// the image's root file system followed by the payload.
-pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<PathBuf> {
+/// the image's root file system, the `extra` archives (the examples' dependencies), then the
+/// payload.
+pub fn stage(
+    b: &Build,
+    image: &Image,
+    extra: &[PathBuf],
+    run_dir: &Path,
+    mode: Mode,
+) -> Result<PathBuf> {
     let root = run_dir.join("payload");
     if root.exists() {
         fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
@@ -186,7 +193,10 @@ pub fn stage(b: &Build, image: &Image, run_dir: &Path, mode: Mode) -> Result<Pat
     pack_cpio(&root, &payload)?;
     let initrd = run_dir.join("initrd.cpio");
     let mut out = fs::File::create(&initrd)?;
-    for part in [&image.rootfs, &payload] {
+    for part in std::iter::once(&image.rootfs)
+        .chain(extra)
+        .chain(std::iter::once(&payload))
+    {
         let mut f = fs::File::open(part).with_context(|| format!("opening {}", part.display()))?;
         std::io::copy(&mut f, &mut out)?;
     }
@@ -251,6 +261,14 @@ const INSTALL_SH: &str = r#"#!/bin/sh
 echo "== install agentosd: systemd-sysusers, systemd-tmpfiles, daemon-reload, start"
 systemd-sysusers
 systemd-tmpfiles --create
+# QEMU's user network (xtask/src/vm/model.rs): the one device with a bus behind it, the guest's
+# only way to the example model on the host (10.0.2.100:8080, forwarded by QEMU).
+modprobe virtio_net
+for n in /sys/class/net/*; do
+  [ -e "$n/device" ] || continue
+  ip link set "${n##*/}" up && ip addr add 10.0.2.15/24 dev "${n##*/}" && echo "== network: ${n##*/} 10.0.2.15/24"
+  break
+done
 # The suite exercises the sched_ext scheduler scx_agentos: enable it as an operator would.
 mkdir -p /etc/systemd/system/agentosd.service.d
 printf '[Service]\nEnvironment=AGENTOSD_SCHED_EXT=1\n' > /etc/systemd/system/agentosd.service.d/sched-ext.conf

@@ -29,7 +29,8 @@ pub enum Outcome {
     NoMarker { why: String, log: PathBuf },
 }
 
-fn qemu(image: &Image, initrd: &Path, mem: u32, cmdline: &str) -> Command {
+/// `nic`: the `-nic` option (model.rs: user networking restricted to the example model).
+fn qemu(image: &Image, initrd: &Path, nic: &str, mem: u32, cmdline: &str) -> Command {
     let smp = std::thread::available_parallelism()
         .map(|n| n.get().clamp(2, 4))
         .unwrap_or(2);
@@ -45,6 +46,7 @@ fn qemu(image: &Image, initrd: &Path, mem: u32, cmdline: &str) -> Command {
     c.args(["-nodefaults", "-display", "none", "-no-reboot"])
         .args(["-accel", accel, "-cpu", "max,la57=off"])
         .args(["-smp", &smp.to_string(), "-m", &mem.to_string()])
+        .args(["-nic", nic])
         .arg("-kernel")
         .arg(&image.kernel)
         .arg("-initrd")
@@ -57,12 +59,13 @@ fn qemu(image: &Image, initrd: &Path, mem: u32, cmdline: &str) -> Command {
 pub fn boot_test(
     image: &Image,
     initrd: &Path,
+    nic: &str,
     log_path: &Path,
     mem: u32,
     timeout: Duration,
     verbose: bool,
 ) -> Result<Outcome> {
-    let mut cmd = qemu(image, initrd, mem, CMDLINE);
+    let mut cmd = qemu(image, initrd, nic, mem, CMDLINE);
     cmd.args(["-monitor", "none", "-serial", "stdio"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -186,13 +189,13 @@ pub fn boot_test(
 }
 
 /// Boots the guest with the serial console on this terminal.
-pub fn boot_shell(image: &Image, initrd: &Path, mem: u32) -> Result<()> {
+pub fn boot_shell(image: &Image, initrd: &Path, nic: &str, mem: u32) -> Result<()> {
     eprintln!(
         "vm: booting kernel {}; root logs in on the serial console. \
          Leave with `poweroff` (or Ctrl-A X).",
         image.kernel_version
     );
-    let mut cmd = qemu(image, initrd, mem, CMDLINE);
+    let mut cmd = qemu(image, initrd, nic, mem, CMDLINE);
     cmd.args(["-serial", "mon:stdio"]);
     super::host::run(&mut cmd)
 }
