@@ -14,7 +14,7 @@ use clap::Args;
 const CARGO_FUZZ: &str = "0.13.2";
 
 /// The fuzz targets (fuzz/fuzz_targets/NAME.rs), in the order they run.
-const TARGETS: &[(&str, &str)] = &[
+pub const TARGETS: &[(&str, &str)] = &[
     ("contract", "contract and tool-manifest parsers"),
     ("ipc_lines", "line framing of agent sockets"),
     ("dns", "DNS stub wire code: queries, answers"),
@@ -35,6 +35,12 @@ pub struct FuzzArgs {
     /// List the targets and exit.
     #[arg(long)]
     list: bool,
+    /// The short mode `cargo xtask test` runs: build the targets with the stable toolchain
+    /// (no libFuzzer instrumentation, no cargo-fuzz) and run each once on every input kept in
+    /// fuzz/corpus/TARGET and fuzz/artifacts/TARGET, then `--seconds` of uninstrumented random
+    /// inputs; any panic fails.
+    #[arg(long)]
+    replay: bool,
 }
 
 /// One target's run.
@@ -64,6 +70,9 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         .map(|(n, _)| *n)
         .filter(|n| args.targets.is_empty() || args.targets.iter().any(|t| t == n))
         .collect();
+    if args.replay {
+        return crate::fuzz_replay::run(&chosen, args.seconds);
+    }
     let root = crate::workspace_root();
     let nightly = Command::new("rustup")
         .args(["run", "nightly", "rustc", "--version"])

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod fuzz;
+mod fuzz_replay;
 mod install;
 mod model_peers;
 mod mutants;
@@ -223,6 +224,10 @@ fn test(host_only: bool, allow_skips: bool) -> Result<()> {
         &env,
         Some(std::time::Duration::from_secs(45 * 60)),
     )?;
+    // The short fuzz mode: every kept input of every fuzz target once, and a few seconds of
+    // random inputs each (stable toolchain; the long runs are `cargo xtask fuzz`).
+    let targets: Vec<&str> = fuzz::TARGETS.iter().map(|(n, _)| *n).collect();
+    fuzz_replay::run(&targets, 5)?;
     if model_peers.is_none() {
         eprintln!(
             "xtask test: the model tests were SKIPPED (model peers not installed; run `cargo \
