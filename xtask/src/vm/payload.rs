@@ -12,6 +12,9 @@ use anyhow::{Context, Result, bail};
 use super::image::{Image, pack_cpio};
 use super::{host, workspace_root};
 
+/// agentosd's host test suites (agentosd/tests/NAME.rs) that run in the guest too.
+const HOST_SUITES: &[&str] = &["escape", "dns"];
+
 /// Where the test harness lives in the guest.
 pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
 
@@ -96,31 +99,36 @@ pub fn build(release: bool, tests: bool) -> Result<Build> {
     if b.tests.is_empty() {
         bail!("cargo test -p vm-tests --no-run produced no test binary");
     }
-    // The host's escape suite runs in the guest too, where BPF LSM, the cgroup controllers and
-    // systemd are real (it starts its own agentosd on a private bus; AGENTOS_TEST_AGENTOSD in
-    // run-tests.sh points it at the installed binaries).
-    eprintln!("vm: building the escape suite ({profile})");
-    let mut c = cargo();
-    c.args([
-        "test",
-        "-p",
-        "agentosd",
-        "--test",
-        "escape",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ]);
-    if release {
-        c.arg("--release");
+    // Host suites that also run in the guest, where BPF LSM, the cgroup controllers and
+    // systemd are real (each starts its own agentosd on a private bus; AGENTOS_TEST_AGENTOSD in
+    // run-tests.sh points it at the installed binaries): the escape suite, and the egress-by-name
+    // suite (whose connects the BPF LSM's socket_connect sees there too).
+    for suite in HOST_SUITES {
+        eprintln!("vm: building the host suite {suite} ({profile})");
+        let mut c = cargo();
+        c.args([
+            "test",
+            "-p",
+            "agentosd",
+            "--test",
+            suite,
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ]);
+        if release {
+            c.arg("--release");
+        }
+        let out = host::output(&mut c)?;
+        let exe = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == *suite)
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .with_context(|| {
+                format!("cargo test -p agentosd --test {suite} --no-run produced no binary")
+            })?;
+        b.tests.push((suite.to_string(), exe));
     }
-    let out = host::output(&mut c)?;
-    let escape = out
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "escape")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .context("cargo test -p agentosd --test escape --no-run produced no binary")?;
-    b.tests.push(("escape".to_string(), escape));
     b.tests.sort();
     b.helpers.sort();
     Ok(b)
