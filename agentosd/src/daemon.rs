@@ -319,6 +319,8 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     let (sup, rx, trail, scx, report) = build_supervisor(&opts, &root)?;
     bound_self(&root, &opts);
+    // Agents' network namespaces, made ahead of their starts (sandbox/netns_pool.rs).
+    crate::sandbox::netns_pool::fill();
     let missing = sup.missing_controllers();
     report_budgets(&root, &missing);
 

@@ -172,9 +172,7 @@ pub fn spawn_with_stdio(
         .map_err(|e| SyscallError::new("pipe2", "exec status pipe", e.into()))?;
     // The socket broker's listener comes back on this pair (sandbox/sockets.rs).
     let handover = match cmd.sandbox.as_ref() {
-        Some(sb) if sb.namespaces.brokered() && sb.netns.is_none() => {
-            Some(crate::sandbox::sockets::handover_pair()?)
-        }
+        Some(sb) if sb.namespaces.brokered() => Some(crate::sandbox::sockets::handover_pair()?),
         _ => None,
     };
 

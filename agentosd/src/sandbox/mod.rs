@@ -7,6 +7,7 @@
 
 pub mod identity;
 pub mod landlock;
+pub mod netns_pool;
 pub mod seccomp;
 pub mod sockets;
 
@@ -40,7 +41,7 @@ pub fn stage_name(stage: i32) -> Option<&'static str> {
         STAGE_NO_NEW_PRIVS => "sandbox: prctl(PR_SET_NO_NEW_PRIVS) for",
         STAGE_LANDLOCK => "sandbox: landlock_restrict_self for",
         STAGE_SECCOMP => "sandbox: seccomp(SECCOMP_SET_MODE_FILTER) for",
-        STAGE_NETNS => "sandbox: setns(CLONE_NEWNET) into the namespace made for",
+        STAGE_NETNS => "sandbox: setns(CLONE_NEWNET) into the network namespace made ahead for",
         sockets::STAGE_BROKER => "sandbox: seccomp user notification (the socket broker) for",
         _ => return None,
     })
@@ -136,7 +137,8 @@ pub struct PreparedSandbox {
     /// Kernel namespaces the child gets of its own (clone3 flags, spawn.rs).
     pub namespaces: Namespaces,
     /// The network namespace the child joins (`setns`) instead of making one: the one the
-    /// daemon made for it with the model gateway's port on its loopback (models/tcp.rs).
+    /// daemon made for it with the model gateway's port on its loopback (models/tcp.rs), or a
+    /// fresh one made ahead of the start ([`netns_pool`]).
     pub netns: Option<OwnedFd>,
     /// The socket broker's notifying filter ([`sockets::notify_filter`]), installed last, when
     /// `namespaces.brokered()`.
@@ -236,10 +238,12 @@ pub fn prepare_with(
     let mut notes = Vec::new();
     let abi = landlock::kernel_abi();
     let namespaces = Namespaces::for_grants(&grants);
-    let netns = gateway.netns.filter(|_| !namespaces.broker);
+    // The gateway's namespace decides what the agent may do (an inet socket to its port); a
+    // pooled one (below) is only where its own namespace was made beforehand.
+    let gateway_ns = gateway.netns.filter(|_| !namespaces.broker);
     let mut plan = grants.plan(&home)?;
     if let Some(ports) = plan.connect.as_mut() {
-        if netns.is_some() {
+        if gateway_ns.is_some() {
             ports.push(crate::models::tcp::TCP_PORT);
         }
         if namespaces.broker {
@@ -292,10 +296,10 @@ pub fn prepare_with(
     // Socket rules per contract: inet sockets only with a network grant (or the gateway's
     // port in the agent's own namespace), listen() only with net.bind (seccomp/).
     let seccomp = seccomp::compiled_for(seccomp::NetShape::for_grants(
-        !grants.net_connect.is_empty() || netns.is_some(),
+        !grants.net_connect.is_empty() || gateway_ns.is_some(),
         !grants.net_bind.is_empty(),
     ))?;
-    if netns.is_some() {
+    if gateway_ns.is_some() {
         notes.push(format!(
             "net: own network namespace; the model gateway on 127.0.0.1:{} is the only place it can connect to",
             crate::models::tcp::TCP_PORT
@@ -310,7 +314,13 @@ pub fn prepare_with(
         notes,
         last_cap: cap_last_cap(),
         namespaces,
-        netns,
+        netns: gateway_ns.or_else(|| {
+            if namespaces.net {
+                netns_pool::take()
+            } else {
+                None
+            }
+        }),
         notify: if namespaces.brokered() {
             sockets::notify_filter()
         } else {
@@ -337,8 +347,10 @@ impl PreparedSandbox {
         // SAFETY: plain system calls on values and on buffers owned by `self`, which the
         // child's copy of the address space keeps alive until execve.
         unsafe {
-            // Into the namespace made for it, while it still has CAP_SYS_ADMIN.
-            if let Some(ns) = &self.netns
+            // Into the namespace made for it, while it still has CAP_SYS_ADMIN (`namespaces.net`
+            // is the one switch: without it the child stays in the daemon's namespace).
+            if self.namespaces.net
+                && let Some(ns) = &self.netns
                 && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
             {
                 return Err(STAGE_NETNS);
