@@ -168,6 +168,7 @@ impl Supervisor {
             policy.dns_port = dns
                 .start(spec, pinned)
                 .map_err(|e| Error::Kernel(format!("agent {}: DNS stub: {e}", agent.id)))?;
+            policy.dns6 = dns.serves_v6(&agent.id);
         }
         enforcer
             .set_policy(&agent.id, &agent.tenant, &agent.name, id, &policy)

@@ -7,7 +7,8 @@
 use std::net::IpAddr;
 
 use super::{
-    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, INET, MAX_RULES, RULE_BIND, RULE_CONNECT,
+    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, DNS6, INET, MAX_RULES, RULE_BIND,
+    RULE_CONNECT, RULE_TCP, RULE_UDP,
 };
 
 /// `struct agentos_net_rule`.
@@ -58,6 +59,19 @@ pub struct Rule {
     /// 0 = any port.
     pub port: u16,
     pub kind: RuleKind,
+    /// Which protocols: an address grant both, `udp://ADDR:PORT` UDP only
+    /// (`AGENTOS_NET_RULE_UDP`), a name resolved now (a tool's) TCP only unless `udp://`
+    /// (`AGENTOS_NET_RULE_TCP`), as the DNS stub's name grants.
+    pub proto: Proto,
+}
+
+/// The protocols a [`Rule`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Proto {
+    #[default]
+    Any,
+    Tcp,
+    Udp,
 }
 
 impl Rule {
@@ -68,6 +82,10 @@ impl Rule {
             kind: match self.kind {
                 RuleKind::Connect => RULE_CONNECT,
                 RuleKind::Bind => RULE_BIND,
+            } | match self.proto {
+                Proto::Any => 0,
+                Proto::Tcp => RULE_TCP,
+                Proto::Udp => RULE_UDP,
             },
             ..RawRule::default()
         };
@@ -109,6 +127,9 @@ pub struct Policy {
     /// 127.0.0.1:`dns_port`, and addresses it answers for `names` are allowed while valid.
     pub dns: bool,
     pub dns_port: u16,
+    /// The stub serves [::1]:`dns_port` too (`AGENTOS_NET_DNS6`): IPv6 sockets' queries go
+    /// there.
+    pub dns6: bool,
     /// `net.connect` scopes by name (`api.example.com:443`, `*.example.test:443`).
     pub names: Vec<NameGrant>,
     /// What the operator should know (names that did not resolve…).
@@ -198,7 +219,8 @@ impl Policy {
                     0
                 }
                 | if self.inet { INET } else { 0 }
-                | if self.dns { DNS } else { 0 },
+                | if self.dns { DNS } else { 0 }
+                | if self.dns && self.dns6 { DNS6 } else { 0 },
             rules: [RawRule::default(); MAX_RULES],
             dns_port: self.dns_port,
             _pad: [0; 3],
@@ -236,8 +258,13 @@ impl Policy {
         if kind == RuleKind::Connect {
             names = self.names.iter().map(NameGrant::describe).collect();
             if self.dns {
+                let v6 = if self.dns6 {
+                    format!(", [::1]:{}", self.dns_port)
+                } else {
+                    String::new()
+                };
                 names.push(format!(
-                    "DNS through the daemon's stub (127.0.0.1:{})",
+                    "DNS through the daemon's stub (127.0.0.1:{}{v6})",
                     self.dns_port
                 ));
             }
@@ -262,7 +289,12 @@ impl Policy {
                 } else {
                     r.port.to_string()
                 };
-                format!("{host}:{port}")
+                let (pre, post) = match r.proto {
+                    Proto::Any => ("", ""),
+                    Proto::Udp => (UDP_SCHEME, ""),
+                    Proto::Tcp => ("", " (TCP)"),
+                };
+                format!("{pre}{host}:{port}{post}")
             })
             .collect();
         v.dedup();
@@ -275,7 +307,7 @@ impl Policy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     #[error(
-        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://NAME:PORT (UDP to a name's addresses: names and *.SUFFIX only, net.connect only)"
+        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://HOST:PORT (UDP only: a name, *.SUFFIX, address or prefix, not *; net.connect only)"
     )]
     Scope(String),
     #[error(
@@ -389,16 +421,12 @@ fn add_rules(
     for s in scopes {
         let (host, port) = split_scope(s)?;
         let udp = s.starts_with(UDP_SCHEME);
-        // udp:// declares UDP to a name's addresses: names only, net.connect only (contracts
-        // validates the same).
-        if udp
-            && (kind == RuleKind::Bind
-                || host == "*"
-                || host.contains('/')
-                || host.parse::<IpAddr>().is_ok())
-        {
+        // udp:// declares UDP only: to a name's addresses, an address or a prefix, in
+        // net.connect only; not with "*" (contracts validates the same).
+        if udp && (kind == RuleKind::Bind || host == "*") {
             return Err(PolicyError::Scope(s.clone()));
         }
+        let at = p.rules.len();
         if host == "*" {
             if port == 0 {
                 match kind {
@@ -412,6 +440,7 @@ fn add_rules(
                     family,
                     port,
                     kind,
+                    proto: Proto::Any,
                 });
             }
             continue;
@@ -425,6 +454,7 @@ fn add_rules(
                 .filter(|l| *l <= max)
                 .ok_or_else(|| PolicyError::Scope(s.clone()))?;
             p.rules.push(rule_for(addr, len, port, kind));
+            set_proto(p, at, if udp { Proto::Udp } else { Proto::Any });
             continue;
         }
         let resolved = match (host.parse::<IpAddr>(), names) {
@@ -465,8 +495,24 @@ fn add_rules(
             let len = if a.is_ipv4() { 32 } else { 128 };
             p.rules.push(rule_for(a, len, port, kind));
         }
+        // A name resolved now is a name grant too: TCP unless udp:// (not a name in
+        // /etc/hosts, a fixed address of the operator's).
+        let resolved_name = host.parse::<IpAddr>().is_err() && matches!(names, Names::Resolve(_));
+        let proto = match (udp, resolved_name && kind == RuleKind::Connect) {
+            (true, _) => Proto::Udp,
+            (false, true) => Proto::Tcp,
+            (false, false) => Proto::Any,
+        };
+        set_proto(p, at, proto);
     }
     Ok(())
+}
+
+/// The rules from `at` on allow `proto`.
+fn set_proto(p: &mut Policy, at: usize, proto: Proto) {
+    for r in &mut p.rules[at..] {
+        r.proto = proto;
+    }
 }
 
 fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
@@ -484,6 +530,7 @@ fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
         net: Some((addr, len)),
         port,
         kind,
+        proto: Proto::Any,
     }
 }
 
@@ -566,7 +613,7 @@ mod tests {
         assert!(p.notes[0].contains("nowhere.invalid"));
         assert_eq!(
             p.describe(),
-            "127.0.0.1:8080, 192.0.2.7:443, [2001:db8::7]:443, 10.0.0.0/8:*, [::1]:53"
+            "127.0.0.1:8080, 192.0.2.7:443 (TCP), [2001:db8::7]:443 (TCP), 10.0.0.0/8:*, [::1]:53"
         );
         let raw = p.raw();
         assert_eq!(raw.n_rules, 5);
@@ -721,18 +768,60 @@ mod tests {
             p.describe()
                 .contains("udp://*.example.test:443, *.example.test:443")
         );
-        // Names only, net.connect only.
+        // net.connect only, not "*".
         for (c, b) in [
-            (vec!["udp://198.18.0.1:443".to_string()], vec![]),
-            (vec!["udp://*:443".into()], vec![]),
-            (vec!["udp://10.0.0.0/8:443".into()], vec![]),
+            (vec!["udp://*:443".to_string()], vec![]),
             (vec![], vec!["udp://localhost:53".to_string()]),
+            (vec![], vec!["udp://127.0.0.1:53".to_string()]),
         ] {
             assert!(
                 matches!(policy_with_dns(&c, &b, &none), Err(PolicyError::Scope(_))),
                 "{c:?} {b:?}"
             );
         }
+    }
+
+    #[test]
+    fn udp_address_grants_are_udp_only_and_plain_ones_both() {
+        let none = |_: &str| Vec::new();
+        let p = policy_with_dns(
+            &[
+                "udp://198.18.0.1:443".into(),
+                "udp://[2001:db8::1]:443".into(),
+                "udp://10.0.0.0/8:53".into(),
+                "198.18.0.2:443".into(),
+            ],
+            &[],
+            &none,
+        )
+        .unwrap();
+        let protos: Vec<Proto> = p.rules.iter().map(|r| r.proto).collect();
+        assert_eq!(protos, [Proto::Udp, Proto::Udp, Proto::Udp, Proto::Any]);
+        let raw = p.raw();
+        assert_eq!(raw.rules[0].kind, RULE_CONNECT | RULE_UDP);
+        assert_eq!(raw.rules[3].kind, RULE_CONNECT);
+        assert!(
+            p.describe().starts_with(
+                "udp://198.18.0.1:443, udp://[2001:db8::1]:443, udp://10.0.0.0/8:53, 198.18.0.2:443"
+            ),
+            "{}",
+            p.describe()
+        );
+        // A tool's names, resolved now: TCP unless udp://, like the stub's name grants.
+        let resolve = |_: &str| Ok(vec!["198.18.0.9".parse().unwrap()]);
+        let p = policy_from_grants(
+            &[
+                "api.test:443".into(),
+                "udp://quic.test:443".into(),
+                "198.18.0.3:1".into(),
+            ],
+            &["x.test:80".into()],
+            &resolve,
+        )
+        .unwrap();
+        let protos: Vec<Proto> = p.rules.iter().map(|r| r.proto).collect();
+        assert_eq!(protos, [Proto::Tcp, Proto::Udp, Proto::Any, Proto::Any]);
+        assert_eq!(p.raw().rules[0].kind, RULE_CONNECT | RULE_TCP);
     }
 
     #[test]
