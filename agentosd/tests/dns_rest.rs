@@ -11,6 +11,9 @@
 //!   allows (`--dns-allow-private 10.99.0.0/16`) passes.
 //! - **`udp://ADDR:PORT`**: UDP only to that address (TCP `EPERM`); a plain `ADDR:PORT` grant
 //!   keeps both.
+//! - **Tool cgroups**: a tool granted `*.example.test:P` and `udp://quic.other.test:P` (met
+//!   with its caller's grants) resolves through a stub of its own: the name's address over TCP,
+//!   not UDP; the udp:// name over UDP; an ungranted name NXDOMAIN.
 //! - **IPv6-only sockets**: a query sent from an `IPV6_V6ONLY` socket to an IPv6 resolver is
 //!   answered by the stub on `::1` (where the host has it).
 //!
@@ -41,6 +44,8 @@ const PUBLIC: &str = "198.18.0.31";
 const FLIP: &str = "198.18.0.30";
 const UDP_ONLY: &str = "198.18.0.40";
 const BOTH: &str = "198.18.0.41";
+/// www.example.test's address (the tool test's TCP server).
+const WWW: &str = "198.18.0.10";
 
 const SCRIPT: &str = r#"
 import errno, socket, struct, sys, time
@@ -182,7 +187,8 @@ fn answer(q: &[u8], tcp: bool, flips: &AtomicU32) -> Option<Vec<u8>> {
                 vec![a(PRIVATE)]
             }
         }
-        ("www.example.test", 1) => vec![a("198.18.0.10")],
+        ("www.example.test", 1) => vec![a(WWW)],
+        ("quic.other.test", 1) => vec![a(UDP_ONLY)],
         _ => Vec::new(),
     };
     let mut r = q[..2].to_vec();
@@ -404,7 +410,174 @@ fn in_netns() {
             "{r:?}"
         );
     } else {
-        common::skip("dns_rest v6only", &format!("the stub has no [::1]: {notes}"));
+        common::skip(
+            "dns_rest v6only",
+            &format!("the stub has no [::1]: {notes}"),
+        );
     }
+    drop(d);
+}
+
+const TOOL_PROBE: &str = r#"import json, socket, sys
+p = int(sys.argv[1])
+out = {}
+def attempt(name, f):
+    try:
+        r = f()
+        out[name] = "ok" + ("" if r is None else " " + str(r))
+    except socket.gaierror as e:
+        out[name] = "gaierror %d" % e.args[0]
+    except OSError as e:
+        out[name] = "err %d" % e.errno
+def resolve(h):
+    return socket.getaddrinfo(h, 80, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+def udp(a):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    try:
+        s.sendto(b"ping", (a, p))
+        return s.recvfrom(100)[0].decode()
+    finally:
+        s.close()
+attempt("resolve-www", lambda: resolve("www.example.test"))
+attempt("tcp-www", lambda: socket.create_connection((resolve("www.example.test"), p), timeout=3).close())
+attempt("udp-www", lambda: udp(resolve("www.example.test")))
+attempt("udp-quic", lambda: udp(resolve("quic.other.test")))
+attempt("tcp-quic", lambda: socket.create_connection((resolve("quic.other.test"), p), timeout=3).close())
+attempt("resolve-evil", lambda: resolve("secret.attacker.test"))
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_tools_names_go_through_a_stub_of_its_own() {
+    skip_unless_capable!();
+    if let Err(e) = agentosd::enforce::net::probe_load() {
+        common::skip(
+            "dns_rest",
+            &format!("the cgroup BPF programs cannot load here: {e}"),
+        );
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        common::skip("dns_rest", "/usr/bin/python3 is needed for the tool");
+        return;
+    }
+    std::thread::spawn(tool_in_netns).join().unwrap();
+}
+
+fn tool_in_netns() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+    ip(&["link", "set", "lo", "up"]);
+    for a in [UPSTREAM, WWW, UDP_ONLY] {
+        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let flips = Arc::new(AtomicU32::new(0));
+    let (l, f) = (log.clone(), flips.clone());
+    let up = UdpSocket::bind((UPSTREAM, 53)).unwrap();
+    std::thread::spawn(move || fake_upstream_udp(up, l, f));
+    let s = TcpListener::bind((WWW, 0)).unwrap();
+    let p = s.local_addr().unwrap().port();
+    std::thread::spawn(move || accept_all(s));
+    let q = TcpListener::bind((UDP_ONLY, p)).unwrap();
+    std::thread::spawn(move || accept_all(q));
+    for a in [WWW, UDP_ONLY] {
+        let u = UdpSocket::bind((a, p)).unwrap();
+        std::thread::spawn(move || udp_echo(u));
+    }
+
+    let bus = Bus::start();
+    let cg = TestCgroup::new("dnstool");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let tools = dir.path().join("tools.d");
+    std::fs::create_dir(&tools).unwrap();
+    let grants = format!("[\"*.example.test:{p}\", \"udp://quic.other.test:{p}\"]");
+    std::fs::write(
+        tools.join("dns-probe.yaml"),
+        format!(
+            "apiVersion: agentos/v0.2\nkind: Tool\nname: dns.probe\n\
+             description: names through the stub (dns_rest test).\nrisk: low\ntimeout_ms: 30000\n\
+             exec:\n  command: /usr/bin/python3\n  args: [\"-c\", {}, \"{p}\"]\n\
+             input_schema: {{type: object}}\nsandbox:\n  net.connect: {grants}\n",
+            serde_json::to_string(TOOL_PROBE).unwrap()
+        ),
+    )
+    .unwrap();
+    let up_arg = format!("{UPSTREAM}:53");
+    let d = Daemon::start_with(
+        &bus,
+        &cg.path,
+        dir.path(),
+        &[
+            "--bpf-pin-dir",
+            "none",
+            "--dns-upstream",
+            &up_arg,
+            "--tools-dir",
+            tools.to_str().unwrap(),
+        ],
+    );
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"dns.probe","arguments":{}}}"#,
+    ];
+    let bridge = Path::new(common::bridge_bin());
+    let bin_dir = bridge.parent().unwrap().display().to_string();
+    let script = format!(
+        "printf '%s\\n' {} | {}; echo bridge-exit=$?",
+        requests
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        bridge.display()
+    );
+    let c = common::contract(
+        dir.path(),
+        "tooluser",
+        &format!(
+            "{{ command: /bin/sh, args: [\"-c\", {}] }}",
+            serde_json::to_string(&script).unwrap()
+        ),
+        &format!(
+            "restart: {{ policy: \"no\" }}\ncapabilities:\n  - dns.probe\n  - net.connect: {grants}\n\
+             \x20 - fs.read: [\"{bin_dir}\"]\n  - fs.exec: [/usr, /bin, /lib, \"{bin_dir}\"]\n"
+        ),
+    );
+    d.ctl_ok(&["start", c.to_str().unwrap()]);
+    let log_path = dir.path().join("logs/default/tooluser.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let t = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if t.contains("bridge-exit=") {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tool call did not finish: {t}\ndaemon log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let reply: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["id"] == 2)
+        .unwrap_or_else(|| panic!("no reply in {text}"));
+    let out = &reply["result"]["structuredContent"];
+    let eperm = format!("err {}", libc::EPERM);
+    assert_eq!(out["resolve-www"], format!("ok {WWW}"), "{reply}");
+    assert_eq!(out["tcp-www"], "ok", "{reply}");
+    assert_eq!(out["udp-www"], eperm.as_str(), "{reply}");
+    assert_eq!(out["udp-quic"], "ok pong", "{reply}");
+    assert_eq!(out["tcp-quic"], eperm.as_str(), "{reply}");
+    assert_eq!(out["resolve-evil"], "gaierror -2", "{reply}");
+    let seen = log.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|q| q.contains("attacker")),
+        "the upstream was asked {seen:?}"
+    );
     drop(d);
 }

@@ -175,6 +175,18 @@ impl Dns {
     /// re-adopted agent's pinned policy names it), else on a new one; returns the port.
     pub fn start(self: &Arc<Self>, spec: StubSpec, port: Option<u16>) -> Result<u16, DnsError> {
         let id = spec.agent_id.clone();
+        self.start_as(&id, spec, port)
+    }
+
+    /// [`Dns::start`] under another key than the agent's id (a tool cgroup's stub, which
+    /// answers for its caller's agent).
+    pub fn start_as(
+        self: &Arc<Self>,
+        id: &str,
+        spec: StubSpec,
+        port: Option<u16>,
+    ) -> Result<u16, DnsError> {
+        let id = id.to_string();
         // The old stub (a restart of the same agent) goes first: its port is free again.
         let old = lock(&self.stubs).remove(&id);
         if let Some(o) = old.as_ref().filter(|o| o.cgroup_id() != spec.cgroup_id) {
@@ -192,7 +204,7 @@ impl Dns {
         Ok(port)
     }
 
-    /// Stop agent `id`'s stub (its sockets close) and forget what it answered.
+    /// Stop agent (or key) `id`'s stub (its sockets close) and forget what it answered.
     pub fn stop(&self, id: &str) {
         if let Some(s) = lock(&self.stubs).remove(id) {
             lock(&self.answered).forget(s.cgroup_id());
