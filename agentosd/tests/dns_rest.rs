@@ -8,7 +8,8 @@
 //! - **Rebinding to private ranges**: answers lose 10/8, 172.16/12, 192.168/16, 100.64/10 and
 //!   fc00::/7, also in their v4-mapped, NAT64 and 6to4 forms, at once or later (a name
 //!   answering a public address first and a private one next time); a prefix the operator
-//!   allows (`--dns-allow-private 10.99.0.0/16`) passes.
+//!   allows (`--dns-allow-private 10.99.0.0/16`) passes. Each stripped address is a `denial`
+//!   record (`effect: STRIPPED`, `reason: private-address`, the name, the address).
 //! - **`udp://ADDR:PORT`**: UDP only to that address (TCP `EPERM`); a plain `ADDR:PORT` grant
 //!   keeps both.
 //! - **Tool cgroups**: a tool granted `*.example.test:P` and `udp://quic.other.test:P` (met
@@ -400,6 +401,49 @@ fn in_netns() {
     assert_eq!(got("tcp-udp-only"), "err EPERM", "{r:?}");
     assert_eq!(got("udp-both"), "ok pong", "{r:?}");
     assert_eq!(got("tcp-both"), "ok", "{r:?}");
+
+    // Each stripped address is an audit record naming the name, the address and the contract.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = Command::new(common::agentctl_bin())
+            .args(["audit", "show", "--json", "--agent", "rest", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        let stripped: Vec<(String, String, String)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["detail"]["effect"] == "STRIPPED" && r["detail"]["contract"] == "rest")
+            .map(|r| {
+                let d = &r["detail"];
+                let s = |k: &str| d[k].as_str().unwrap_or_default().to_string();
+                (s("name"), s("addr"), s("reason"))
+            })
+            .collect();
+        let has = |n: &str, a: &str| {
+            stripped
+                .iter()
+                .any(|(nn, aa, why)| nn == n && aa == a && why == "private-address")
+        };
+        if has("private.example.test", PRIVATE)
+            && has("private.example.test", "192.168.7.7")
+            && has("private.example.test", "64:ff9b::a01:203")
+            && has("flip.example.test", PRIVATE)
+        {
+            assert!(
+                !stripped
+                    .iter()
+                    .any(|(_, a, _)| a == INTERNAL || a == PUBLIC),
+                "{stripped:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stripped addresses not in the audit trail: {stripped:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // An IPV6_V6ONLY socket's query to an IPv6 resolver: answered by the stub on [::1], as
     // from the address asked (where the namespace has ::1: this kernel may have no IPv6).

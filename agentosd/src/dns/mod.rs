@@ -14,7 +14,7 @@ mod stub;
 pub mod wire;
 
 pub use answered::{Answered, REMEMBER_FOR};
-pub use ranges::{PRIVATE, Prefix};
+pub use ranges::{PRIVATE, Prefix, Strip};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -78,7 +78,7 @@ pub fn resolv_conf_upstreams(text: &str) -> Vec<SocketAddr> {
 /// `allow_private` has it; also when written as an IPv6 address that carries the IPv4 one
 /// (v4-mapped, v4-compatible, NAT64, 6to4, Teredo). A name that resolves to these (DNS
 /// rebinding, at once or later) gets them stripped from its answer.
-pub fn addr_refusal(a: IpAddr, allow_private: &[Prefix]) -> Option<&'static str> {
+pub fn addr_refusal(a: IpAddr, allow_private: &[Prefix]) -> Option<Strip> {
     ranges::refusal(a, allow_private)
 }
 
@@ -118,8 +118,11 @@ pub struct Refusal {
     /// The name asked (empty when it could not be read).
     pub qname: String,
     pub qtype: u16,
-    /// `not-granted` (NXDOMAIN), `too-long` or `bad-label` (REFUSED).
+    /// `not-granted` (NXDOMAIN), `too-long` or `bad-label` (REFUSED), `private-address` or
+    /// `forbidden-address` (`addr` stripped from a granted name's answer).
     pub reason: &'static str,
+    /// The address stripped from the answer (rebinding), for the `*-address` reasons.
+    pub addr: Option<IpAddr>,
 }
 
 /// Errors of starting a stub.

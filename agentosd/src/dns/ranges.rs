@@ -116,19 +116,46 @@ fn private(a: IpAddr) -> bool {
         .any(|p| p.contains(a))
 }
 
+/// Why an address is stripped from an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strip {
+    /// Loopback, link-local, unspecified, multicast, broadcast: never.
+    Forbidden,
+    /// A private or internal range the operator did not allow.
+    Private,
+}
+
+impl Strip {
+    /// The `reason` of its audit record.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Strip::Forbidden => "forbidden-address",
+            Strip::Private => "private-address",
+        }
+    }
+
+    /// What it means, for the daemon's log.
+    pub fn why(self) -> &'static str {
+        match self {
+            Strip::Forbidden => "loopback, link-local, unspecified, multicast or broadcast",
+            Strip::Private => "a private or internal range (agentosd --dns-allow-private)",
+        }
+    }
+}
+
 /// Why an address may not be in an answer to an agent (`None`: it may). `allowed`: the
 /// operator's private prefixes (they lift the private rule, never the forbidden one).
-pub fn refusal(a: IpAddr, allowed: &[Prefix]) -> Option<&'static str> {
+pub fn refusal(a: IpAddr, allowed: &[Prefix]) -> Option<Strip> {
     let mut all = vec![a];
     if let IpAddr::V6(v6) = a {
         all.extend(embedded_v4(v6).into_iter().map(IpAddr::V4));
     }
     if all.iter().any(|x| forbidden(*x)) {
-        return Some("loopback, link-local, unspecified, multicast or broadcast");
+        return Some(Strip::Forbidden);
     }
     let lifted = |x: &IpAddr| allowed.iter().any(|p| p.contains(*x));
     if all.iter().any(|x| private(*x) && !lifted(x)) {
-        return Some("a private or internal range (agentosd --dns-allow-private)");
+        return Some(Strip::Private);
     }
     None
 }
@@ -159,7 +186,7 @@ mod tests {
         ] {
             assert_eq!(
                 refusal(ip(bad), &["0.0.0.0/0".parse().unwrap()]),
-                Some("loopback, link-local, unspecified, multicast or broadcast"),
+                Some(Strip::Forbidden),
                 "{bad}: never, whatever is allowed"
             );
         }
@@ -181,7 +208,7 @@ mod tests {
             "2001:0:a01:203::1",
             "2001:0:c000:201::f5fe:fdfc",
         ] {
-            assert!(refusal(ip(private), &[]).is_some(), "{private}");
+            assert_eq!(refusal(ip(private), &[]), Some(Strip::Private), "{private}");
         }
         for public in [
             "198.18.0.10",

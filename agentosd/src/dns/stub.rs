@@ -213,6 +213,7 @@ fn refusal(spec: &StubSpec, qname: &str, qtype: u16, reason: &'static str) -> Re
         qname: qname.to_string(),
         qtype,
         reason,
+        addr: None,
     }
 }
 
@@ -254,13 +255,13 @@ async fn answer(dns: &Dns, spec: &StubSpec, msg: &[u8], via: Transport) -> Optio
     let mut kept: Vec<wire::Record> = Vec::new();
     for r in ans.records {
         if let Some(addr) = record_addr(&r)
-            && let Some(why) = addr_refusal(addr, &dns.cfg.allow_private)
+            && let Some(strip) = addr_refusal(addr, &dns.cfg.allow_private)
         {
-            tracing::info!(
-                agent = %spec.agent_id,
-                "DNS answer for {} carried {addr}: stripped ({why})",
-                q.name
-            );
+            // Rebinding: an audit record (rate-limited with the other refusals).
+            dns.refused(Refusal {
+                addr: Some(addr),
+                ..refusal(spec, &q.name, q.qtype, strip.reason())
+            });
             continue;
         }
         kept.push(r);
