@@ -8,8 +8,10 @@
 //! - **Rebinding to private ranges**: answers lose 10/8, 172.16/12, 192.168/16, 100.64/10 and
 //!   fc00::/7, also in their v4-mapped, NAT64 and 6to4 forms, at once or later (a name
 //!   answering a public address first and a private one next time); a prefix the operator
-//!   allows (`--dns-allow-private 10.99.0.0/16`) passes. Each stripped address is a `denial`
-//!   record (`effect: STRIPPED`, `reason: private-address`, the name, the address).
+//!   allows (`--dns-allow-private 10.99.0.0/16`) passes, and so does one the contract reaches
+//!   already by a static grant on the name's ports (`10.50.0.0/16:P`). Each stripped address
+//!   is a `denial` record (`effect: STRIPPED`, `reason: private-address`, the name, the
+//!   address).
 //! - **`udp://ADDR:PORT`**: UDP only to that address (TCP `EPERM`); a plain `ADDR:PORT` grant
 //!   keeps both.
 //! - **Tool cgroups**: a tool granted `*.example.test:P` and `udp://quic.other.test:P` (met
@@ -40,6 +42,8 @@ const UPSTREAM: &str = "198.18.0.53";
 /// The last of big.example.test's 60 addresses (198.18.1.1-60), given only over TCP.
 const BIG_LAST: &str = "198.18.1.60";
 const INTERNAL: &str = "10.99.0.5";
+/// lan.example.test's address, inside the contract's static grant `10.50.0.0/16:P`.
+const LAN: &str = "10.50.0.7";
 const PRIVATE: &str = "10.1.2.3";
 const PUBLIC: &str = "198.18.0.31";
 const FLIP: &str = "198.18.0.30";
@@ -119,6 +123,7 @@ attempt("connect-big", lambda: tcp("198.18.1.60", p1))
 attempt("raw-big-tcp", lambda: raw_tcp("8.8.8.8", "big.example.test", 1))
 attempt("resolve-internal", lambda: " ".join(resolve_all("internal.example.test")))
 attempt("connect-internal", lambda: tcp("10.99.0.5", p1))
+attempt("resolve-lan", lambda: " ".join(resolve_all("lan.example.test")))
 attempt("resolve-private", lambda: " ".join(resolve_all("private.example.test")))
 attempt("connect-private", lambda: tcp("10.1.2.3", p1))
 attempt("raw-private-aaaa", lambda: raw("8.8.8.8", "private.example.test", 28, 1232))
@@ -166,6 +171,7 @@ fn answer(q: &[u8], tcp: bool, flips: &AtomicU32) -> Option<Vec<u8>> {
             }
         }
         ("internal.example.test", 1) => vec![a(INTERNAL)],
+        ("lan.example.test", 1) => vec![a(LAN)],
         ("private.example.test", 1) => ["10.1.2.3", "192.168.7.7", "172.16.0.1", "100.64.0.1"]
             .iter()
             .map(|s| a(s))
@@ -350,7 +356,7 @@ fn in_netns() {
     std::fs::write(&script, SCRIPT).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let text = format!(
-        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: rest\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"udp://{UDP_ONLY}:{p1}\", \"{BOTH}:{p1}\"]\nrestart: \"no\"\n",
+        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: rest\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"udp://{UDP_ONLY}:{p1}\", \"{BOTH}:{p1}\", \"10.50.0.0/16:{p1}\"]\nrestart: \"no\"\n",
         script.display().to_string(),
         scripts.display().to_string(),
     );
@@ -388,6 +394,8 @@ fn in_netns() {
     // Private ranges: stripped unless the operator allowed them, in every form, and later.
     assert_eq!(got("resolve-internal"), format!("ok {INTERNAL}"), "{r:?}");
     assert_eq!(got("connect-internal"), "ok", "{r:?}");
+    // The contract's own static grant of 10.50.0.0/16 on the name's port lets 10.50.0.7 through.
+    assert_eq!(got("resolve-lan"), format!("ok {LAN}"), "{r:?}");
     assert_eq!(got("resolve-private"), format!("ok {PUBLIC}"), "{r:?}");
     assert_eq!(got("connect-private"), "err EPERM", "{r:?}");
     assert_eq!(got("raw-private-aaaa"), "ok rcode=0 tc=0 an=1", "{r:?}");

@@ -21,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::enforce::net::{NameGrant, NetEnforcer, PortGrant};
+use crate::enforce::net::{NameGrant, NetEnforcer, PortGrant, Rule};
 
 /// The port DNS queries go to (redirected to the stub by cgroup BPF).
 pub const PORT: u16 = 53;
@@ -82,6 +82,14 @@ pub fn addr_refusal(a: IpAddr, allow_private: &[Prefix]) -> Option<Strip> {
     ranges::refusal(a, allow_private)
 }
 
+/// Whether `rules` reach `addr` on every port (and protocol) of `ports` already.
+pub fn covered(rules: &[Rule], addr: IpAddr, ports: &[PortGrant]) -> bool {
+    !ports.is_empty()
+        && ports
+            .iter()
+            .all(|g| rules.iter().any(|r| r.covers(addr, *g)))
+}
+
 /// The ports (and protocols) of the grants that match `name`: `None` when none matches (not
 /// granted).
 pub fn ports_for(grants: &[NameGrant], name: &str) -> Option<Vec<PortGrant>> {
@@ -106,6 +114,10 @@ pub struct StubSpec {
     /// The cgroup whose `net_names` entries its answers fill (the agent's `main`).
     pub cgroup_id: u64,
     pub grants: Vec<NameGrant>,
+    /// The contract's static `net.connect` rules: a private address in an answer passes when
+    /// they reach it already on every port (and protocol) the name is granted (the contract's
+    /// own opt-in: learning it grants nothing new).
+    pub static_connect: Vec<crate::enforce::net::Rule>,
 }
 
 /// A name the stub refused, for the audit trail.

@@ -14,7 +14,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::wire::{self, QueryError};
-use super::{Config, Dns, DnsError, Refusal, StubSpec, addr_refusal, boottime_ns, ports_for};
+use super::{
+    Config, Dns, DnsError, Refusal, StubSpec, addr_refusal, boottime_ns, covered, ports_for,
+};
 
 const MAX_INFLIGHT: usize = 32;
 const MAX_TCP: usize = 8;
@@ -256,6 +258,7 @@ async fn answer(dns: &Dns, spec: &StubSpec, msg: &[u8], via: Transport) -> Optio
     for r in ans.records {
         if let Some(addr) = record_addr(&r)
             && let Some(strip) = addr_refusal(addr, &dns.cfg.allow_private)
+            && !(strip == super::Strip::Private && covered(&spec.static_connect, addr, &ports))
         {
             // Rebinding: an audit record (rate-limited with the other refusals).
             dns.refused(Refusal {

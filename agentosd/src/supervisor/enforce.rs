@@ -164,6 +164,7 @@ impl Supervisor {
                 contract: contract.map(|c| c.name().to_string()).unwrap_or_default(),
                 cgroup_id: id,
                 grants: policy.names.clone(),
+                static_connect: policy.rules.clone(),
             };
             policy.dns_port = dns
                 .start(spec, pinned)

@@ -66,6 +66,7 @@ impl crate::tools::CgroupHooks for ToolCgroupHooks {
                         contract: caller.name.clone(),
                         cgroup_id: id,
                         grants: p.names.clone(),
+                        static_connect: p.rules.clone(),
                     };
                     p.dns_port = dns
                         .start_as(&key, spec, None)

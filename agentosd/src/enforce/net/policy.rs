@@ -75,6 +75,40 @@ pub enum Proto {
 }
 
 impl Rule {
+    /// Whether this rule (a `net.connect` one) lets the agent reach `addr` on port `g.port` over
+    /// `g`'s protocol (`g.port` 0, any port: only a rule for any port does).
+    pub fn covers(&self, addr: IpAddr, g: super::PortGrant) -> bool {
+        let addr = match addr {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr),
+            a => a,
+        };
+        let family = if addr.is_ipv4() { AF_INET } else { AF_INET6 };
+        let proto = match self.proto {
+            Proto::Any => true,
+            Proto::Udp => g.udp,
+            Proto::Tcp => !g.udp,
+        };
+        let net = match self.net {
+            None => true,
+            Some((n, len)) => {
+                let (n, x, bits) = match (n, addr) {
+                    (IpAddr::V4(n), IpAddr::V4(x)) => {
+                        (u32::from(n).into(), u32::from(x).into(), 32)
+                    }
+                    (IpAddr::V6(n), IpAddr::V6(x)) => (u128::from(n), u128::from(x), 128),
+                    _ => return false,
+                };
+                let shift = bits - u32::from(len).min(bits);
+                shift == bits || (n >> shift) == (x >> shift)
+            }
+        };
+        self.kind == RuleKind::Connect
+            && self.family == family
+            && (self.port == 0 || (g.port != 0 && self.port == g.port))
+            && proto
+            && net
+    }
+
     fn raw(&self) -> RawRule {
         let mut r = RawRule {
             family: self.family,

@@ -264,3 +264,36 @@ fn hosts_file_lines() {
     );
     assert!(hosts_lookup(text, "nowhere").is_empty());
 }
+
+#[test]
+fn static_rules_cover_addresses_ports_and_protocols() {
+    use super::super::PortGrant;
+    let none = |_: &str| Vec::new();
+    let p = policy_with_dns(
+        &[
+            "10.50.0.0/16:443".into(),
+            "udp://10.60.0.1:53".into(),
+            "[fd00::/8]:*".into(),
+        ],
+        &[],
+        &none,
+    )
+    .unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let covered = |a: &str, g: PortGrant| p.rules.iter().any(|r| r.covers(ip(a), g));
+    assert!(covered("10.50.3.4", PortGrant::tcp(443)));
+    assert!(covered("::ffff:10.50.3.4", PortGrant::udp(443)));
+    assert!(!covered("10.51.3.4", PortGrant::tcp(443)));
+    assert!(!covered("10.50.3.4", PortGrant::tcp(80)));
+    assert!(
+        !covered("10.50.3.4", PortGrant::tcp(0)),
+        "any port needs a rule for any port"
+    );
+    assert!(covered("10.60.0.1", PortGrant::udp(53)));
+    assert!(
+        !covered("10.60.0.1", PortGrant::tcp(53)),
+        "udp:// covers no TCP"
+    );
+    assert!(covered("fd12::1", PortGrant::tcp(0)));
+    assert!(!covered("fc00::1", PortGrant::tcp(22)));
+}
