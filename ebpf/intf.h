@@ -32,6 +32,10 @@ struct agentos_net_rule {
 
 #define AGENTOS_NET_RULE_CONNECT 0 /* net.connect: connect(), sendto()/sendmsg() */
 #define AGENTOS_NET_RULE_BIND 1    /* net.bind: bind() */
+/* Or'ed into a rule's kind: that protocol only (`udp://ADDR:PORT`; a tool's name resolved at its
+ * start, TCP unless `udp://`). A rule with neither allows TCP and UDP. */
+#define AGENTOS_NET_RULE_UDP 0x100
+#define AGENTOS_NET_RULE_TCP 0x200
 
 /* The value in the policy map, keyed by the agent's cgroup id (__u64). */
 struct agentos_net_policy {
@@ -54,6 +58,9 @@ struct agentos_net_policy {
  * the agent's stub at 127.0.0.1:dns_port instead, and destinations the stub resolved for the
  * agent's name grants (the `net_names` map) are allowed while their TTL runs. */
 #define AGENTOS_NET_DNS 8
+/* The stub serves [::1]:dns_port too: an IPv6 socket's queries go there (an IPV6_V6ONLY socket
+ * cannot reach ::ffff:127.0.0.1); without it they go to ::ffff:127.0.0.1. */
+#define AGENTOS_NET_DNS6 16
 
 /* Addresses learnt from DNS answers, all agents together (the daemon caps each agent's share). */
 #define AGENTOS_MAX_NAMES (64 * 1024)

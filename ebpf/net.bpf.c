@@ -28,8 +28,8 @@
  * attached and keep their policies while agentosd is down or restarting.
  *
  * DNS belongs to the daemon (AGENTOS_NET_DNS, agents with net.connect grants): a connect/sendmsg to
- * port 53 of any address is redirected to the agent's stub in agentosd (127.0.0.1:dns_port,
- * ::ffff:127.0.0.1 from an IPv6 socket), the original destination kept in the socket's storage
+ * port 53 of any address is redirected to the agent's stub in agentosd (127.0.0.1:dns_port;
+ * from an IPv6 socket [::1]:dns_port where the stub serves it, else ::ffff:127.0.0.1), the original destination kept in the socket's storage
  * (`dns_orig`) so that cgroup/recvmsg4/6 give the stub's replies that source back. The stub
  * answers only names the contract grants and enters the addresses it returns into `net_names`
  * with their TTL: connect/sendmsg (and UDP ingress) to such an address on a granted port is
@@ -107,8 +107,10 @@ static __always_inline __u16 unmap(__u16 family, __u32 dst[4])
 	return family;
 }
 
+/* `proto`: the socket's (IPPROTO_TCP, IPPROTO_UDP), or 0 when unknown (lsm/socket_connect,
+ * which the cgroup hook with the protocol follows): a rule for one protocol only then matches. */
 static __always_inline int granted(const struct agentos_net_policy *pol, __u16 family,
-				   const __u32 dst[4], __u16 port, __u32 kind)
+				   const __u32 dst[4], __u16 port, __u32 kind, __u32 proto)
 {
 	__u32 all = kind == AGENTOS_NET_RULE_BIND ? AGENTOS_NET_ALLOW_ALL_BIND : AGENTOS_NET_ALLOW_ALL;
 	if (pol->flags & all)
@@ -117,7 +119,10 @@ static __always_inline int granted(const struct agentos_net_policy *pol, __u16 f
 		if (i >= pol->n_rules)
 			break;
 		const struct agentos_net_rule *r = &pol->rules[i];
-		if (r->family != family || r->kind != kind)
+		if (r->family != family || (r->kind & 0xff) != kind)
+			continue;
+		if (proto && (((r->kind & AGENTOS_NET_RULE_UDP) && proto != IPPROTO_UDP) ||
+			      ((r->kind & AGENTOS_NET_RULE_TCP) && proto != IPPROTO_TCP)))
 			continue;
 		if (r->port && r->port != port)
 			continue;
@@ -194,10 +199,12 @@ static __always_inline int to_stub(struct bpf_sock_addr *ctx, __u16 hook_family,
 		o->addr[1] = ctx->user_ip6[1];
 		o->addr[2] = ctx->user_ip6[2];
 		o->addr[3] = ctx->user_ip6[3];
+		/* [::1] where the stub serves it (IPV6_V6ONLY sockets reach it), else v4-mapped. */
+		int v6 = (pol->flags & AGENTOS_NET_DNS6) != 0;
 		ctx->user_ip6[0] = 0;
 		ctx->user_ip6[1] = 0;
-		ctx->user_ip6[2] = bpf_htonl(0xffff);
-		ctx->user_ip6[3] = bpf_htonl(LOOPBACK4);
+		ctx->user_ip6[2] = v6 ? 0 : bpf_htonl(0xffff);
+		ctx->user_ip6[3] = v6 ? bpf_htonl(1) : bpf_htonl(LOOPBACK4);
 	}
 	o->port = (__u16)ctx->user_port;
 	o->stub_port = stub;
@@ -261,7 +268,7 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 		 * the first half of listening on a port nobody granted (bind(0) + listen()): it
 		 * needs a bind grant for any port of that address (`ADDR:*`), like any bind. */
 		if ((kind == AGENTOS_NET_RULE_BIND && port == 0 && ctx->type != SOCK_STREAM) ||
-		    granted(pol, family, dst, port, kind)) {
+		    granted(pol, family, dst, port, kind, ctx->protocol)) {
 			count(AGENTOS_STAT_ALLOWED);
 			return 1;
 		}
@@ -321,8 +328,10 @@ static __always_inline void from_stub(struct bpf_sock_addr *ctx, __u16 hook_fami
 			return;
 		ctx->user_ip4 = o->addr[0];
 	} else {
-		if (ctx->user_ip6[0] || ctx->user_ip6[1] || ctx->user_ip6[2] != bpf_htonl(0xffff) ||
-		    ctx->user_ip6[3] != bpf_htonl(LOOPBACK4))
+		int mapped = ctx->user_ip6[2] == bpf_htonl(0xffff) &&
+			     ctx->user_ip6[3] == bpf_htonl(LOOPBACK4);
+		int v6 = ctx->user_ip6[2] == 0 && ctx->user_ip6[3] == bpf_htonl(1);
+		if (ctx->user_ip6[0] || ctx->user_ip6[1] || !(mapped || v6))
 			return;
 		ctx->user_ip6[0] = o->addr[0];
 		ctx->user_ip6[1] = o->addr[1];
@@ -446,12 +455,14 @@ int agentos_ingress(struct __sk_buff *skb)
 		reason = AGENTOS_REASON_NO_POLICY;
 		goto drop;
 	}
-	if (proto == IPPROTO_UDP && granted(pol, family, src, sport, AGENTOS_NET_RULE_CONNECT))
+	if (proto == IPPROTO_UDP && granted(pol, family, src, sport, AGENTOS_NET_RULE_CONNECT, IPPROTO_UDP))
 		return 1;
 	/* The stub's replies, and datagrams from an address a granted name resolved to. */
 	if (proto == IPPROTO_UDP && (pol->flags & AGENTOS_NET_DNS) &&
 	    ((family == AF_INET && src[0] == bpf_htonl(LOOPBACK4) && pol->dns_port &&
 	      sport == pol->dns_port) ||
+	     (family == AF_INET6 && (pol->flags & AGENTOS_NET_DNS6) && !src[0] && !src[1] &&
+	      !src[2] && src[3] == bpf_htonl(1) && pol->dns_port && sport == pol->dns_port) ||
 	     learnt(cgid, family, src, sport, IPPROTO_UDP)))
 		return 1;
 	__u16 lfamily = lfam;
@@ -463,7 +474,7 @@ int agentos_ingress(struct __sk_buff *skb)
 		local[3] = 0;
 	}
 	lfamily = unmap(lfamily, local);
-	if (granted(pol, lfamily, local, (__u16)lport, AGENTOS_NET_RULE_BIND))
+	if (granted(pol, lfamily, local, (__u16)lport, AGENTOS_NET_RULE_BIND, proto))
 		return 1;
 drop:
 	count(AGENTOS_STAT_DENIED);
@@ -505,7 +516,7 @@ int BPF_PROG(agentos_lsm_connect, void *sock, void *address, int addrlen, int re
 	__u16 port = bpf_ntohs(sa.port);
 	__u16 family = unmap(sa.family, dst);
 	/* Port 53 with the daemon's DNS: the cgroup connect hook sends it to the stub next. */
-	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT) ||
+	if (granted(pol, family, dst, port, AGENTOS_NET_RULE_CONNECT, 0) ||
 	    ((pol->flags & AGENTOS_NET_DNS) && (port == 53 || learnt(cgid, family, dst, port, 0)))) {
 		count(AGENTOS_STAT_ALLOWED);
 		return 0;

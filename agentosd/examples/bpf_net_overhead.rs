@@ -208,6 +208,7 @@ fn main() {
             family: 2,
             port: to.port(),
             kind: Default::default(),
+            proto: Default::default(),
         })
         .collect();
     rules.push(Rule {
@@ -215,12 +216,14 @@ fn main() {
         family: 2,
         port: sender_at.port(),
         kind: Default::default(),
+        proto: Default::default(),
     });
     rules.push(Rule {
         net: Some(((*to.ip()).into(), 32)),
         family: 2,
         port: to.port(),
         kind: Default::default(),
+        proto: Default::default(),
     });
     let policy = Policy {
         allow_all: false,

@@ -121,6 +121,12 @@ pub struct RunArgs {
     /// Seconds an address from a DNS answer stays reachable after the record's TTL ran out
     #[arg(long, global = true, default_value_t = 30.0, value_name = "SECONDS")]
     pub dns_grace: f64,
+    /// An address prefix (10.0.0.0/8, fd00::/8) whose addresses the agents' DNS stubs may give
+    /// and learn for granted names (repeat for more); by default answers lose private and
+    /// internal addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7, …: rebinding).
+    /// Loopback and link-local addresses are never given
+    #[arg(long = "dns-allow-private", global = true, value_name = "PREFIX")]
+    pub dns_allow_private: Vec<crate::dns::Prefix>,
     /// Kernel denial records per agent and second once the burst is spent; the rest are
     /// counted per agent and hook in a "denials-suppressed" record every 2 s
     #[arg(long, global = true, default_value_t = 20)]

@@ -931,9 +931,9 @@ pub(crate) fn normalize_path(s: &str) -> Option<String> {
 /// prefix `ADDR/LEN` (`10.0.0.0/8:443`, `[fd00::/8]:443`: LEN up to 32 or 128), and PORT
 /// 1-65535 or `*`. The daemon's policy builder (`enforce::net`) reads the same forms.
 /// A HOST may also be a wildcard `*.SUFFIX` (one or more labels under SUFFIX, at any depth,
-/// never SUFFIX itself), answered by the agent's DNS stub. `udp://NAME:PORT` (a name or a
-/// wildcard only) declares UDP to the name's addresses (QUIC/HTTP3): a name grant without it
-/// is TCP only.
+/// never SUFFIX itself), answered by the agent's DNS stub. `udp://HOST:PORT` (a name, a
+/// wildcard, an address or a prefix; not `*`) grants UDP only (QUIC/HTTP3): a name grant
+/// without it is TCP only, an address or prefix grant without it TCP and UDP.
 pub(crate) fn net_scope_ok(s: &str) -> bool {
     if let Some(rest) = s.strip_prefix(UDP_SCHEME) {
         return udp_host_error(rest).is_none() && net_scope_ok(rest);
@@ -988,14 +988,12 @@ pub(crate) fn wildcard_error(host: &str) -> Option<String> {
 /// The prefix that declares UDP to a name's addresses in `net.connect`.
 pub(crate) const UDP_SCHEME: &str = "udp://";
 
-/// What is wrong with the HOST of `udp://HOST:PORT` (`rest` is `HOST:PORT`): it must be a name
-/// or a `*.SUFFIX` wildcard, since only name grants are TCP-only by default.
+/// What is wrong with the HOST of `udp://HOST:PORT` (`rest` is `HOST:PORT`): a name, a
+/// `*.SUFFIX` wildcard, an address or a prefix (UDP only to it); not `*`.
 fn udp_host_error(rest: &str) -> Option<String> {
     let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let address = host == "*" || host.contains('/') || bare.parse::<std::net::IpAddr>().is_ok();
-    address.then(|| format!(
-        "\"udp://{rest}\": udp:// declares UDP to a name's addresses (\"udp://api.example.com:443\", \"udp://*.example.com:443\"); an address, prefix or \"*\" grant allows UDP already"
+    (host == "*").then(|| format!(
+        "\"udp://{rest}\": udp:// declares UDP only to a name, an address or a prefix (\"udp://api.example.com:443\", \"udp://192.0.2.1:443\"); \"*:PORT\" allows TCP and UDP already"
     ))
 }
 
@@ -1004,7 +1002,7 @@ fn udp_host_error(rest: &str) -> Option<String> {
 pub(crate) fn net_scope_error(cap: &str, field: &str, s: &str) -> Option<String> {
     if cap != "net.connect" && s.starts_with(UDP_SCHEME) {
         return Some(format!(
-            "{field}: \"{s}\": udp:// is for net.connect names only ({cap} grants local addresses for TCP and UDP)"
+            "{field}: \"{s}\": udp:// is for net.connect only ({cap} grants local addresses for TCP and UDP)"
         ));
     }
     (!net_scope_ok(s)).then(|| net_scope_message(field, s))

@@ -861,8 +861,45 @@ fn glob_part_meet<'a>(a: &'a str, b: &'a str) -> Option<&'a str> {
     }
 }
 
-/// `HOST:PORT` scopes met pairwise: `*` meets anything; otherwise host and port must be equal.
-/// (`api.example.com:443` ∩ `*:443` = `api.example.com:443`; `*:*` ∩ `h:80` = `h:80`.)
+/// Two HOSTs met: `*` meets anything (a `udp://` HOST stays UDP only); otherwise both are
+/// `udp://` or neither (a name grant is TCP only, `udp://` UDP only: they share nothing), and
+/// the hosts are equal or one is a `*.SUFFIX` wildcard covering the other (the narrower one).
+fn host_meet<'a>(a: &'a str, b: &'a str) -> Option<&'a str> {
+    if a == "*" {
+        return Some(b);
+    }
+    if b == "*" {
+        return Some(a);
+    }
+    let split = |h: &'a str| match h.strip_prefix(crate::decode::UDP_SCHEME) {
+        Some(rest) => (true, rest),
+        None => (false, h),
+    };
+    let ((ua, ha), (ub, hb)) = (split(a), split(b));
+    if ua != ub {
+        return None;
+    }
+    let covers = |w: &str, n: &str| {
+        w.strip_prefix("*.").is_some_and(|suffix| {
+            let n = n.to_ascii_lowercase();
+            n.len() > suffix.len() + 1
+                && n.ends_with(&suffix.to_ascii_lowercase())
+                && n.as_bytes()[n.len() - suffix.len() - 1] == b'.'
+        })
+    };
+    if ha.eq_ignore_ascii_case(hb) || covers(hb, ha) {
+        Some(a)
+    } else if covers(ha, hb) {
+        Some(b)
+    } else {
+        None
+    }
+}
+
+/// `HOST:PORT` scopes met pairwise: `*` meets anything; a `*.SUFFIX` wildcard meets the names
+/// under it; otherwise host and port must be equal, and `udp://` on both or neither.
+/// (`api.example.com:443` ∩ `*:443` = `api.example.com:443`; `*:*` ∩ `h:80` = `h:80`;
+/// `a.example.com:443` ∩ `*.example.com:443` = `a.example.com:443`.)
 pub fn intersect_net(tool: &[String], caller: &[String]) -> Vec<String> {
     let mut out = BTreeSet::new();
     for a in tool {
@@ -870,7 +907,7 @@ pub fn intersect_net(tool: &[String], caller: &[String]) -> Vec<String> {
             let (Some((ah, ap)), Some((bh, bp))) = (a.rsplit_once(':'), b.rsplit_once(':')) else {
                 continue;
             };
-            if let (Some(h), Some(p)) = (glob_part_meet(ah, bh), glob_part_meet(ap, bp)) {
+            if let (Some(h), Some(p)) = (host_meet(ah, bh), glob_part_meet(ap, bp)) {
                 out.insert(format!("{h}:{p}"));
             }
         }
@@ -1057,6 +1094,29 @@ mod tests {
         assert_eq!(intersect_net(&s(&["*:*"]), &s(&["h:80"])), s(&["h:80"]));
         assert!(intersect_net(&s(&["a:80"]), &s(&["b:80"])).is_empty());
         assert!(intersect_net(&s(&["a:80"]), &s(&["a:443"])).is_empty());
+        // Wildcards meet the names under them (the narrower), never the suffix itself.
+        let w = s(&["*.example.com:443"]);
+        assert_eq!(
+            intersect_net(&s(&["API.example.com:443"]), &w),
+            s(&["API.example.com:443"])
+        );
+        assert_eq!(
+            intersect_net(&w, &s(&["a.b.example.com:443"])),
+            s(&["a.b.example.com:443"])
+        );
+        assert_eq!(
+            intersect_net(&w, &s(&["*.b.example.com:443"])),
+            s(&["*.b.example.com:443"])
+        );
+        assert!(intersect_net(&w, &s(&["example.com:443"])).is_empty());
+        assert!(intersect_net(&w, &s(&["xexample.com:443"])).is_empty());
+        // udp:// (UDP only) meets udp:// or an address-side "*", never a name grant (TCP only).
+        let u = s(&["udp://q.example.com:443"]);
+        assert!(intersect_net(&u, &w).is_empty());
+        assert!(intersect_net(&w, &u).is_empty());
+        assert_eq!(intersect_net(&u, &s(&["udp://*.example.com:443"])), u);
+        assert_eq!(intersect_net(&s(&["*:443"]), &u), u);
+        assert_eq!(intersect_net(&u, &s(&["*:*"])), u);
     }
 
     #[test]

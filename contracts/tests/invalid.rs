@@ -52,11 +52,9 @@ const EXPECTED: &[(&str, &[&str])] = &[
     (
         "bad-udp.yaml",
         &[
-            "3:75: capabilities[0]: \"udp://10.0.0.1:443\": udp:// declares UDP to a name's addresses (\"udp://api.example.com:443\", \"udp://*.example.com:443\"); an address, prefix or \"*\" grant allows UDP already",
-            "4:19: capabilities[0]: \"udp://*:443\": udp:// declares UDP to a name's addresses (\"udp://api.example.com:443\", \"udp://*.example.com:443\"); an address, prefix or \"*\" grant allows UDP already",
+            "4:19: capabilities[0]: \"udp://*:443\": udp:// declares UDP only to a name, an address or a prefix (\"udp://api.example.com:443\", \"udp://192.0.2.1:443\"); \"*:PORT\" allows TCP and UDP already",
             "4:34: capabilities[0]: \"udp://api.example.com:0\" is not HOST:PORT (HOST a name, *.NAME, address, ADDR/LEN prefix or \"*\"; PORT 1-65535 or \"*\")",
-            "4:61: capabilities[0]: \"udp://[fd00::/8]:443\": udp:// declares UDP to a name's addresses (\"udp://api.example.com:443\", \"udp://*.example.com:443\"); an address, prefix or \"*\" grant allows UDP already",
-            "5:16: capabilities[1]: \"udp://localhost:53\": udp:// is for net.connect names only (net.bind grants local addresses for TCP and UDP)",
+            "5:16: capabilities[1]: \"udp://localhost:53\": udp:// is for net.connect only (net.bind grants local addresses for TCP and UDP)",
         ],
     ),
     (

@@ -184,6 +184,7 @@ fn main() -> anyhow::Result<()> {
                 dns: agentosd::dns::Config {
                     upstreams: r.dns_upstream,
                     grace: Duration::from_secs_f64(r.dns_grace.max(0.0)),
+                    allow_private: r.dns_allow_private,
                     ..Default::default()
                 },
                 self_memory_max: r.self_memory_max,

@@ -2,23 +2,26 @@
 //! 127.0.0.1, the same port), to which cgroup BPF redirects the agent's every query to port 53.
 //! A name outside the agent's name grants gets NXDOMAIN (with an Extended DNS Error naming the
 //! contract when the query had EDNS) and never reaches an upstream; a granted name's A/AAAA query
-//! is forwarded, the answer's addresses (minus loopback, link-local, unspecified and multicast:
-//! rebinding) enter the `net_names` map with the record's TTL plus a grace period, and the
+//! is forwarded (over UDP, again over TCP when truncated), the answer's addresses (minus
+//! loopback, link-local, unspecified, multicast, and private ranges unless allowed: rebinding)
+//! enter the `net_names` map with the record's TTL plus a grace period, and the
 //! answer goes back; other types for a granted name get an empty answer (no TXT tunnelling).
 //! See docs/security.md, "Egress by name".
 
 mod answered;
+mod ranges;
 mod stub;
 pub mod wire;
 
 pub use answered::{Answered, REMEMBER_FOR};
+pub use ranges::{PRIVATE, Prefix, Strip};
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::enforce::net::{NameGrant, NetEnforcer, PortGrant};
+use crate::enforce::net::{NameGrant, NetEnforcer, PortGrant, Rule};
 
 /// The port DNS queries go to (redirected to the stub by cgroup BPF).
 pub const PORT: u16 = 53;
@@ -38,8 +41,11 @@ pub struct Config {
     /// Where granted queries go: `--dns-upstream`, or the nameservers of /etc/resolv.conf.
     pub upstreams: Vec<SocketAddr>,
     pub grace: Duration,
-    /// How long one upstream has to answer.
+    /// How long one upstream has to answer (over UDP, and again over TCP when truncated).
     pub timeout: Duration,
+    /// Private prefixes answers may carry (`--dns-allow-private`); the rest of [`PRIVATE`] is
+    /// stripped.
+    pub allow_private: Vec<Prefix>,
 }
 
 impl Default for Config {
@@ -48,6 +54,7 @@ impl Default for Config {
             upstreams: Vec::new(),
             grace: DEFAULT_GRACE,
             timeout: Duration::from_secs(3),
+            allow_private: Vec::new(),
         }
     }
 }
@@ -65,30 +72,22 @@ pub fn resolv_conf_upstreams(text: &str) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// Whether an address from an answer may be learnt and returned: not loopback, link-local
-/// (169.254.0.0/16 and fe80::/10: the cloud metadata address among them), unspecified,
-/// multicast or broadcast, also when written as a v4-mapped IPv6 address. A name that
-/// resolves to these (DNS rebinding) gets them stripped from its answer.
-pub fn addr_allowed(a: IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v4) => {
-            !(v4.is_loopback()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || v4.octets()[0] == 0)
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => addr_allowed(IpAddr::V4(v4)),
-            None => {
-                !(v6.is_loopback()
-                    || v6.is_unspecified()
-                    || v6.is_multicast()
-                    || v6.is_unicast_link_local())
-            }
-        },
-    }
+/// Why an address from an answer may not be learnt or returned (`None`: it may): loopback,
+/// link-local (169.254.0.0/16 and fe80::/10: the cloud metadata address among them),
+/// unspecified, multicast or broadcast, never; a private or internal range ([`PRIVATE`]) unless
+/// `allow_private` has it; also when written as an IPv6 address that carries the IPv4 one
+/// (v4-mapped, v4-compatible, NAT64, 6to4, Teredo). A name that resolves to these (DNS
+/// rebinding, at once or later) gets them stripped from its answer.
+pub fn addr_refusal(a: IpAddr, allow_private: &[Prefix]) -> Option<Strip> {
+    ranges::refusal(a, allow_private)
+}
+
+/// Whether `rules` reach `addr` on every port (and protocol) of `ports` already.
+pub fn covered(rules: &[Rule], addr: IpAddr, ports: &[PortGrant]) -> bool {
+    !ports.is_empty()
+        && ports
+            .iter()
+            .all(|g| rules.iter().any(|r| r.covers(addr, *g)))
 }
 
 /// The ports (and protocols) of the grants that match `name`: `None` when none matches (not
@@ -115,6 +114,10 @@ pub struct StubSpec {
     /// The cgroup whose `net_names` entries its answers fill (the agent's `main`).
     pub cgroup_id: u64,
     pub grants: Vec<NameGrant>,
+    /// The contract's static `net.connect` rules: a private address in an answer passes when
+    /// they reach it already on every port (and protocol) the name is granted (the contract's
+    /// own opt-in: learning it grants nothing new).
+    pub static_connect: Vec<crate::enforce::net::Rule>,
 }
 
 /// A name the stub refused, for the audit trail.
@@ -127,8 +130,11 @@ pub struct Refusal {
     /// The name asked (empty when it could not be read).
     pub qname: String,
     pub qtype: u16,
-    /// `not-granted` (NXDOMAIN), `too-long` or `bad-label` (REFUSED).
+    /// `not-granted` (NXDOMAIN), `too-long` or `bad-label` (REFUSED), `private-address` or
+    /// `forbidden-address` (`addr` stripped from a granted name's answer).
     pub reason: &'static str,
+    /// The address stripped from the answer (rebinding), for the `*-address` reasons.
+    pub addr: Option<IpAddr>,
 }
 
 /// Errors of starting a stub.
@@ -184,6 +190,18 @@ impl Dns {
     /// re-adopted agent's pinned policy names it), else on a new one; returns the port.
     pub fn start(self: &Arc<Self>, spec: StubSpec, port: Option<u16>) -> Result<u16, DnsError> {
         let id = spec.agent_id.clone();
+        self.start_as(&id, spec, port)
+    }
+
+    /// [`Dns::start`] under another key than the agent's id (a tool cgroup's stub, which
+    /// answers for its caller's agent).
+    pub fn start_as(
+        self: &Arc<Self>,
+        id: &str,
+        spec: StubSpec,
+        port: Option<u16>,
+    ) -> Result<u16, DnsError> {
+        let id = id.to_string();
         // The old stub (a restart of the same agent) goes first: its port is free again.
         let old = lock(&self.stubs).remove(&id);
         if let Some(o) = old.as_ref().filter(|o| o.cgroup_id() != spec.cgroup_id) {
@@ -201,7 +219,7 @@ impl Dns {
         Ok(port)
     }
 
-    /// Stop agent `id`'s stub (its sockets close) and forget what it answered.
+    /// Stop agent (or key) `id`'s stub (its sockets close) and forget what it answered.
     pub fn stop(&self, id: &str) {
         if let Some(s) = lock(&self.stubs).remove(id) {
             lock(&self.answered).forget(s.cgroup_id());
@@ -216,6 +234,11 @@ impl Dns {
 
     fn remember(&self, cgroup_id: u64, addr: IpAddr, name: &str) {
         lock(&self.answered).remember(cgroup_id, addr, name, std::time::Instant::now());
+    }
+
+    /// Whether agent `id`'s stub serves [::1] too (the policy's `AGENTOS_NET_DNS6`).
+    pub fn serves_v6(&self, id: &str) -> bool {
+        lock(&self.stubs).get(id).is_some_and(stub::Stub::v6)
     }
 
     /// The port of agent `id`'s stub, if it has one.
@@ -274,6 +297,7 @@ mod tests {
 
     #[test]
     fn rebinding_filter() {
+        let addr_allowed = |a: IpAddr| addr_refusal(a, &[]).is_none();
         for bad in [
             "127.0.0.1",
             "127.9.9.9",
@@ -291,9 +315,12 @@ mod tests {
         ] {
             assert!(!addr_allowed(bad.parse().unwrap()), "{bad}");
         }
-        for good in ["198.18.0.7", "10.0.0.1", "93.184.216.34", "2001:db8::1"] {
+        for good in ["198.18.0.7", "93.184.216.34", "2001:db8::1"] {
             assert!(addr_allowed(good.parse().unwrap()), "{good}");
         }
+        assert!(!addr_allowed("10.0.0.1".parse().unwrap()));
+        let lan: Prefix = "10.0.0.0/8".parse().unwrap();
+        assert_eq!(addr_refusal("10.0.0.1".parse().unwrap(), &[lan]), None);
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! One agent's stub: a UDP socket and a TCP listener on 127.0.0.1:PORT, the queries they take
+//! One agent's stub: a UDP socket and a TCP listener on 127.0.0.1:PORT (and on [::1]:PORT
+//! where it can bind there), the queries they take
 //! answered by [`answer`]. Bounded: at most [`MAX_INFLIGHT`] UDP queries and [`MAX_TCP`]
 //! connections per agent at once (more UDP queries are dropped, the resolver retries; more
 //! connections wait in the backlog), each TCP connection idle at most [`TCP_IDLE`].
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,17 +14,22 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::wire::{self, QueryError};
-use super::{Config, Dns, DnsError, Refusal, StubSpec, addr_allowed, boottime_ns, ports_for};
+use super::{
+    Config, Dns, DnsError, Refusal, StubSpec, addr_refusal, boottime_ns, covered, ports_for,
+};
 
 const MAX_INFLIGHT: usize = 32;
 const MAX_TCP: usize = 8;
 const TCP_IDLE: Duration = Duration::from_secs(10);
-/// A query or answer, bytes (EDNS allows up to 65 535 over TCP; the stub takes less).
+/// A query from the agent, or an upstream's answer over UDP, bytes.
 const MAX_MSG: usize = 4096;
+/// An answer over TCP (its length is two bytes).
+const MAX_TCP_MSG: usize = 65_535;
 
 pub(super) struct Stub {
     port: u16,
     cgroup_id: u64,
+    v6: bool,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -44,24 +50,63 @@ impl Stub {
         self.cgroup_id
     }
 
-    /// Bind UDP and TCP on 127.0.0.1:`port` (0: a free port both are free on) and serve.
+    /// Whether it serves [::1]:port too.
+    pub(super) fn v6(&self) -> bool {
+        self.v6
+    }
+
+    /// Bind UDP and TCP on 127.0.0.1:`port` (0: a free port both are free on), and on
+    /// [::1] at the same port when it can (IPv6 sockets' queries go there), and serve; the
+    /// bounds hold for both addresses together.
     pub(super) fn start(dns: Arc<Dns>, spec: StubSpec, port: u16) -> Result<Stub, DnsError> {
         let (udp, tcp) = bind_pair(port)?;
         let port = udp.local_addr().map(|a| a.port()).unwrap_or(port);
-        let udp = UdpSocket::from_std(udp).map_err(|error| DnsError::Bind { port, error })?;
-        let tcp = TcpListener::from_std(tcp).map_err(|error| DnsError::Bind { port, error })?;
+        let mut socks = vec![(udp, tcp)];
+        match bind_v6(port) {
+            Ok(pair) => socks.push(pair),
+            Err(e) => tracing::info!(
+                agent = %spec.agent_id,
+                "DNS stub: not on [::1]:{port} ({e}); IPv6 sockets' queries go to ::ffff:127.0.0.1 (an IPV6_V6ONLY socket's fail)"
+            ),
+        }
+        let v6 = socks.len() == 2;
         let cgroup_id = spec.cgroup_id;
         let spec = Arc::new(spec);
-        let tasks = vec![
-            tokio::spawn(serve_udp(dns.clone(), spec.clone(), Arc::new(udp))),
-            tokio::spawn(serve_tcp(dns, spec, tcp)),
-        ];
+        let (udp_sem, tcp_sem) = (
+            Arc::new(Semaphore::new(MAX_INFLIGHT)),
+            Arc::new(Semaphore::new(MAX_TCP)),
+        );
+        let mut tasks = Vec::new();
+        for (udp, tcp) in socks {
+            let udp = UdpSocket::from_std(udp).map_err(|error| DnsError::Bind { port, error })?;
+            let tcp = TcpListener::from_std(tcp).map_err(|error| DnsError::Bind { port, error })?;
+            let (d, sp) = (dns.clone(), spec.clone());
+            tasks.push(tokio::spawn(serve_udp(
+                d,
+                sp,
+                Arc::new(udp),
+                udp_sem.clone(),
+            )));
+            let (d, sp) = (dns.clone(), spec.clone());
+            tasks.push(tokio::spawn(serve_tcp(d, sp, tcp, tcp_sem.clone())));
+        }
         Ok(Stub {
             port,
             cgroup_id,
+            v6,
             tasks,
         })
     }
+}
+
+/// UDP and TCP on [::1]:`port` (non-blocking), or why not (no IPv6 loopback, port taken).
+fn bind_v6(port: u16) -> std::io::Result<(std::net::UdpSocket, std::net::TcpListener)> {
+    let at = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    let udp = std::net::UdpSocket::bind(at)?;
+    let tcp = std::net::TcpListener::bind(at)?;
+    udp.set_nonblocking(true)?;
+    tcp.set_nonblocking(true)?;
+    Ok((udp, tcp))
 }
 
 fn bind_pair(port: u16) -> Result<(std::net::UdpSocket, std::net::TcpListener), DnsError> {
@@ -95,8 +140,7 @@ fn bind_pair(port: u16) -> Result<(std::net::UdpSocket, std::net::TcpListener), 
     }))
 }
 
-async fn serve_udp(dns: Arc<Dns>, spec: Arc<StubSpec>, sock: Arc<UdpSocket>) {
-    let sem = Arc::new(Semaphore::new(MAX_INFLIGHT));
+async fn serve_udp(dns: Arc<Dns>, spec: Arc<StubSpec>, sock: Arc<UdpSocket>, sem: Arc<Semaphore>) {
     let mut buf = vec![0u8; MAX_MSG];
     loop {
         let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
@@ -116,8 +160,7 @@ async fn serve_udp(dns: Arc<Dns>, spec: Arc<StubSpec>, sock: Arc<UdpSocket>) {
     }
 }
 
-async fn serve_tcp(dns: Arc<Dns>, spec: Arc<StubSpec>, listener: TcpListener) {
-    let sem = Arc::new(Semaphore::new(MAX_TCP));
+async fn serve_tcp(dns: Arc<Dns>, spec: Arc<StubSpec>, listener: TcpListener, sem: Arc<Semaphore>) {
     loop {
         let Ok(permit) = sem.clone().acquire_owned().await else {
             return;
@@ -172,6 +215,7 @@ fn refusal(spec: &StubSpec, qname: &str, qtype: u16, reason: &'static str) -> Re
         qname: qname.to_string(),
         qtype,
         reason,
+        addr: None,
     }
 }
 
@@ -209,75 +253,120 @@ async fn answer(dns: &Dns, spec: &StubSpec, msg: &[u8], via: Transport) -> Optio
     let Some(ans) = forward(&dns.cfg, &q).await else {
         return Some(wire::response(&q, wire::SERVFAIL, &[], None));
     };
-    let now = boottime_ns();
-    let mut kept = Vec::new();
+    // The records the agent may get: CNAMEs, and addresses outside the stripped ranges.
+    let mut kept: Vec<wire::Record> = Vec::new();
     for r in ans.records {
-        let addr = match r.data {
-            wire::RData::A(a) => a.into(),
-            wire::RData::Aaaa(a) => a.into(),
-            wire::RData::Cname(_) => {
-                kept.push(r);
-                continue;
-            }
-        };
-        if !addr_allowed(addr) {
-            tracing::info!(
-                agent = %spec.agent_id,
-                "DNS answer for {} carried {addr}: stripped (loopback, link-local, unspecified or multicast)",
-                q.name
-            );
+        if let Some(addr) = record_addr(&r)
+            && let Some(strip) = addr_refusal(addr, &dns.cfg.allow_private)
+            && !(strip == super::Strip::Private && covered(&spec.static_connect, addr, &ports))
+        {
+            // Rebinding: an audit record (rate-limited with the other refusals).
+            dns.refused(Refusal {
+                addr: Some(addr),
+                ..refusal(spec, &q.name, q.qtype, strip.reason())
+            });
             continue;
         }
+        kept.push(r);
+    }
+    // What fits: over UDP the agent's size (else TC, and nothing learnt: the resolver asks
+    // again over TCP and learns from that answer), over TCP a 64 KiB message.
+    let out = wire::response(&q, ans.rcode, &kept, None);
+    if via == Transport::Udp && out.len() > wire::udp_limit(&q) {
+        return Some(wire::truncated_response(&q, ans.rcode));
+    }
+    kept.truncate(wire::records_within(&q, &kept, MAX_TCP_MSG));
+    // Only the addresses of the answer given are learnt.
+    let now = boottime_ns();
+    kept.retain(|r| {
+        let Some(addr) = record_addr(r) else {
+            return true;
+        };
         dns.remember(spec.cgroup_id, addr, &q.name);
         let ttl = u64::from(r.ttl.min(super::MAX_TTL));
         let expires = now + ttl * 1_000_000_000 + dns.cfg.grace.as_nanos() as u64;
         match dns.net.learn_name(spec.cgroup_id, addr, &ports, expires) {
-            Ok(()) => kept.push(r),
-            Err(e) => tracing::warn!(agent = %spec.agent_id, "DNS answer for {}: {e}", q.name),
-        }
-    }
-    let mut out = wire::response(&q, ans.rcode, &kept, None);
-    let limit = if q.edns {
-        wire::EDNS_PAYLOAD as usize
-    } else {
-        512
-    };
-    if via == Transport::Udp && out.len() > limit {
-        out = wire::response(&q, ans.rcode, &[], None);
-        out[2] |= 0x02; // TC: ask again over TCP
-    }
-    Some(out)
-}
-
-/// Ask the upstreams in turn (a fresh socket and a random id each); `None` when none answered
-/// in time.
-async fn forward(cfg: &Config, q: &wire::Query) -> Option<wire::Answer> {
-    for up in &cfg.upstreams {
-        let local: SocketAddr = if up.is_ipv4() {
-            (Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-        };
-        let Ok(sock) = UdpSocket::bind(local).await else {
-            continue;
-        };
-        let id: u16 = rand::random();
-        if sock.connect(up).await.is_err() || sock.send(&wire::upstream_query(id, q)).await.is_err()
-        {
-            continue;
-        }
-        let deadline = tokio::time::Instant::now() + cfg.timeout;
-        let mut buf = vec![0u8; MAX_MSG];
-        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
-            if let Some(a) = wire::parse_answer(&buf[..n], id, q) {
-                return Some(a);
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(agent = %spec.agent_id, "DNS answer for {}: {e}", q.name);
+                false
             }
         }
-        tracing::warn!(
-            "DNS upstream {up}: no answer for {} in {:?}",
-            q.name,
-            cfg.timeout
-        );
+    });
+    Some(wire::response(&q, ans.rcode, &kept, None))
+}
+
+fn record_addr(r: &wire::Record) -> Option<IpAddr> {
+    match r.data {
+        wire::RData::A(a) => Some(a.into()),
+        wire::RData::Aaaa(a) => Some(a.into()),
+        wire::RData::Cname(_) => None,
+    }
+}
+
+/// Ask the upstreams in turn (a fresh socket and a random id each), over UDP, and again over
+/// TCP when the UDP answer is truncated (TC); `None` when none answered in time.
+async fn forward(cfg: &Config, q: &wire::Query) -> Option<wire::Answer> {
+    for up in &cfg.upstreams {
+        let Some(a) = forward_udp(cfg, *up, q).await else {
+            tracing::warn!(
+                "DNS upstream {up}: no answer for {} in {:?}",
+                q.name,
+                cfg.timeout
+            );
+            continue;
+        };
+        if !a.truncated {
+            return Some(a);
+        }
+        match tokio::time::timeout(cfg.timeout, forward_tcp(*up, q)).await {
+            Ok(Ok(a)) => return Some(a),
+            Ok(Err(e)) => tracing::warn!(
+                "DNS upstream {up}: the answer for {} was truncated and TCP failed: {e}",
+                q.name
+            ),
+            Err(_) => tracing::warn!(
+                "DNS upstream {up}: the answer for {} was truncated and TCP took over {:?}",
+                q.name,
+                cfg.timeout
+            ),
+        }
     }
     None
+}
+
+async fn forward_udp(cfg: &Config, up: SocketAddr, q: &wire::Query) -> Option<wire::Answer> {
+    let local: SocketAddr = if up.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let sock = UdpSocket::bind(local).await.ok()?;
+    let id: u16 = rand::random();
+    sock.connect(up).await.ok()?;
+    sock.send(&wire::upstream_query(id, q)).await.ok()?;
+    let deadline = tokio::time::Instant::now() + cfg.timeout;
+    let mut buf = vec![0u8; MAX_MSG];
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
+        if let Some(a) = wire::parse_answer(&buf[..n], id, q) {
+            return Some(a);
+        }
+    }
+    None
+}
+
+/// The same question over TCP (RFC 7766: a two-byte length, then the message; at most 64 KiB).
+async fn forward_tcp(up: SocketAddr, q: &wire::Query) -> std::io::Result<wire::Answer> {
+    let mut conn = TcpStream::connect(up).await?;
+    let id: u16 = rand::random();
+    let msg = wire::upstream_query(id, q);
+    let mut out = (msg.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(&msg);
+    conn.write_all(&out).await?;
+    let mut len = [0u8; 2];
+    conn.read_exact(&mut len).await?;
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    conn.read_exact(&mut buf).await?;
+    wire::parse_answer(&buf, id, q)
+        .ok_or_else(|| std::io::Error::other("not an answer to the question asked"))
 }

@@ -39,6 +39,8 @@ pub struct Query {
     pub qclass: u16,
     /// The query had an OPT record: the answer may carry one (and an EDE).
     pub edns: bool,
+    /// The UDP payload size its OPT record advertised (0 without one).
+    pub payload: u16,
     /// The question section as it came (name, type, class): echoed, and sent upstream.
     pub question: Vec<u8>,
 }
@@ -120,7 +122,12 @@ pub fn parse_query(buf: &[u8]) -> Result<Query, QueryError> {
     let qtype = u16_at(buf, pos).ok_or(QueryError::Malformed("no type"))?;
     let qclass = u16_at(buf, pos + 2).ok_or(QueryError::Malformed("no class"))?;
     let question = buf[12..pos + 4].to_vec();
-    let edns = arcount > 0 && has_opt(buf, pos + 4, arcount);
+    let payload = if arcount > 0 {
+        opt_payload(buf, pos + 4, arcount)
+    } else {
+        None
+    };
+    let edns = payload.is_some();
     Ok(Query {
         id: u16_at(buf, 0).unwrap_or(0),
         rd: flags & 0x0100 != 0,
@@ -128,25 +135,41 @@ pub fn parse_query(buf: &[u8]) -> Result<Query, QueryError> {
         qtype,
         qclass,
         edns,
+        payload: payload.unwrap_or(0),
         question,
     })
 }
 
-/// Whether the records from `pos` (the additional section of a query) include an OPT.
-fn has_opt(buf: &[u8], mut pos: usize, count: u16) -> bool {
+/// The UDP payload size of the OPT record among the records from `pos` (the additional
+/// section of a query), if there is one.
+fn opt_payload(buf: &[u8], mut pos: usize, count: u16) -> Option<u16> {
     for _ in 0..count {
-        let Some((_, next)) = read_name(buf, pos) else {
-            return false;
-        };
-        let (Some(rtype), Some(rdlen)) = (u16_at(buf, next), u16_at(buf, next + 8)) else {
-            return false;
-        };
+        let (_, next) = read_name(buf, pos)?;
+        let (rtype, rdlen) = (u16_at(buf, next)?, u16_at(buf, next + 8)?);
         if rtype == TYPE_OPT {
-            return true;
+            return u16_at(buf, next + 2);
         }
         pos = next + 10 + rdlen as usize;
     }
-    false
+    None
+}
+
+/// How many bytes an answer to `q` over UDP may have: 512 without EDNS (RFC 1035), else the
+/// size the query advertised, between 512 and [`EDNS_PAYLOAD`] (the stub never sends more in
+/// one datagram; a larger answer goes with TC set and the resolver asks again over TCP).
+pub fn udp_limit(q: &Query) -> usize {
+    if q.edns {
+        usize::from(q.payload.clamp(512, EDNS_PAYLOAD))
+    } else {
+        512
+    }
+}
+
+/// `response` with the TC flag: the answer did not fit, ask again over TCP (no records).
+pub fn truncated_response(q: &Query, rcode: u8) -> Vec<u8> {
+    let mut out = response(q, rcode, &[], None);
+    out[2] |= 0x02;
+    out
 }
 
 /// A name at `pos` (compression followed, bounded) as uncompressed wire bytes, and the
@@ -216,6 +239,16 @@ pub enum RData {
 }
 
 impl Record {
+    /// Its length in an answer (uncompressed).
+    fn wire_len(&self) -> usize {
+        let data = match &self.data {
+            RData::A(_) => 4,
+            RData::Aaaa(_) => 16,
+            RData::Cname(n) => n.len(),
+        };
+        self.name.len() + 10 + data
+    }
+
     fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.name);
         let (rtype, data): (u16, Vec<u8>) = match &self.data {
@@ -251,6 +284,18 @@ pub fn response(q: &Query, rcode: u8, records: &[Record], ede: Option<(u16, &str
         write_opt(&mut out, ede);
     }
     out
+}
+
+/// How many of `records` (from the first) fit in a [`response`] to `q` of at most `limit` bytes.
+pub fn records_within(q: &Query, records: &[Record], limit: usize) -> usize {
+    let mut len = 12 + q.question.len() + if q.edns { 11 } else { 0 };
+    records
+        .iter()
+        .take_while(|r| {
+            len += r.wire_len();
+            len <= limit
+        })
+        .count()
 }
 
 /// An answer to a message that is not a query the stub takes (REFUSED, FORMERR): the header
@@ -383,11 +428,24 @@ mod tests {
         let q = parse_query(&query(0x1234, "Api.Example.test", TYPE_AAAA, true)).unwrap();
         assert_eq!(q.id, 0x1234);
         assert!(q.rd && q.edns);
+        assert_eq!(q.payload, 1232);
+        assert_eq!(udp_limit(&q), 1232);
         assert_eq!(q.name, "Api.Example.test");
         assert_eq!(q.qtype, TYPE_AAAA);
         assert_eq!(q.question.len(), 18 + 4);
         let q = parse_query(&query(1, "a.b", TYPE_A, false)).unwrap();
         assert!(!q.edns);
+        assert_eq!(udp_limit(&q), 512);
+        // An advertised size is capped at the stub's and never below 512.
+        let mut big = query(1, "a.b", TYPE_A, true);
+        let at = big.len() - 8;
+        big[at..at + 2].copy_from_slice(&65000u16.to_be_bytes());
+        assert_eq!(udp_limit(&parse_query(&big).unwrap()), 1232);
+        big[at..at + 2].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(udp_limit(&parse_query(&big).unwrap()), 512);
+        let t = truncated_response(&parse_query(&big).unwrap(), NOERROR);
+        assert_eq!(t[2] & 0x02, 0x02);
+        assert_eq!(u16_at(&t, 6), Some(0));
     }
 
     #[test]
@@ -494,6 +552,8 @@ mod tests {
         assert!(parse_answer(&ans, 0xbeef, &other).is_none());
         // What the stub sends back parses as a response with the same records.
         let back = response(&q, a.rcode, &a.records, None);
+        assert_eq!(records_within(&q, &a.records, back.len()), 3);
+        assert_eq!(records_within(&q, &a.records, back.len() - 1), 2);
         let again = parse_answer(&back, 3, &q).unwrap();
         assert_eq!(again.records, a.records);
     }

@@ -152,22 +152,29 @@ impl Supervisor {
     }
 
     /// A name the agent's DNS stub refused (NXDOMAIN: not granted; REFUSED: too long, odd
-    /// bytes), rate-limited like the kernel's denials.
+    /// bytes) or an address it stripped from an answer (STRIPPED: rebinding), rate-limited like
+    /// the kernel's denials.
     pub(super) fn audit_dns_refusal(&self, r: &crate::dns::Refusal) {
         if !self.count_denial(&r.tenant, &r.name, "dns-stub") {
             return;
         }
         tracing::info!(
             agent = %r.agent_id,
-            "DNS stub refused {:?} (type {}, {}; contract {})", r.qname, r.qtype, r.reason, r.contract
+            "DNS stub refused {:?} (type {}, {}{}; contract {})",
+            r.qname,
+            r.qtype,
+            r.reason,
+            r.addr.map(|a| format!(" {a}")).unwrap_or_default(),
+            r.contract
         );
         let Some(t) = self.audit_trail() else {
             return;
         };
-        let rcode = if r.reason == "not-granted" {
-            "NXDOMAIN"
-        } else {
-            "REFUSED"
+        let rcode = match r.reason {
+            "not-granted" => "NXDOMAIN",
+            // An address stripped from a granted name's answer (rebinding): the rest goes.
+            _ if r.addr.is_some() => "STRIPPED",
+            _ => "REFUSED",
         };
         let rec = t
             .agent_record(audit::Kind::Denial, &r.tenant, &r.name)
@@ -180,6 +187,7 @@ impl Supervisor {
                 "name": r.qname,
                 "qtype": r.qtype,
                 "reason": r.reason,
+                "addr": r.addr.map(|a| a.to_string()),
                 "contract": r.contract,
             }));
         t.submit_or_count(rec);

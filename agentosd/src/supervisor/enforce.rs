@@ -164,10 +164,12 @@ impl Supervisor {
                 contract: contract.map(|c| c.name().to_string()).unwrap_or_default(),
                 cgroup_id: id,
                 grants: policy.names.clone(),
+                static_connect: policy.rules.clone(),
             };
             policy.dns_port = dns
                 .start(spec, pinned)
                 .map_err(|e| Error::Kernel(format!("agent {}: DNS stub: {e}", agent.id)))?;
+            policy.dns6 = dns.serves_v6(&agent.id);
         }
         enforcer
             .set_policy(&agent.id, &agent.tenant, &agent.name, id, &policy)

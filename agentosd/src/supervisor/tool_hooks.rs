@@ -18,7 +18,8 @@ impl Supervisor {
 
 /// The tool runners' hook into the cgroup BPF network policy (see [`crate::tools::CgroupHooks`]):
 /// a tool cgroup (under its agent, so under `agents/` where the programs are attached) gets an
-/// entry built from the tool's effective grants, attributed to its agent.
+/// entry built from the tool's effective grants, attributed to its agent; with the daemon's DNS
+/// its names are answered by a stub of its own (keyed like its entry), stopped when it goes.
 #[derive(Debug)]
 struct ToolCgroupHooks {
     sup: std::sync::Weak<Supervisor>,
@@ -48,25 +49,55 @@ impl crate::tools::CgroupHooks for ToolCgroupHooks {
                 )]);
             }
         };
-        let policy = net::policy_from_grants(connect, bind, &net::system_resolve)
-            .map_err(|e| format!("network policy of the tool: {e}"))?;
+        let key = tool_key(cg);
+        let id = cgroup_id(cg.path());
+        let policy = match sup.dns() {
+            // The daemon's DNS: the tool's names are grants its own stub answers, as an
+            // agent's (refreshed with their TTL, wildcards too, no DNS elsewhere).
+            Some(dns) if !connect.is_empty() => {
+                let hosts = |h: &str| net::hosts_file(std::path::Path::new("/etc/hosts"), h);
+                let mut p = net::policy_with_dns(connect, bind, &hosts)
+                    .map_err(|e| format!("network policy of the tool: {e}"))?;
+                if p.dns {
+                    let spec = crate::dns::StubSpec {
+                        agent_id: caller.agent.clone(),
+                        tenant: caller.tenant.clone(),
+                        name: caller.name.clone(),
+                        contract: caller.name.clone(),
+                        cgroup_id: id,
+                        grants: p.names.clone(),
+                        static_connect: p.rules.clone(),
+                    };
+                    p.dns_port = dns
+                        .start_as(&key, spec, None)
+                        .map_err(|e| format!("the tool cgroup's DNS stub: {e}"))?;
+                    p.dns6 = dns.serves_v6(&key);
+                }
+                p
+            }
+            _ => net::policy_from_grants(connect, bind, &net::system_resolve)
+                .map_err(|e| format!("network policy of the tool: {e}"))?,
+        };
         enforcer
-            .set_policy(
-                &tool_key(cg),
-                &caller.tenant,
-                &caller.name,
-                cgroup_id(cg.path()),
-                &policy,
-            )
-            .map_err(|e| format!("network policy of the tool cgroup: {e}"))?;
+            .set_policy(&key, &caller.tenant, &caller.name, id, &policy)
+            .map_err(|e| {
+                if let Some(dns) = sup.dns() {
+                    dns.stop(&key);
+                }
+                format!("network policy of the tool cgroup: {e}")
+            })?;
         Ok(vec![format!("network (cgroup BPF): {}", policy.describe())])
     }
 
     fn removed(&self, cg: &Cgroup) {
-        if let Some(sup) = self.sup.upgrade()
-            && let Ok(n) = sup.net()
-        {
+        let Some(sup) = self.sup.upgrade() else {
+            return;
+        };
+        if let Ok(n) = sup.net() {
             n.clear(&tool_key(cg));
+        }
+        if let Some(dns) = sup.dns() {
+            dns.stop(&tool_key(cg));
         }
     }
 }

@@ -6,6 +6,9 @@
 //! - name resolution: one A query per lookup, a fresh UDP socket each (connect, send, receive:
 //!   what glibc's getaddrinfo does) from inside an agent (redirected by cgroup BPF to its stub in
 //!   agentosd, which forwards) vs from the host straight to the same upstream;
+//! - the same for a name whose answer does not fit a datagram (`bN.bench.test`, 60 addresses:
+//!   TC over UDP, then the whole answer over TCP; through the stub, which asks the upstream over
+//!   UDP and TCP for each of the two queries);
 //! - connect latency (TCP connect + close to 198.18.0.10) of an agent granted
 //!   `*.bench.test:PORT` after it resolved 1 000 names (1 000 entries of its own in `net_names`,
 //!   the server's address learnt from an answer) vs an agent granted `198.18.0.10:PORT` (one
@@ -99,6 +102,40 @@ fn lookup(server: SocketAddr, id: u16, name: &str) -> Result<Vec<u8>> {
     Ok(buf[..n].to_vec())
 }
 
+/// Addresses of each `bN.bench.test` (198.18.2.1-60): too many for a 512-byte datagram.
+const BIG: u8 = 60;
+
+/// A lookup of a name whose UDP answer is truncated (TC), then over TCP as glibc retries it:
+/// a fresh connection, the query with its two-byte length, the whole answer.
+fn lookup_tc(server: SocketAddr, id: u16, name: &str) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    s.connect(server)?;
+    s.send(&query(id, name))?;
+    let mut buf = [0u8; 512];
+    let n = s
+        .recv(&mut buf)
+        .with_context(|| format!("no answer for {name}"))?;
+    if n < 12 || buf[2] & 0x02 == 0 {
+        bail!("lookup of {name}: the UDP answer is not truncated");
+    }
+    let mut c = TcpStream::connect_timeout(&server, Duration::from_secs(3))?;
+    c.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let q = query(id, name);
+    let mut out = (q.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(&q);
+    c.write_all(&out)?;
+    let mut len = [0u8; 2];
+    c.read_exact(&mut len)?;
+    let mut a = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    c.read_exact(&mut a)?;
+    if a.len() < 12 || a[3] & 0xf != 0 || u16::from_be_bytes([a[6], a[7]]) != u16::from(BIG) {
+        bail!("lookup of {name} over TCP: not all {BIG} addresses");
+    }
+    Ok(())
+}
+
 /// The measured loops (in an agent, or in this process for the host's numbers).
 pub fn client(a: ClientArgs) -> Result<()> {
     let upstream = SocketAddr::from((UPSTREAM, 53));
@@ -110,6 +147,15 @@ pub fn client(a: ClientArgs) -> Result<()> {
                 for i in 0..a.warmup + a.calls {
                     let t0 = mono_ns();
                     lookup(upstream, i as u16, &format!("q{i}.bench.test"))?;
+                    if i >= a.warmup {
+                        v.push((mono_ns() - t0) as u32);
+                    }
+                }
+            }
+            "resolve-tc" => {
+                for i in 0..a.warmup + a.calls {
+                    let t0 = mono_ns();
+                    lookup_tc(upstream, i as u16, &format!("b{i}.bench.test"))?;
                     if i >= a.warmup {
                         v.push((mono_ns() - t0) as u32);
                     }
@@ -142,40 +188,79 @@ pub fn client(a: ClientArgs) -> Result<()> {
     touch(&a.out, "done", "")
 }
 
-/// The fake upstream: `server.bench.test` and `qN.bench.test` → SERVER, `nN.bench.test` → an
-/// address of its own (198.18.1.0 + N), TTL 300; anything else NXDOMAIN.
-fn fake_upstream(sock: UdpSocket) {
+/// The fake upstream's answer: `server.bench.test` and `qN.bench.test` → SERVER,
+/// `nN.bench.test` → an address of its own (198.18.1.0 + N), `bN.bench.test` → 198.18.2.1-60
+/// (over UDP: TC and no record), TTL 300; anything else NXDOMAIN.
+fn fake_answer(msg: &[u8], tcp: bool) -> Option<Vec<u8>> {
     use agentosd::dns::wire;
+    let q = wire::parse_query(msg).ok()?;
+    let labels: Vec<&str> = q.name.split('.').collect();
+    let addrs: Vec<Ipv4Addr> = match labels[..] {
+        ["server", "bench", "test"] => vec![SERVER],
+        [l, "bench", "test"] if l.starts_with('q') => vec![SERVER],
+        [l, "bench", "test"] if l.starts_with('b') => {
+            (1..=BIG).map(|i| Ipv4Addr::new(198, 18, 2, i)).collect()
+        }
+        [l, "bench", "test"] => l
+            .strip_prefix('n')
+            .and_then(|k| k.parse::<u32>().ok())
+            .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 1, 0)) + k))
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    };
+    let big = addrs.len() > 1 && !tcp;
+    let owner = q.question[..q.question.len().saturating_sub(4)].to_vec();
+    let records: Vec<wire::Record> = addrs
+        .iter()
+        .filter(|_| !big)
+        .map(|a| wire::Record {
+            name: owner.clone(),
+            ttl: 300,
+            data: wire::RData::A(*a),
+        })
+        .collect();
+    let rcode = if addrs.is_empty() {
+        wire::NXDOMAIN
+    } else {
+        wire::NOERROR
+    };
+    let mut r = wire::response(&q, rcode, &records, None);
+    if big {
+        r[2] |= 0x02;
+    }
+    Some(r)
+}
+
+/// The fake upstream over UDP (answers in the thread that receives).
+fn fake_upstream(sock: UdpSocket) {
     let mut buf = [0u8; 1500];
     while let Ok((n, peer)) = sock.recv_from(&mut buf) {
-        let Ok(q) = wire::parse_query(&buf[..n]) else {
+        if let Some(r) = fake_answer(&buf[..n], false) {
+            let _ = sock.send_to(&r, peer);
+        }
+    }
+}
+
+/// The fake upstream over TCP: one query per connection, one connection at a time.
+fn fake_upstream_tcp(l: TcpListener) {
+    use std::io::{Read as _, Write as _};
+    for c in l.incoming() {
+        let Ok(mut c) = c else { continue };
+        let _ = c.set_read_timeout(Some(Duration::from_secs(3)));
+        let mut len = [0u8; 2];
+        if c.read_exact(&mut len).is_err() {
             continue;
-        };
-        let labels: Vec<&str> = q.name.split('.').collect();
-        let addr = match labels[..] {
-            ["server", "bench", "test"] => Some(SERVER),
-            [l, "bench", "test"] if l.starts_with('q') => Some(SERVER),
-            [l, "bench", "test"] => l
-                .strip_prefix('n')
-                .and_then(|k| k.parse::<u32>().ok())
-                .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 1, 0)) + k)),
-            _ => None,
-        };
-        let owner = q.question[..q.question.len().saturating_sub(4)].to_vec();
-        let records: Vec<wire::Record> = addr
-            .map(|a| wire::Record {
-                name: owner,
-                ttl: 300,
-                data: wire::RData::A(a),
-            })
-            .into_iter()
-            .collect();
-        let rcode = if addr.is_some() {
-            wire::NOERROR
-        } else {
-            wire::NXDOMAIN
-        };
-        let _ = sock.send_to(&wire::response(&q, rcode, &records, None), peer);
+        }
+        let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        if c.read_exact(&mut q).is_err() {
+            continue;
+        }
+        if let Some(r) = fake_answer(&q, true) {
+            let mut out = (r.len() as u16).to_be_bytes().to_vec();
+            out.extend_from_slice(&r);
+            let _ = c.write_all(&out);
+        }
     }
 }
 
@@ -235,6 +320,8 @@ fn bench(
     let load_before = loadavg();
     let up = UdpSocket::bind((UPSTREAM, 53))?;
     std::thread::spawn(move || fake_upstream(up));
+    let up_tcp = TcpListener::bind((UPSTREAM, 53))?;
+    std::thread::spawn(move || fake_upstream_tcp(up_tcp));
     let listener = TcpListener::bind((SERVER, 0))?;
     let port = listener.local_addr()?.port();
     std::thread::spawn(move || {
@@ -270,7 +357,7 @@ fn bench(
     // The host first (no agent, no BPF), then the two agents one after the other.
     let host = dir.join("host");
     client(ClientArgs {
-        modes: "resolve,connect".into(),
+        modes: "resolve,resolve-tc,connect".into(),
         calls: a.calls,
         warmup: a.warmup,
         port,
@@ -279,7 +366,7 @@ fn bench(
     let agents = [
         (
             "names",
-            "resolve,fill,connect",
+            "resolve,resolve-tc,fill,connect",
             format!("*.bench.test:{port}"),
         ),
         ("static", "connect", format!("{SERVER}:{port}")),
@@ -302,6 +389,14 @@ fn bench(
         (
             "resolve: agent → stub → upstream",
             get(bin(&names_out, "resolve"))?,
+        ),
+        (
+            "resolve, truncated (UDP TC, then TCP): host → upstream",
+            get(bin(&host, "resolve-tc"))?,
+        ),
+        (
+            "resolve, truncated (UDP TC, then TCP): agent → stub → upstream",
+            get(bin(&names_out, "resolve-tc"))?,
         ),
         ("connect: host (no BPF)", get(bin(&host, "connect"))?),
         (
@@ -328,7 +423,7 @@ fn bench(
             us(d.max())
         );
     }
-    let (st, nm) = (&rows[3].1, &rows[4].1);
+    let (st, nm) = (&rows[5].1, &rows[6].1);
     println!(
         "1 000 names vs one static rule: p50 {:+.1} µs, p99 {:+.1} µs (goal < 50 µs)",
         (nm.p(500) as f64 - st.p(500) as f64) / 1000.0,

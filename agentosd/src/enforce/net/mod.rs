@@ -32,7 +32,7 @@ pub use event::{Denial, RawEvent};
 pub use names::{IPPROTO_TCP, IPPROTO_UDP, PortGrant, RawNameKey, RawNameValue};
 pub use pins::{DEFAULT_PIN_ROOT, Pins, is_bpffs, pin_check_line};
 pub use policy::{
-    NameGrant, Policy, PolicyError, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
+    NameGrant, Policy, PolicyError, Proto, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
     policy_from_grants, policy_from_scopes, policy_with_dns, system_resolve,
 };
 
@@ -71,8 +71,13 @@ const ALLOW_ALL: u32 = 1;
 const ALLOW_ALL_BIND: u32 = 2;
 const INET: u32 = 4;
 const DNS: u32 = 8;
+/// `AGENTOS_NET_DNS6`: the stub serves [::1]:dns_port too.
+const DNS6: u32 = 16;
 const RULE_CONNECT: u32 = 0;
 const RULE_BIND: u32 = 1;
+/// `AGENTOS_NET_RULE_UDP`, `AGENTOS_NET_RULE_TCP`: or'ed into a rule's kind, one protocol only.
+const RULE_UDP: u32 = 0x100;
+const RULE_TCP: u32 = 0x200;
 const STAT_ALLOWED: u32 = 0;
 const STAT_DENIED: u32 = 1;
 const STAT_DROPPED: u32 = 2;

@@ -7,7 +7,8 @@
 use std::net::IpAddr;
 
 use super::{
-    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, INET, MAX_RULES, RULE_BIND, RULE_CONNECT,
+    AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, DNS6, INET, MAX_RULES, RULE_BIND,
+    RULE_CONNECT, RULE_TCP, RULE_UDP,
 };
 
 /// `struct agentos_net_rule`.
@@ -58,9 +59,56 @@ pub struct Rule {
     /// 0 = any port.
     pub port: u16,
     pub kind: RuleKind,
+    /// Which protocols: an address grant both, `udp://ADDR:PORT` UDP only
+    /// (`AGENTOS_NET_RULE_UDP`), a name resolved now (a tool's) TCP only unless `udp://`
+    /// (`AGENTOS_NET_RULE_TCP`), as the DNS stub's name grants.
+    pub proto: Proto,
+}
+
+/// The protocols a [`Rule`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Proto {
+    #[default]
+    Any,
+    Tcp,
+    Udp,
 }
 
 impl Rule {
+    /// Whether this rule (a `net.connect` one) lets the agent reach `addr` on port `g.port` over
+    /// `g`'s protocol (`g.port` 0, any port: only a rule for any port does).
+    pub fn covers(&self, addr: IpAddr, g: super::PortGrant) -> bool {
+        let addr = match addr {
+            IpAddr::V6(a) => a.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr),
+            a => a,
+        };
+        let family = if addr.is_ipv4() { AF_INET } else { AF_INET6 };
+        let proto = match self.proto {
+            Proto::Any => true,
+            Proto::Udp => g.udp,
+            Proto::Tcp => !g.udp,
+        };
+        let net = match self.net {
+            None => true,
+            Some((n, len)) => {
+                let (n, x, bits) = match (n, addr) {
+                    (IpAddr::V4(n), IpAddr::V4(x)) => {
+                        (u32::from(n).into(), u32::from(x).into(), 32)
+                    }
+                    (IpAddr::V6(n), IpAddr::V6(x)) => (u128::from(n), u128::from(x), 128),
+                    _ => return false,
+                };
+                let shift = bits - u32::from(len).min(bits);
+                shift == bits || (n >> shift) == (x >> shift)
+            }
+        };
+        self.kind == RuleKind::Connect
+            && self.family == family
+            && (self.port == 0 || (g.port != 0 && self.port == g.port))
+            && proto
+            && net
+    }
+
     fn raw(&self) -> RawRule {
         let mut r = RawRule {
             family: self.family,
@@ -68,6 +116,10 @@ impl Rule {
             kind: match self.kind {
                 RuleKind::Connect => RULE_CONNECT,
                 RuleKind::Bind => RULE_BIND,
+            } | match self.proto {
+                Proto::Any => 0,
+                Proto::Tcp => RULE_TCP,
+                Proto::Udp => RULE_UDP,
             },
             ..RawRule::default()
         };
@@ -109,6 +161,9 @@ pub struct Policy {
     /// 127.0.0.1:`dns_port`, and addresses it answers for `names` are allowed while valid.
     pub dns: bool,
     pub dns_port: u16,
+    /// The stub serves [::1]:`dns_port` too (`AGENTOS_NET_DNS6`): IPv6 sockets' queries go
+    /// there.
+    pub dns6: bool,
     /// `net.connect` scopes by name (`api.example.com:443`, `*.example.test:443`).
     pub names: Vec<NameGrant>,
     /// What the operator should know (names that did not resolve…).
@@ -198,7 +253,8 @@ impl Policy {
                     0
                 }
                 | if self.inet { INET } else { 0 }
-                | if self.dns { DNS } else { 0 },
+                | if self.dns { DNS } else { 0 }
+                | if self.dns && self.dns6 { DNS6 } else { 0 },
             rules: [RawRule::default(); MAX_RULES],
             dns_port: self.dns_port,
             _pad: [0; 3],
@@ -236,8 +292,13 @@ impl Policy {
         if kind == RuleKind::Connect {
             names = self.names.iter().map(NameGrant::describe).collect();
             if self.dns {
+                let v6 = if self.dns6 {
+                    format!(", [::1]:{}", self.dns_port)
+                } else {
+                    String::new()
+                };
                 names.push(format!(
-                    "DNS through the daemon's stub (127.0.0.1:{})",
+                    "DNS through the daemon's stub (127.0.0.1:{}{v6})",
                     self.dns_port
                 ));
             }
@@ -262,7 +323,12 @@ impl Policy {
                 } else {
                     r.port.to_string()
                 };
-                format!("{host}:{port}")
+                let (pre, post) = match r.proto {
+                    Proto::Any => ("", ""),
+                    Proto::Udp => (UDP_SCHEME, ""),
+                    Proto::Tcp => ("", " (TCP)"),
+                };
+                format!("{pre}{host}:{port}{post}")
             })
             .collect();
         v.dedup();
@@ -275,7 +341,7 @@ impl Policy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
     #[error(
-        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://NAME:PORT (UDP to a name's addresses: names and *.SUFFIX only, net.connect only)"
+        "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://HOST:PORT (UDP only: a name, *.SUFFIX, address or prefix, not *; net.connect only)"
     )]
     Scope(String),
     #[error(
@@ -389,16 +455,12 @@ fn add_rules(
     for s in scopes {
         let (host, port) = split_scope(s)?;
         let udp = s.starts_with(UDP_SCHEME);
-        // udp:// declares UDP to a name's addresses: names only, net.connect only (contracts
-        // validates the same).
-        if udp
-            && (kind == RuleKind::Bind
-                || host == "*"
-                || host.contains('/')
-                || host.parse::<IpAddr>().is_ok())
-        {
+        // udp:// declares UDP only: to a name's addresses, an address or a prefix, in
+        // net.connect only; not with "*" (contracts validates the same).
+        if udp && (kind == RuleKind::Bind || host == "*") {
             return Err(PolicyError::Scope(s.clone()));
         }
+        let at = p.rules.len();
         if host == "*" {
             if port == 0 {
                 match kind {
@@ -412,6 +474,7 @@ fn add_rules(
                     family,
                     port,
                     kind,
+                    proto: Proto::Any,
                 });
             }
             continue;
@@ -425,6 +488,7 @@ fn add_rules(
                 .filter(|l| *l <= max)
                 .ok_or_else(|| PolicyError::Scope(s.clone()))?;
             p.rules.push(rule_for(addr, len, port, kind));
+            set_proto(p, at, if udp { Proto::Udp } else { Proto::Any });
             continue;
         }
         let resolved = match (host.parse::<IpAddr>(), names) {
@@ -465,8 +529,24 @@ fn add_rules(
             let len = if a.is_ipv4() { 32 } else { 128 };
             p.rules.push(rule_for(a, len, port, kind));
         }
+        // A name resolved now is a name grant too: TCP unless udp:// (not a name in
+        // /etc/hosts, a fixed address of the operator's).
+        let resolved_name = host.parse::<IpAddr>().is_err() && matches!(names, Names::Resolve(_));
+        let proto = match (udp, resolved_name && kind == RuleKind::Connect) {
+            (true, _) => Proto::Udp,
+            (false, true) => Proto::Tcp,
+            (false, false) => Proto::Any,
+        };
+        set_proto(p, at, proto);
     }
     Ok(())
+}
+
+/// The rules from `at` on allow `proto`.
+fn set_proto(p: &mut Policy, at: usize, proto: Proto) {
+    for r in &mut p.rules[at..] {
+        r.proto = proto;
+    }
 }
 
 fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
@@ -484,6 +564,7 @@ fn rule_for(addr: IpAddr, len: u8, port: u16, kind: RuleKind) -> Rule {
         net: Some((addr, len)),
         port,
         kind,
+        proto: Proto::Any,
     }
 }
 
@@ -525,228 +606,4 @@ pub fn system_resolve(host: &str) -> Result<Vec<IpAddr>, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::enforce::net::RawEvent;
-
-    fn no_dns(h: &str) -> Result<Vec<IpAddr>, String> {
-        match h {
-            "api.example.com" => Ok(vec![
-                "192.0.2.7".parse().unwrap(),
-                "2001:db8::7".parse().unwrap(),
-            ]),
-            _ => Err("no such host".into()),
-        }
-    }
-
-    #[test]
-    fn layouts_match_intf_h() {
-        assert_eq!(std::mem::size_of::<RawRule>(), 40);
-        assert_eq!(std::mem::size_of::<RawPolicy>(), 8 + 40 * MAX_RULES + 8);
-        assert_eq!(std::mem::size_of::<RawEvent>(), 72);
-    }
-
-    #[test]
-    fn scopes_become_rules() {
-        let p = policy_from_scopes(
-            &[
-                "127.0.0.1:8080".into(),
-                "api.example.com:443".into(),
-                "10.0.0.0/8:*".into(),
-                "[::1]:53".into(),
-                "nowhere.invalid:80".into(),
-            ],
-            &no_dns,
-        )
-        .unwrap();
-        assert!(!p.allow_all);
-        assert_eq!(p.rules.len(), 5);
-        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
-        assert!(p.notes[0].contains("nowhere.invalid"));
-        assert_eq!(
-            p.describe(),
-            "127.0.0.1:8080, 192.0.2.7:443, [2001:db8::7]:443, 10.0.0.0/8:*, [::1]:53"
-        );
-        let raw = p.raw();
-        assert_eq!(raw.n_rules, 5);
-        // 127.0.0.1 in network byte order as the kernel's user_ip4 holds it.
-        assert_eq!(raw.rules[0].addr[0], u32::from_ne_bytes([127, 0, 0, 1]));
-        assert_eq!(raw.rules[0].mask, [u32::MAX, 0, 0, 0]);
-        assert_eq!(raw.rules[0].port, 8080);
-        assert_eq!(raw.rules[3].mask[0], u32::from_ne_bytes([255, 0, 0, 0]));
-        assert_eq!(raw.rules[3].port, 0);
-        assert_eq!(raw.rules[4].family, AF_INET6);
-        assert_eq!(raw.rules[4].mask, [u32::MAX; 4]);
-    }
-
-    #[test]
-    fn wildcards_and_errors() {
-        let p = policy_from_scopes(&["*:*".into()], &no_dns).unwrap();
-        assert!(p.allow_all);
-        let p = policy_from_scopes(&["*:443".into()], &no_dns).unwrap();
-        assert!(!p.allow_all);
-        assert_eq!(p.rules.len(), 2);
-        assert_eq!(p.raw().rules[0].mask, [0; 4]);
-        assert!(policy_from_scopes(&["nohost".into()], &no_dns).is_err());
-        assert!(policy_from_scopes(&["1.2.3.4/40:1".into()], &no_dns).is_err());
-        assert!(policy_from_scopes(&["h:0".into()], &no_dns).is_err());
-        let p = policy_from_scopes(&[], &no_dns).unwrap();
-        assert!(p.rules.is_empty() && !p.allow_all);
-        let many: Vec<String> = (1..=40).map(|i| format!("10.0.0.{i}:1")).collect();
-        assert_eq!(
-            policy_from_scopes(&many, &no_dns),
-            Err(PolicyError::TooMany(40))
-        );
-    }
-
-    #[test]
-    fn bind_grants_and_v4_mapped_scopes() {
-        let p = policy_from_grants(
-            &[
-                "[::ffff:10.0.0.1]:80".into(),
-                "::ffff:10.0.0.0/104:443".into(),
-            ],
-            &["127.0.0.1:8080".into(), "*:*".into()],
-            &no_dns,
-        )
-        .unwrap();
-        assert!(p.inet && p.allow_all_bind && !p.allow_all);
-        // A v4-mapped grant is an IPv4 grant (the programs check mapped destinations as IPv4).
-        assert_eq!(p.rules[0].family, AF_INET);
-        assert_eq!(p.rules[0].net, Some(("10.0.0.1".parse().unwrap(), 32)));
-        assert_eq!(p.rules[1].net, Some(("10.0.0.0".parse().unwrap(), 8)));
-        assert_eq!(p.rules[2].kind, RuleKind::Bind);
-        let raw = p.raw();
-        assert_eq!(raw.flags, ALLOW_ALL_BIND | INET);
-        assert_eq!(raw.rules[2].kind, RULE_BIND);
-        assert_eq!(raw.rules[0].kind, RULE_CONNECT);
-        assert_eq!(
-            p.describe(),
-            "10.0.0.1:80, 10.0.0.0/8:443; bind any address (net.bind *:*)"
-        );
-        let none = policy_from_grants(&[], &[], &no_dns).unwrap();
-        assert_eq!(none.raw().flags, 0);
-        assert!(none.describe().starts_with("no network grant"));
-    }
-
-    #[test]
-    fn wildcards_match_labels_under_the_suffix_at_any_depth() {
-        let g = NameGrant::new("*.Example.TEST", 443);
-        assert!(g.wildcard && g.name == "example.test");
-        for yes in ["a.example.test", "A.B.example.test.", "x-1.EXAMPLE.test"] {
-            assert!(g.matches(yes), "{yes}");
-        }
-        for no in [
-            "example.test",
-            ".example.test",
-            "aexample.test",
-            "a.example.test.evil",
-            "example.test.",
-            "test",
-        ] {
-            assert!(!g.matches(no), "{no}");
-        }
-        let n = NameGrant::new("named.example.test.", 80);
-        assert!(n.matches("NAMED.example.test") && n.matches("named.example.test."));
-        assert!(!n.matches("a.named.example.test"));
-    }
-
-    #[test]
-    fn names_are_grants_unless_in_hosts_and_set_the_dns_flag() {
-        let hosts =
-            |h: &str| hosts_lookup("127.0.0.1 localhost # me\n::1 localhost ip6-localhost\n", h);
-        let p = policy_with_dns(
-            &[
-                "*.example.test:443".into(),
-                "named.example.test:8080".into(),
-                "localhost:9000".into(),
-                "198.18.0.9:*".into(),
-            ],
-            &["localhost:7000".into()],
-            &hosts,
-        )
-        .unwrap();
-        assert!(p.dns && p.inet && !p.allow_all);
-        assert_eq!(
-            p.names,
-            vec![
-                NameGrant::new("*.example.test", 443),
-                NameGrant::new("named.example.test", 8080)
-            ]
-        );
-        // localhost is static (both addresses), the address a rule, the bind name local.
-        assert_eq!(p.rules.len(), 5, "{:?}", p.rules);
-        let mut pp = p.clone();
-        pp.dns_port = 5353;
-        let raw = pp.raw();
-        assert_eq!(raw.flags, INET | DNS);
-        assert_eq!(raw.dns_port, 5353);
-        assert!(
-            pp.describe().contains("*.example.test:443, named.example.test:8080, DNS through the daemon's stub (127.0.0.1:5353)"),
-            "{}",
-            pp.describe()
-        );
-        // *:* needs no stub; no net.connect, no stub.
-        let all = policy_with_dns(&["*:*".into(), "a.test:1".into()], &[], &hosts).unwrap();
-        assert!(!all.dns);
-        let bind_only = policy_with_dns(&[], &["127.0.0.1:1".into()], &hosts).unwrap();
-        assert!(!bind_only.dns && bind_only.raw().flags == INET);
-        // The resolve-now builder (tool cgroups) grants nothing for a wildcard, and says so.
-        let t = policy_from_scopes(&["*.example.test:443".into()], &no_dns).unwrap();
-        assert!(t.rules.is_empty() && t.names.is_empty() && !t.dns);
-        assert!(t.notes[0].contains("wildcard"), "{:?}", t.notes);
-    }
-
-    #[test]
-    fn udp_is_declared_per_name_grant() {
-        let none = |_: &str| Vec::new();
-        let p = policy_with_dns(
-            &[
-                "udp://*.example.test:443".into(),
-                "*.example.test:443".into(),
-            ],
-            &[],
-            &none,
-        )
-        .unwrap();
-        assert_eq!(
-            p.names,
-            vec![
-                NameGrant::new("*.example.test", 443).over_udp(),
-                NameGrant::new("*.example.test", 443),
-            ]
-        );
-        assert!(
-            p.describe()
-                .contains("udp://*.example.test:443, *.example.test:443")
-        );
-        // Names only, net.connect only.
-        for (c, b) in [
-            (vec!["udp://198.18.0.1:443".to_string()], vec![]),
-            (vec!["udp://*:443".into()], vec![]),
-            (vec!["udp://10.0.0.0/8:443".into()], vec![]),
-            (vec![], vec!["udp://localhost:53".to_string()]),
-        ] {
-            assert!(
-                matches!(policy_with_dns(&c, &b, &none), Err(PolicyError::Scope(_))),
-                "{c:?} {b:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn hosts_file_lines() {
-        let text =
-            "# c\n10.0.0.1  db.internal db\n10.0.0.2 other\nbad line\n10.0.0.3 DB.internal\n";
-        let v = hosts_lookup(text, "db.internal.");
-        assert_eq!(
-            v,
-            vec![
-                "10.0.0.1".parse::<IpAddr>().unwrap(),
-                "10.0.0.3".parse().unwrap()
-            ]
-        );
-        assert!(hosts_lookup(text, "nowhere").is_empty());
-    }
-}
+mod tests;
