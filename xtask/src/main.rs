@@ -79,8 +79,12 @@ enum Cmd {
 fn main() -> Result<()> {
     let cmd = Cli::parse().cmd;
     // Every task builds agentosd (or the VM payload with it), whose build needs these; xtask
-    // itself builds without them, so a fresh machine gets them here.
-    vm::host::ensure_build_packages()?;
+    // itself builds without them, so a fresh machine gets them here. Not the hidden helpers a
+    // benchmark or the VM runs (an agent's sandbox cannot read dpkg's status, and they build
+    // nothing).
+    if !internal(&cmd) {
+        vm::host::ensure_build_packages()?;
+    }
     match cmd {
         Cmd::Test {
             host_only,
@@ -184,6 +188,15 @@ fn run_within(
         bail!("{cargo} {} failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+fn internal(cmd: &Cmd) -> bool {
+    match cmd {
+        Cmd::Vm { cmd } => cmd.is_internal(),
+        #[cfg(feature = "bench")]
+        Cmd::Bench { cmd } => cmd.is_internal(),
+        _ => false,
+    }
 }
 
 fn test(host_only: bool, allow_skips: bool) -> Result<()> {

@@ -42,6 +42,12 @@ pub struct HrtArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// One phase instead of three: the HRT agent, the nice-0 loop, cyclicdeadline and
+    /// cyclictest all at the same time under the same load, so a stall of the machine hits
+    /// them alike (like for like; they share the CPUs, which a deadline admission of 0.3 + the
+    /// floors' near-zero work leaves room for).
+    #[arg(long)]
+    pub together: bool,
 }
 
 #[derive(Args)]
@@ -248,7 +254,9 @@ fn loop_args(a: &HrtArgs, mode: &str, out: &Path) -> Vec<String> {
 
 /// Start the loop as an HRT agent: what agentosd's supervisor does for a start, with its own
 /// code (admission, fresh cgroup, sandbox from a contract, spawn with SCHED_DEADLINE).
-fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
+/// Starts the loop as an HRT agent: its log and state in `dir` (root's, as the daemon's are),
+/// its program and result in `work` (granted to it).
+fn start_agent(a: &HrtArgs, dir: &Path, work: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
     let d = agentosd::sched::Deadline {
         runtime_ns: a.runtime_us * 1000,
         deadline_ns: a.period_us * 1000,
@@ -264,7 +272,7 @@ fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
         r = a.runtime_us as f64 / 1000.0,
         p = a.period_us as f64 / 1000.0,
         exe = exe.display().to_string(),
-        dir = dir.display()
+        dir = work.display()
     );
     let contract =
         contracts::parse_contract(&text, "hrt-loop.yaml").map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -275,7 +283,7 @@ fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
         agentosd::sandbox::prepare(&dir.join("state"), "bench", "hrt-loop", Some(&contract))?;
     let cmd = agentosd::spawn::Command {
         program: exe.to_path_buf(),
-        args: loop_args(a, "agent", &dir.join("agent.json")),
+        args: loop_args(a, "agent", &work.join("agent.json")),
         env: sandbox.env(),
         cwd: PathBuf::from("/"),
         log_file: dir.join("agent.log"),
@@ -295,15 +303,19 @@ fn start_agent(a: &HrtArgs, dir: &Path, exe: &Path) -> Result<(Cgroup, u32)> {
 
 fn run_loops(a: &HrtArgs, dir: &Path) -> Result<(Value, Value)> {
     // The agent runs as its own uid: it needs to execute a copy of this binary and write its
-    // result into `dir` (granted in its contract).
-    let exe = dir.join("xtask");
+    // result into `work` (granted in its contract); its log stays in root's `dir` (the daemon
+    // opens no log in a directory others may write).
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    let exe = work.join("xtask");
     std::fs::copy(std::env::current_exe()?, &exe)?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777))?;
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))?;
-    let (cg, pid) = start_agent(a, dir, &exe)?;
+    let (cg, pid) = start_agent(a, dir, &work, &exe)?;
     let mut normal = Command::new(&exe)
-        .args(loop_args(a, "normal", &dir.join("normal.json")))
+        .args(loop_args(a, "normal", &work.join("normal.json")))
         .spawn()?;
     let mut status = 0;
     // SAFETY: waiting for the agent we started; `status` is writable.
@@ -321,7 +333,7 @@ fn run_loops(a: &HrtArgs, dir: &Path) -> Result<(Value, Value)> {
     }
     let read = |m: &str| -> Result<Value> {
         Ok(serde_json::from_slice(&std::fs::read(
-            dir.join(format!("{m}.json")),
+            work.join(format!("{m}.json")),
         )?)?)
     };
     Ok((read("agent")?, read("normal")?))
@@ -418,18 +430,37 @@ pub fn run(a: HrtArgs) -> Result<()> {
         }
     };
 
-    phase("HRT loop (SCHED_DEADLINE) and nice-0 loop side by side");
-    let b = load()?;
-    let (dl, normal) = run_loops(&a, &dir)?;
-    drop(b);
-    phase("cyclicdeadline");
-    let b = load()?;
-    let cd = cyclicdeadline(&a, &dir)?;
-    drop(b);
-    phase("cyclictest");
-    let b = load()?;
-    let ct = cyclictest(&a)?;
-    drop(b);
+    let (dl, normal, cd, ct) = if a.together {
+        phase("HRT loop, nice-0 loop, cyclicdeadline and cyclictest at the same time");
+        let b = load()?;
+        let (loops, cd, ct) = std::thread::scope(|s| {
+            let cd = s.spawn(|| cyclicdeadline(&a, &dir));
+            let ct = s.spawn(|| cyclictest(&a));
+            let loops = run_loops(&a, &dir);
+            let join = |h: std::thread::ScopedJoinHandle<'_, Result<Value>>| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a floor's thread panicked")))
+            };
+            (loops, join(cd), join(ct))
+        });
+        drop(b);
+        let (dl, normal) = loops?;
+        (dl, normal, cd?, ct?)
+    } else {
+        phase("HRT loop (SCHED_DEADLINE) and nice-0 loop side by side");
+        let b = load()?;
+        let (dl, normal) = run_loops(&a, &dir)?;
+        drop(b);
+        phase("cyclicdeadline");
+        let b = load()?;
+        let cd = cyclicdeadline(&a, &dir)?;
+        drop(b);
+        phase("cyclictest");
+        let b = load()?;
+        let ct = cyclictest(&a)?;
+        drop(b);
+        (dl, normal, cd, ct)
+    };
     let load_after = loadavg();
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -441,8 +472,16 @@ pub fn run(a: HrtArgs) -> Result<()> {
         format!("{cpus} DT burners (SCHED_IDLE busy loops)")
     };
     println!(
-        "HRT benchmark: period {} µs, work {} µs, SCHED_DEADLINE runtime {} µs, {} s per phase, load: {load_text}",
-        a.period_us, a.work_us, a.runtime_us, a.secs
+        "HRT benchmark: period {} µs, work {} µs, SCHED_DEADLINE runtime {} µs, {} s per phase{}, load: {load_text}",
+        a.period_us,
+        a.work_us,
+        a.runtime_us,
+        a.secs,
+        if a.together {
+            " (one phase: all four at the same time)"
+        } else {
+            ""
+        }
     );
     println!("loadavg before: {load_before}; after: {load_after}\n");
     println!("| run | periods | deadline misses | lateness p50 µs | p99 µs | max µs |");
@@ -480,7 +519,7 @@ pub fn run(a: HrtArgs) -> Result<()> {
                 "hrt": dl, "nice0": normal, "cyclictest": ct, "cyclicdeadline": cd,
                 "loadavg_before": load_before, "loadavg_after": load_after,
                 "secs": a.secs, "period_us": a.period_us, "work_us": a.work_us,
-                "runtime_us": a.runtime_us, "load": load_text,
+                "runtime_us": a.runtime_us, "load": load_text, "together": a.together,
             }))?,
         )?;
     }

@@ -63,6 +63,22 @@ pub enum BenchCmd {
     },
 }
 
+impl BenchCmd {
+    /// The hidden helpers a benchmark runs (often as an agent, under its own uid and sandbox):
+    /// they build nothing and must not look for build packages.
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            BenchCmd::DnsClient(_)
+                | BenchCmd::RtLoop(_)
+                | BenchCmd::McpClient(_)
+                | BenchCmd::McpEchoServer
+                | BenchCmd::ModelClient(_)
+                | BenchCmd::Burn { .. }
+        )
+    }
+}
+
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Hrt(a) => hrt::run(a),

@@ -82,6 +82,13 @@ pub struct ShellArgs {
     release: bool,
 }
 
+impl VmCmd {
+    /// `relay`, which QEMU runs per connection: builds nothing.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, VmCmd::Relay { .. })
+    }
+}
+
 pub fn run(cmd: VmCmd) -> Result<()> {
     match cmd {
         VmCmd::Setup(a) => {
