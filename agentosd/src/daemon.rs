@@ -237,11 +237,12 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         },
     );
     info!(
-        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed",
+        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s (0: no rate)",
         opts.ipc.inbound_bytes,
         opts.ipc.outbound_bytes,
         opts.ipc.agent_bytes,
-        opts.ipc.stall_timeout.as_millis()
+        opts.ipc.stall_timeout.as_millis(),
+        opts.ipc.agent_rate
     );
     tokio::spawn(service.clone().run(incoming));
     sup.set_mcp(crate::supervisor::McpHooks {

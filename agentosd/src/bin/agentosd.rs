@@ -164,6 +164,7 @@ fn main() -> anyhow::Result<()> {
                     inbound_bytes: r.ipc_inbound_bytes,
                     outbound_bytes: r.ipc_outbound_bytes,
                     agent_bytes: r.ipc_agent_bytes,
+                    agent_rate: r.ipc_agent_rate,
                     stall_timeout: Duration::from_secs_f64(
                         r.ipc_stall_timeout.clamp(0.1, 86_400.0),
                     ),

@@ -229,6 +229,7 @@ impl McpService {
             mut conns,
             mut refusals,
             mut disconnects,
+            mut throttles,
         } = incoming;
         let mut report = tokio::time::interval(stall::SUMMARY_EVERY);
         report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -243,6 +244,7 @@ impl McpService {
                 },
                 r = refusals.recv() => if let Some(r) = r { self.refused_peer(r) },
                 d = disconnects.recv() => if let Some(d) = d { self.disconnected(d) },
+                t = throttles.recv() => if let Some(t) = t { self.throttled(t) },
                 _ = report.tick() => self.report_suppressed(),
             }
         }
@@ -335,7 +337,10 @@ impl McpService {
                             s.reply(jsonrpc::error(
                                 &id,
                                 jsonrpc::NOT_INITIALIZED,
-                                &format!("send \"initialize\" before \"{method}\""),
+                                &format!(
+                                    "send \"initialize\" before \"{}\"",
+                                    jsonrpc::quote(&method)
+                                ),
                                 Value::Null,
                             ))
                             .await;
@@ -413,7 +418,8 @@ impl Session {
     async fn request(&self, id: Value, method: String, params: Value) {
         if !matches!(method.as_str(), "tools/list" | "tools/call") {
             let msg = format!(
-                "method \"{method}\" is not served: agentosd offers tools (tools/list, tools/call) and ping"
+                "method \"{}\" is not served: agentosd offers tools (tools/list, tools/call) and ping",
+                jsonrpc::quote(&method)
             );
             self.reply(jsonrpc::error(
                 &id,
@@ -493,7 +499,10 @@ impl Session {
             self.reply(jsonrpc::error(
                 &id,
                 jsonrpc::INVALID_REQUEST,
-                &format!("request id {key} is already in flight on this connection"),
+                &format!(
+                    "request id {} is already in flight on this connection",
+                    jsonrpc::id_text(&id)
+                ),
                 Value::Null,
             ))
             .await;
