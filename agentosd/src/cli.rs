@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// agent cannot take the daemon's CPU from the others and the operator. 0: no rate
     #[arg(long, global = true, default_value_t = crate::ipc::rate::DEFAULT_AGENT_RATE, value_name = "BYTES_PER_SEC")]
     pub ipc_agent_rate: u64,
+    /// Nice steps below the daemon's own priority at which it serves agents (their sockets and
+    /// MCP sessions, on threads of their own), so that D-Bus and the operator's commands come
+    /// first when the CPU is short. 0: same priority, one runtime
+    #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
+    pub agent_work_nice: i32,
     /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
     /// stay attached while agentosd is down or restarting (the next daemon takes them over);
     /// mounted as a bpffs instance when it is not one. "none": do not pin. Also

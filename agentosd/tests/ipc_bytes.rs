@@ -131,6 +131,17 @@ fn rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// The daemon's CPU time so far, all threads, user and system (seconds).
+fn cpu_secs(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command name in parentheses: fields 3.. ; utime and stime are fields 14 and 15.
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system; no pointers.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 fn now_secs() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -249,6 +260,10 @@ input_schema: {type: object}
         if let Ok(r) = std::env::var("AGENTOS_TEST_IPC_RATE") {
             flags.extend(["--ipc-agent-rate".to_string(), r]);
         }
+        // And without the lower priority of the agents' work: AGENTOS_TEST_AGENT_NICE=0.
+        if let Ok(n) = std::env::var("AGENTOS_TEST_AGENT_NICE") {
+            flags.extend(["--agent-work-nice".to_string(), n]);
+        }
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let d = Daemon::start_with(&bus, &cg.path, dir.path(), &flags);
         let t = files.display();
@@ -283,23 +298,46 @@ input_schema: {type: object}
     }
 }
 
-/// `agentctl list` timed every 100 ms (with the time it started) and the daemon's peak RSS,
-/// until `done` or `secs`; `must` says the end must come from `done`.
-fn sample(
-    f: &Fixture,
-    secs: u64,
-    must: bool,
-    mut done: impl FnMut() -> bool,
-) -> (Vec<(f64, f64)>, u64) {
+/// What [`sample`] saw: `agentctl list` latencies and the daemon's CPU time, each with the time
+/// it was taken, and the daemon's peak RSS.
+struct Samples {
+    list: Vec<(f64, f64)>,
+    cpu: Vec<(f64, f64)>,
+    peak: u64,
+}
+
+impl Samples {
+    /// The daemon's CPU use over `[from, to)`, in percent of one CPU.
+    fn cpu_percent(&self, from: f64, to: f64) -> f64 {
+        let w: Vec<&(f64, f64)> = self
+            .cpu
+            .iter()
+            .filter(|(t, _)| *t >= from && *t < to)
+            .collect();
+        match (w.first(), w.last()) {
+            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) / (b.0 - a.0) * 100.0,
+            _ => f64::NAN,
+        }
+    }
+}
+
+/// `agentctl list` timed every 100 ms (with the time it started), the daemon's CPU time and its
+/// peak RSS, until `done` or `secs`; `must` says the end must come from `done`.
+fn sample(f: &Fixture, secs: u64, must: bool, mut done: impl FnMut() -> bool) -> Samples {
     let pid = f.d.pid();
-    let (mut list, mut peak) = (Vec::new(), rss(pid));
+    let mut s = Samples {
+        list: Vec::new(),
+        cpu: Vec::new(),
+        peak: rss(pid),
+    };
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let t = now_secs();
-        list.push((t, timed_list(&f.d).as_secs_f64() * 1000.0));
-        peak = peak.max(rss(pid));
+        s.cpu.push((t, cpu_secs(pid)));
+        s.list.push((t, timed_list(&f.d).as_secs_f64() * 1000.0));
+        s.peak = s.peak.max(rss(pid));
         if done() {
-            return (list, peak);
+            return s;
         }
         if Instant::now() >= deadline {
             assert!(
@@ -308,7 +346,7 @@ fn sample(
                 std::fs::read_to_string(f.log("hostile")).unwrap_or_default(),
                 f.d.log_text()
             );
-            return (list, peak);
+            return s;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -350,7 +388,7 @@ fn an_agent_flooding_the_daemon_is_throttled_bounded_then_disconnected() {
         (steps(&polite_log).len() >= 5).then_some(())
     });
     let quiet_from = now_secs();
-    let (quiet_list, _) = sample(&f, 6, false, || false);
+    let quiet = sample(&f, 6, false, || false);
     let before = rss(pid);
     let attack_start = now_secs();
 
@@ -362,7 +400,8 @@ fn an_agent_flooding_the_daemon_is_throttled_bounded_then_disconnected() {
             .filter(|v| v["step"] == "closed")
             .count()
     };
-    let (attack_list, peak) = sample(&f, 90, true, || closed_n() == CONNS);
+    let attacked = sample(&f, 90, true, || closed_n() == CONNS);
+    let peak = attacked.peak;
     let attack_end = now_secs();
     // Memory returns: a few seconds for the sessions to end and the allocator to give back.
     std::thread::sleep(Duration::from_secs(3));
@@ -408,18 +447,12 @@ fn an_agent_flooding_the_daemon_is_throttled_bounded_then_disconnected() {
         ("no-read", stall_from, attack_end),
         ("whole attack", attack_start, attack_end),
     ] {
+        let s = if name == "quiet" { &quiet } else { &attacked };
         eprintln!(
-            "ipc_bytes: {name}: polite tools/call ms {}; agentctl list ms {}",
+            "ipc_bytes: {name}: polite tools/call ms {}; agentctl list ms {}; daemon CPU {:.0}%",
             p50_p99(&window(&calls, from, to)),
-            p50_p99(&window(
-                if name == "quiet" {
-                    &quiet_list
-                } else {
-                    &attack_list
-                },
-                from,
-                to
-            ))
+            p50_p99(&window(&s.list, from, to)),
+            s.cpu_percent(from, to)
         );
     }
     check_bounded_errors(&polite_log);
@@ -432,7 +465,7 @@ fn an_agent_flooding_the_daemon_is_throttled_bounded_then_disconnected() {
         !attack.is_empty(),
         "no call of the polite agent completed during the attack"
     );
-    let attack_list: Vec<f64> = attack_list.iter().map(|(_, ms)| *ms).collect();
+    let attack_list: Vec<f64> = attacked.list.iter().map(|(_, ms)| *ms).collect();
     for (what, v) in [("a polite call", &attack), ("agentctl list", &attack_list)] {
         assert!(
             quantile(v, 1.0) < 5000.0,

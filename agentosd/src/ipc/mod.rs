@@ -68,6 +68,9 @@ pub struct Limits {
     /// [`rate::LINE_COST`] more (`--ipc-agent-rate`; 0: no rate). The burst is half a second's
     /// worth, at least one line of `max_line`. Default 16 MiB/s.
     pub agent_rate: u64,
+    /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
+    /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
+    pub nice: Option<i32>,
 }
 
 impl Default for Limits {
@@ -82,6 +85,7 @@ impl Default for Limits {
             agent_bytes: DEFAULT_AGENT_BYTES,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             agent_rate: rate::DEFAULT_AGENT_RATE,
+            nice: None,
         }
     }
 }

@@ -231,6 +231,7 @@ impl Ring {
             agent_bytes: limits.agent_bytes.max(1),
             stall_timeout: limits.stall_timeout,
             agent_rate: limits.agent_rate,
+            nice: limits.nice,
         };
         Ok(Ring {
             ring,
@@ -283,6 +284,11 @@ impl Ring {
     }
 
     pub(super) fn run(mut self) {
+        if let Some(n) = self.limits.nice
+            && let Err(e) = crate::agent_work::set_thread_nice(n)
+        {
+            warn!("ipc: cannot set the ring thread's nice to {n}: {e}");
+        }
         self.arm_eventfd();
         loop {
             if self.shutdown_deadline.is_some() && self.idle() {
