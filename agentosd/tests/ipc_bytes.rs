@@ -35,6 +35,8 @@ const FLOOD_SECS: u64 = 8;
 const HOSTILE: &str = r#"
 import json, os, socket, sys, threading, time
 def step(**kw):
+    c = os.times()
+    kw["cpu"] = c.user + c.system
     print(json.dumps(kw), flush=True)
 n, size, flood_secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 socks = [socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))]
@@ -418,6 +420,25 @@ fn an_agent_flooding_the_daemon_is_throttled_bounded_then_disconnected() {
     );
     let flood_end = no_read.iter().map(|v| at(v)).fold(f64::MAX, f64::min);
     let stall_from = no_read.iter().map(|v| at(v)).fold(0.0, f64::max);
+    // The hostile agent's own CPU (its process, all threads) in each phase: with no cgroup
+    // `cpu` controller it competes with the polite agent for the same CPUs.
+    let cpu_at = |v: &Value| v["cpu"].as_f64().unwrap_or(f64::NAN);
+    let first_no_read = no_read
+        .iter()
+        .min_by(|a, b| at(a).total_cmp(&at(b)))
+        .unwrap();
+    let last_closed = hs
+        .iter()
+        .filter(|v| v["step"] == "closed")
+        .max_by(|a, b| cpu_at(a).total_cmp(&cpu_at(b)));
+    let connected_v = hs.iter().find(|v| v["step"] == "connected").unwrap();
+    eprintln!(
+        "ipc_bytes: the hostile agent's own CPU: {:.0}% of one CPU flooding large requests, {:.0}% sending pings it does not read",
+        (cpu_at(first_no_read) - cpu_at(connected_v)) / (flood_end - connected) * 100.0,
+        last_closed.map_or(f64::NAN, |c| (cpu_at(c) - cpu_at(first_no_read))
+            / (attack_end - flood_end).max(0.1)
+            * 100.0),
+    );
 
     // The polite agent's calls went on during the attack, every one answered.
     let calls: Vec<(f64, f64)> = steps(&polite_log)
