@@ -319,7 +319,7 @@ impl McpService {
                     ))
                     .await;
                 }
-                Inbound::Line(line) => match jsonrpc::parse(&line) {
+                Inbound::Line(line) => match parse_off_worker(line).await {
                     Incoming::Invalid { id, code, message } => {
                         s.reply(jsonrpc::error(&id, code, &message, Value::Null))
                             .await;
@@ -377,6 +377,27 @@ impl McpService {
                 ctx.id
             ),
         })
+    }
+}
+
+/// Lines from this size on are parsed on the blocking pool, not on a runtime worker.
+pub const PARSE_OFF_WORKER: usize = 64 * 1024;
+
+/// Decode `line`; a large one (a tool's argument carrying a file, or a flood of them) on the
+/// blocking pool, so that parsing it (milliseconds for a megabyte) does not hold one of the few
+/// runtime workers that every other agent's session is waiting for: the kernel then shares the
+/// CPU between the parse and the other sessions instead of queueing them behind it.
+async fn parse_off_worker(line: Vec<u8>) -> Incoming {
+    if line.len() < PARSE_OFF_WORKER {
+        return jsonrpc::parse(&line);
+    }
+    match tokio::task::spawn_blocking(move || jsonrpc::parse(&line)).await {
+        Ok(m) => m,
+        Err(e) => Incoming::Invalid {
+            id: Value::Null,
+            code: jsonrpc::INTERNAL_ERROR,
+            message: format!("the message could not be parsed: {e}"),
+        },
     }
 }
 
