@@ -230,3 +230,71 @@ fn rate_zero_means_no_rate() {
     assert_eq!(ipc.stats().rate_pauses, 0);
     assert!(incoming.throttles.try_recv().is_err());
 }
+
+#[test]
+fn connecting_in_a_loop_is_held_to_the_rate_too() {
+    use agentosd::ipc::rate::ACCEPT_COST;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    use std::os::fd::AsRawFd;
+
+    let rt = runtime();
+    let rate: u64 = 64 << 10;
+    let max_line = 4096;
+    let limits = Limits {
+        max_line,
+        agent_rate: rate,
+        ..Limits::default()
+    };
+    let Some((ipc, mut incoming, _taken)) = serve(&rt, limits) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("churn.sock");
+    // The socket is the agent's: our own uid, so that no privilege is needed to give it away.
+    let me = AgentRef {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+        ..agent("t/churn")
+    };
+    ipc.listen(&me, &path).unwrap();
+    let addr = UnixAddr::new(&path).unwrap();
+    let t0 = Instant::now();
+    let mut tried = 0u64;
+    // Connections from outside the agent's cgroup: each is accepted, identified and refused.
+    while t0.elapsed() < Duration::from_millis(1500) {
+        let s = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        // EAGAIN once the backlog is full: the daemon is not accepting.
+        if connect(s.as_raw_fd(), &addr).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        tried += 1;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let elapsed = t0.elapsed().as_secs_f64();
+    let st = ipc.stats();
+    let served = st.accepted + st.refused;
+    let burst = (rate / 2).max(max_line as u64 + (64 << 10));
+    // One accept may overdraw the bucket (it is charged once done).
+    let allowed = ((rate as f64 * elapsed + burst as f64) / ACCEPT_COST as f64) as u64 + 4;
+    eprintln!(
+        "ipc_rate: {served} connections accepted of {tried} tried in {elapsed:.2} s (allowed {allowed}); {st:?}"
+    );
+    assert!(served > 0);
+    assert!(
+        served <= allowed,
+        "{served} connections accepted in {elapsed:.2} s: accepting is not charged to the agent"
+    );
+    let r = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), incoming.throttles.recv()).await
+        })
+        .expect("a throttle report")
+        .unwrap();
+    assert_eq!(r.agent, "t/churn");
+}

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 /// dispatch and answer it, about as much work as parsing a kilobyte of a large one.
 pub const LINE_COST: u64 = 1024;
 
+/// What accepting a connection on an agent's socket costs: the accept, the peer's identity
+/// (`SO_PEERCRED`, a pidfd, `/proc/PID/cgroup`) and its queues, whether it is admitted or
+/// refused. An agent connecting and closing in a loop is held to its rate like one sending.
+pub const ACCEPT_COST: u64 = 4096;
+
 /// The default `--ipc-agent-rate`, bytes a second per agent.
 pub const DEFAULT_AGENT_RATE: u64 = 16 << 20;
 

@@ -176,6 +176,8 @@ pub(super) struct Ring {
     stall_armed: bool,
     /// Connections not read until their agent's bucket allows (ring/rate.rs).
     rate_waiting: HashSet<u64>,
+    /// Listeners not accepting until their agent's bucket allows.
+    accept_waiting: HashSet<u64>,
     /// A rate tick is in flight.
     rate_armed: bool,
 }
@@ -248,6 +250,7 @@ impl Ring {
             shutdown_deadline: None,
             stall_armed: false,
             rate_waiting: HashSet::new(),
+            accept_waiting: HashSet::new(),
             rate_armed: false,
         })
     }

@@ -51,8 +51,33 @@ impl Ring {
         let Some(agent) = self.conns.get(&id).map(|c| c.agent.clone()) else {
             return false;
         };
+        if !self.over_rate(&agent, !self.rate_waiting.contains(&id)) {
+            return false;
+        }
+        self.rate_waiting.insert(id);
+        self.arm_rate_tick();
+        true
+    }
+
+    /// Whether accepting on listener `id` must wait for its agent's bucket (connections cost
+    /// [`crate::ipc::rate::ACCEPT_COST`] each); it accepts again from the rate tick.
+    pub(super) fn accept_paused_on_rate(&mut self, id: u64) -> bool {
+        let Some(agent) = self.listeners.get(&id).map(|l| l.agent.clone()) else {
+            return false;
+        };
+        if !self.over_rate(&agent, !self.accept_waiting.contains(&id)) {
+            return false;
+        }
+        self.accept_waiting.insert(id);
+        self.arm_rate_tick();
+        true
+    }
+
+    /// Whether `agent`'s bucket is in debt; `newly`: a socket of it starts waiting now (counted,
+    /// and reported at most once per [`REPORT_EVERY`]).
+    fn over_rate(&mut self, agent: &str, newly: bool) -> bool {
         let now = Instant::now();
-        let Some(e) = self.agents.get_mut(&agent) else {
+        let Some(e) = self.agents.get_mut(agent) else {
             return false;
         };
         let Some(b) = e.rate.bucket.as_mut() else {
@@ -62,7 +87,7 @@ impl Ring {
             return false;
         }
         let (rate, burst) = (b.rate(), b.burst());
-        if self.rate_waiting.insert(id) {
+        if newly {
             bump(&self.shared.stats.rate_pauses, 1);
             let r = &mut e.rate;
             r.pauses += 1;
@@ -73,7 +98,7 @@ impl Ring {
             if due {
                 r.last_report = Some(now);
                 let report = Throttle {
-                    agent: agent.clone(),
+                    agent: agent.to_string(),
                     rate,
                     burst,
                     pauses: std::mem::take(&mut r.pauses),
@@ -88,7 +113,6 @@ impl Ring {
                 }
             }
         }
-        self.arm_rate_tick();
         true
     }
 
@@ -109,6 +133,13 @@ impl Ring {
         self.rate_armed = false;
         let waiting: Vec<u64> = self.rate_waiting.drain().collect();
         let mut agents: HashSet<String> = HashSet::new();
+        let accepts: Vec<u64> = self.accept_waiting.drain().collect();
+        for id in accepts {
+            if let Some(l) = self.listeners.get(&id) {
+                agents.insert(l.agent.clone());
+            }
+            self.submit_accept(id);
+        }
         for id in waiting {
             if let Some(c) = self.conns.get(&id) {
                 agents.insert(c.agent.clone());
@@ -121,6 +152,11 @@ impl Ring {
             .rate_waiting
             .iter()
             .filter_map(|id| self.conns.get(id).map(|c| c.agent.clone()))
+            .chain(
+                self.accept_waiting
+                    .iter()
+                    .filter_map(|id| self.listeners.get(id).map(|l| l.agent.clone())),
+            )
             .collect();
         for a in agents.difference(&still) {
             if let Some(e) = self.agents.get_mut(a) {
