@@ -128,26 +128,55 @@ impl Ring {
         unsafe { self.push(e) };
     }
 
-    /// Read again the connections whose agent's bucket allows it; the others wait on.
+    /// Whether `agent`'s bucket allows reading now (no rate: always).
+    fn rate_ready(&mut self, agent: &str) -> bool {
+        let now = Instant::now();
+        self.agents
+            .get_mut(agent)
+            .and_then(|e| e.rate.bucket.as_mut())
+            .is_none_or(|b| b.ready(now))
+    }
+
+    /// Read (and accept) again on the sockets whose agent's bucket allows it; the others stay
+    /// waiting, not counted again as new pauses.
     pub(super) fn on_rate_tick(&mut self) {
         self.rate_armed = false;
-        let waiting: Vec<u64> = self.rate_waiting.drain().collect();
         let mut agents: HashSet<String> = HashSet::new();
-        let accepts: Vec<u64> = self.accept_waiting.drain().collect();
-        for id in accepts {
-            if let Some(l) = self.listeners.get(&id) {
-                agents.insert(l.agent.clone());
+        let accepts: Vec<(u64, Option<String>)> = self
+            .accept_waiting
+            .iter()
+            .map(|id| (*id, self.listeners.get(id).map(|l| l.agent.clone())))
+            .collect();
+        for (id, agent) in accepts {
+            if let Some(a) = agent.as_deref()
+                && !self.rate_ready(a)
+            {
+                continue;
             }
+            self.accept_waiting.remove(&id);
+            agents.extend(agent);
             self.submit_accept(id);
         }
-        for id in waiting {
-            if let Some(c) = self.conns.get(&id) {
-                agents.insert(c.agent.clone());
+        let waiting: Vec<(u64, Option<String>)> = self
+            .rate_waiting
+            .iter()
+            .map(|id| (*id, self.conns.get(id).map(|c| c.agent.clone())))
+            .collect();
+        for (id, agent) in waiting {
+            if let Some(a) = agent.as_deref()
+                && !self.rate_ready(a)
+            {
+                continue;
             }
-            // Back into `rate_waiting` (and the tick re-armed) when the bucket is still short.
+            self.rate_waiting.remove(&id);
+            agents.extend(agent);
+            // Back into `rate_waiting` when another connection of the agent took the tokens.
             self.submit_recv(id);
         }
-        // An agent none of whose connections waits any more is no longer throttled.
+        if !self.rate_waiting.is_empty() || !self.accept_waiting.is_empty() {
+            self.arm_rate_tick();
+        }
+        // An agent none of whose sockets waits any more is no longer throttled.
         let still: HashSet<String> = self
             .rate_waiting
             .iter()
