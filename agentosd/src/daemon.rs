@@ -16,8 +16,9 @@ use crate::supervisor::{Config, Supervisor};
 /// The daemon's own memory bound by default: about seven times its resident size with 200
 /// agents (75 MB measured, debug build; docs/daemon.md).
 pub const SELF_MEMORY_MAX: &str = "536870912";
-/// Its own tasks bound by default: tokio's blocking pool (512) and the runtime's threads, with
-/// room for tool runners' short-lived helpers.
+/// Its own tasks bound by default: tokio's blocking pools (512 each: the control plane's runtime
+/// and the agents' one, agent_work.rs) and the runtimes' threads, with room for tool runners'
+/// short-lived helpers.
 pub const SELF_TASKS_MAX: &str = "4096";
 
 /// Daemon settings (flags of `agentosd run`).
