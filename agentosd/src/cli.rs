@@ -96,6 +96,16 @@ pub struct RunArgs {
     /// its replies) before the daemon closes it and frees what it held
     #[arg(long, global = true, default_value_t = crate::ipc::DEFAULT_STALL_TIMEOUT.as_secs_f64(), value_name = "SECONDS")]
     pub ipc_stall_timeout: f64,
+    /// Bytes a second the daemon reads from one agent's MCP connections, over all of them (each
+    /// line counts 1 KiB more): past it the daemon stops reading that agent for a while, so one
+    /// agent cannot take the daemon's CPU from the others and the operator. 0: no rate
+    #[arg(long, global = true, default_value_t = crate::ipc::rate::DEFAULT_AGENT_RATE, value_name = "BYTES_PER_SEC")]
+    pub ipc_agent_rate: u64,
+    /// Nice steps below the daemon's own priority at which it serves agents (their sockets and
+    /// MCP sessions, on threads of their own), so that D-Bus and the operator's commands come
+    /// first when the CPU is short. 0: same priority, one runtime
+    #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
+    pub agent_work_nice: i32,
     /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
     /// stay attached while agentosd is down or restarting (the next daemon takes them over);
     /// mounted as a bpffs instance when it is not one. "none": do not pin. Also

@@ -16,8 +16,9 @@ use crate::supervisor::{Config, Supervisor};
 /// The daemon's own memory bound by default: about seven times its resident size with 200
 /// agents (75 MB measured, debug build; docs/daemon.md).
 pub const SELF_MEMORY_MAX: &str = "536870912";
-/// Its own tasks bound by default: tokio's blocking pool (512) and the runtime's threads, with
-/// room for tool runners' short-lived helpers.
+/// Its own tasks bound by default: tokio's blocking pools (512 each: the control plane's runtime
+/// and the agents' one, agent_work.rs) and the runtimes' threads, with room for tool runners'
+/// short-lived helpers.
 pub const SELF_TASKS_MAX: &str = "4096";
 
 /// Daemon settings (flags of `agentosd run`).
@@ -50,6 +51,9 @@ pub struct Options {
     /// `tools/call` requests of one agent in flight at once, over all its connections
     /// (`--max-tool-calls-per-agent`; `mcp::SessionLimits::max_calls_per_agent`).
     pub max_tool_calls_per_agent: usize,
+    /// Nice steps below the daemon's priority for its work for agents (`--agent-work-nice`;
+    /// 0: none, the sessions share the daemon's runtime). See agent_work.rs.
+    pub agent_work_nice: i32,
     /// The agents' sockets' bounds (`--ipc-inbound-bytes`, `--ipc-outbound-bytes`,
     /// `--ipc-agent-bytes`, `--ipc-stall-timeout`; the rest are built in). See ipc/.
     pub ipc: crate::ipc::Limits,
@@ -103,6 +107,7 @@ impl Default for Options {
             run_dir: None,
             consent_timeout: Duration::from_secs(120),
             max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
+            agent_work_nice: crate::agent_work::DEFAULT_NICE,
             ipc: Default::default(),
             bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
             authz: Vec::new(),
@@ -197,7 +202,15 @@ fn bound_self(root: &Path, opts: &Options) {
 /// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
 fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     let run_dir = run_dir(opts);
-    let (ipc, incoming) = match crate::ipc::IpcServer::start(opts.ipc.clone()) {
+    let agents = agents_runtime(opts.agent_work_nice);
+    let mut limits = opts.ipc.clone();
+    limits.nice = agents.as_ref().map(|(_, n)| *n);
+    let started = {
+        // The ring waits for the sessions' queues on the runtime it is started in.
+        let _g = agents.as_ref().map(|(h, _)| h.enter());
+        crate::ipc::IpcServer::start(limits)
+    };
+    let (ipc, incoming) = match started {
         Ok(x) => x,
         Err(e) => {
             warn!("agents get no MCP socket, so no tools: {e}");
@@ -237,18 +250,54 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         },
     );
     info!(
-        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed",
+        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s (0: no rate)",
         opts.ipc.inbound_bytes,
         opts.ipc.outbound_bytes,
         opts.ipc.agent_bytes,
-        opts.ipc.stall_timeout.as_millis()
+        opts.ipc.stall_timeout.as_millis(),
+        opts.ipc.agent_rate
     );
-    tokio::spawn(service.clone().run(incoming));
+    match &agents {
+        Some((h, nice)) => {
+            info!(
+                "agents' sockets and MCP sessions served at nice {nice} (--agent-work-nice {})",
+                opts.agent_work_nice
+            );
+            h.spawn(service.clone().run(incoming));
+        }
+        None => {
+            tokio::spawn(service.clone().run(incoming));
+        }
+    }
     sup.set_mcp(crate::supervisor::McpHooks {
         ipc,
         service,
         run_dir,
     });
+}
+
+/// The agents' sessions' runtime (agent_work.rs), made once and kept for the process's life,
+/// and its nice value; None with `--agent-work-nice 0` or when it cannot be made.
+fn agents_runtime(offset: i32) -> Option<(tokio::runtime::Handle, i32)> {
+    static RT: std::sync::OnceLock<(tokio::runtime::Runtime, i32)> = std::sync::OnceLock::new();
+    if offset <= 0 {
+        return None;
+    }
+    if let Some((rt, n)) = RT.get() {
+        return Some((rt.handle().clone(), *n));
+    }
+    let nice = crate::agent_work::agents_nice(offset);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+    match crate::agent_work::runtime(nice, workers) {
+        Ok(rt) => {
+            let (rt, n) = RT.get_or_init(|| (rt, nice));
+            Some((rt.handle().clone(), *n))
+        }
+        Err(e) => {
+            warn!("agents are served at the daemon's own priority: cannot make their runtime: {e}");
+            None
+        }
+    }
 }
 
 /// Sockets directory: `--run-dir`, else /run/agentos with the default state dir, else

@@ -1,5 +1,6 @@
 //! agentosd: the agentos daemon. Modules are named for what they manage.
 
+pub mod agent_work;
 pub mod audit_trail;
 pub mod authz;
 pub mod cgroup;

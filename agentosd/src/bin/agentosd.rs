@@ -160,10 +160,12 @@ fn main() -> anyhow::Result<()> {
                 run_dir: r.run_dir,
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
                 max_tool_calls_per_agent: r.max_tool_calls_per_agent,
+                agent_work_nice: r.agent_work_nice,
                 ipc: agentosd::ipc::Limits {
                     inbound_bytes: r.ipc_inbound_bytes,
                     outbound_bytes: r.ipc_outbound_bytes,
                     agent_bytes: r.ipc_agent_bytes,
+                    agent_rate: r.ipc_agent_rate,
                     stall_timeout: Duration::from_secs_f64(
                         r.ipc_stall_timeout.clamp(0.1, 86_400.0),
                     ),

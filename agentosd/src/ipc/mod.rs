@@ -14,6 +14,7 @@ pub mod budget;
 mod halves;
 mod lines;
 mod peer;
+pub mod rate;
 mod ring;
 
 use std::collections::{HashMap, VecDeque};
@@ -63,6 +64,13 @@ pub struct Limits {
     /// A connection over its outbound bound (the agent does not read its replies) this long is
     /// disconnected and what it held is freed (`--ipc-stall-timeout`). Default 5 s.
     pub stall_timeout: Duration,
+    /// Bytes a second one agent's connections are read at, over all of them, each line counting
+    /// [`rate::LINE_COST`] more (`--ipc-agent-rate`; 0: no rate). The burst is half a second's
+    /// worth, at least one line of `max_line`. Default 16 MiB/s.
+    pub agent_rate: u64,
+    /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
+    /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
+    pub nice: Option<i32>,
 }
 
 impl Default for Limits {
@@ -76,6 +84,8 @@ impl Default for Limits {
             outbound_bytes: DEFAULT_OUTBOUND_BYTES,
             agent_bytes: DEFAULT_AGENT_BYTES,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            agent_rate: rate::DEFAULT_AGENT_RATE,
+            nice: None,
         }
     }
 }
@@ -187,11 +197,26 @@ pub struct Disconnect {
     pub limit: usize,
 }
 
+/// An agent whose connections the ring stopped reading for a while because it sent more than
+/// its rate ([`Limits::agent_rate`]); at most one per agent every 10 s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Throttle {
+    pub agent: String,
+    /// Bytes a second, and the burst.
+    pub rate: u64,
+    pub burst: u64,
+    /// Times one of its connections was paused since the last report (this one included).
+    pub pauses: u64,
+    /// How long it has been throttled without a break.
+    pub throttled: Duration,
+}
+
 /// What the ring hands to the daemon.
 pub struct Incoming {
     pub conns: mpsc::Receiver<Connection>,
     pub refusals: mpsc::Receiver<Refusal>,
     pub disconnects: mpsc::Receiver<Disconnect>,
+    pub throttles: mpsc::Receiver<Throttle>,
 }
 
 /// Counters since start.
@@ -212,6 +237,8 @@ pub struct IpcStats {
     pub outbound_pauses: u64,
     /// Connections closed because their agent did not read its replies ([`Disconnect`]).
     pub stalled: u64,
+    /// Times the ring stopped reading a connection because its agent was over its rate.
+    pub rate_pauses: u64,
 }
 
 /// Errors of the ipc layer.
@@ -271,6 +298,7 @@ struct Counters {
     refusals_dropped: AtomicU64,
     outbound_pauses: AtomicU64,
     stalled: AtomicU64,
+    rate_pauses: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -323,6 +351,7 @@ impl IpcServer {
         let (conns_tx, conns) = mpsc::channel(256);
         let (refusals_tx, refusals) = mpsc::channel(256);
         let (disconnects_tx, disconnects) = mpsc::channel(256);
+        let (throttles_tx, throttles) = mpsc::channel(256);
         let ring = ring::Ring::new(
             limits,
             shared.clone(),
@@ -331,6 +360,7 @@ impl IpcServer {
             ring::Reports {
                 refusals: refusals_tx,
                 disconnects: disconnects_tx,
+                throttles: throttles_tx,
             },
         )?;
         let thread = std::thread::Builder::new()
@@ -346,6 +376,7 @@ impl IpcServer {
                 conns,
                 refusals,
                 disconnects,
+                throttles,
             },
         ))
     }
@@ -429,6 +460,7 @@ impl IpcServer {
             refusals_dropped: l(&c.refusals_dropped),
             outbound_pauses: l(&c.outbound_pauses),
             stalled: l(&c.stalled),
+            rate_pauses: l(&c.rate_pauses),
         }
     }
 

@@ -47,6 +47,12 @@ impl McpService {
             }
         };
         let capability = self.tools().capability_of(name);
+        // A name no tool has is the agent's text: bounded in the records and the error.
+        let shown = match capability {
+            Some(_) => std::borrow::Cow::Borrowed(name),
+            None => jsonrpc::clip(name),
+        };
+        let name: &str = &shown;
         let redacted = bounded(self.tools().redact(name, &args), AUDIT_VALUE_MAX);
         let base = json!({"tool": name, "capability": capability, "request_id": id, "arguments": redacted});
         let call = Call {

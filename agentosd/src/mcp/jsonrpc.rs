@@ -26,6 +26,35 @@ pub const NOT_INITIALIZED: i64 = -32006;
 /// A request id: a string or an integer (JSON-RPC allows both; MCP forbids null).
 pub type Id = Value;
 
+/// Longest string id accepted, in bytes. Every reply echoes its request's id, so a longer one
+/// would let an agent make the daemon build and queue replies as large as its requests; no
+/// client needs more than a UUID or a counter.
+pub const ID_MAX: usize = 256;
+
+/// Most bytes of an agent's own text (a method or tool name, an id) quoted back in an error
+/// message or a log line; the rest is cut and its size said (issue 15: an error must not echo
+/// a request of a megabyte).
+pub const QUOTE_MAX: usize = 96;
+
+/// `s` cut to at most [`QUOTE_MAX`] bytes (on a character boundary) with `…(N bytes)` after
+/// it when it was longer; `s` itself otherwise.
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.len() <= QUOTE_MAX {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut end = QUOTE_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…({} bytes)", &s[..end], s.len()))
+}
+
+/// `s` ready to quote in an error message or a log line: [`clip`]ped, then escaped like a Rust
+/// string literal's content (quotes, backslashes, control characters).
+pub fn quote(s: &str) -> String {
+    clip(s).escape_debug().to_string()
+}
+
 /// One incoming line, decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Incoming {
@@ -87,6 +116,17 @@ pub fn parse(line: &[u8]) -> Incoming {
         Some(p @ Value::Object(_)) => p,
         Some(_) => return invalid(id, "\"params\" must be an object".into()),
     };
+    if let Some(Value::String(s)) = &id
+        && s.len() > ID_MAX
+    {
+        return invalid(
+            None,
+            format!(
+                "\"id\" is a string of {} bytes; at most {ID_MAX} are accepted (it is echoed in the reply)",
+                s.len()
+            ),
+        );
+    }
     match id {
         None => Incoming::Notification { method, params },
         Some(id) if valid_id(&id) => Incoming::Request { id, method, params },
@@ -120,6 +160,12 @@ fn line(v: Value) -> Vec<u8> {
 /// The id a request's params refer to in `notifications/cancelled`, as a map key.
 pub fn id_key(id: &Id) -> String {
     id.to_string()
+}
+
+/// An id for an error message or a log line: bounded like [`quote`] (a cancelled request's id
+/// comes from the agent and is not bounded by [`ID_MAX`]).
+pub fn id_text(id: &Id) -> String {
+    quote(&id_key(id))
 }
 
 #[cfg(test)]
@@ -174,6 +220,42 @@ mod tests {
         // The id of an invalid request is echoed when it is usable.
         match parse(br#"{"jsonrpc":"1.0","id":"k","method":"ping"}"#) {
             Incoming::Invalid { id, .. } => assert_eq!(id, json!("k")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn agent_text_in_errors_is_bounded_and_escaped() {
+        assert_eq!(quote("tools/list"), "tools/list");
+        assert_eq!(quote("a\"b\n"), "a\\\"b\\n");
+        let long = "x".repeat(1 << 20);
+        let q = quote(&long);
+        assert!(q.len() < QUOTE_MAX + 32, "{}", q.len());
+        assert!(q.ends_with("…(1048576 bytes)"), "{q}");
+        // Cut on a character boundary: 95 ASCII bytes then a 2-byte character.
+        let mixed = format!("{}é{}", "a".repeat(QUOTE_MAX - 1), "b".repeat(10));
+        assert!(quote(&mixed).starts_with(&"a".repeat(QUOTE_MAX - 1)));
+        assert!(quote(&mixed).contains("…(107 bytes)"), "{}", quote(&mixed));
+        assert!(id_text(&json!("y".repeat(5000))).len() < QUOTE_MAX + 32);
+    }
+
+    #[test]
+    fn a_long_string_id_is_refused_without_echoing_it() {
+        let ok = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"ping"}}"#,
+            "i".repeat(ID_MAX)
+        );
+        assert!(matches!(parse(ok.as_bytes()), Incoming::Request { .. }));
+        let long = format!(
+            r#"{{"jsonrpc":"2.0","id":"{}","method":"ping"}}"#,
+            "i".repeat(ID_MAX + 1)
+        );
+        match parse(long.as_bytes()) {
+            Incoming::Invalid { id, code, message } => {
+                assert_eq!(id, Value::Null);
+                assert_eq!(code, INVALID_REQUEST);
+                assert!(message.contains("257 bytes"), "{message}");
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -229,6 +229,7 @@ impl McpService {
             mut conns,
             mut refusals,
             mut disconnects,
+            mut throttles,
         } = incoming;
         let mut report = tokio::time::interval(stall::SUMMARY_EVERY);
         report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -243,6 +244,7 @@ impl McpService {
                 },
                 r = refusals.recv() => if let Some(r) = r { self.refused_peer(r) },
                 d = disconnects.recv() => if let Some(d) = d { self.disconnected(d) },
+                t = throttles.recv() => if let Some(t) = t { self.throttled(t) },
                 _ = report.tick() => self.report_suppressed(),
             }
         }
@@ -317,7 +319,7 @@ impl McpService {
                     ))
                     .await;
                 }
-                Inbound::Line(line) => match jsonrpc::parse(&line) {
+                Inbound::Line(line) => match parse_off_worker(line).await {
                     Incoming::Invalid { id, code, message } => {
                         s.reply(jsonrpc::error(&id, code, &message, Value::Null))
                             .await;
@@ -335,7 +337,10 @@ impl McpService {
                             s.reply(jsonrpc::error(
                                 &id,
                                 jsonrpc::NOT_INITIALIZED,
-                                &format!("send \"initialize\" before \"{method}\""),
+                                &format!(
+                                    "send \"initialize\" before \"{}\"",
+                                    jsonrpc::quote(&method)
+                                ),
                                 Value::Null,
                             ))
                             .await;
@@ -372,6 +377,27 @@ impl McpService {
                 ctx.id
             ),
         })
+    }
+}
+
+/// Lines from this size on are parsed on the blocking pool, not on a runtime worker.
+pub const PARSE_OFF_WORKER: usize = 64 * 1024;
+
+/// Decode `line`; a large one (a tool's argument carrying a file, or a flood of them) on the
+/// blocking pool, so that parsing it (milliseconds for a megabyte) does not hold one of the few
+/// runtime workers that every other agent's session is waiting for: the kernel then shares the
+/// CPU between the parse and the other sessions instead of queueing them behind it.
+async fn parse_off_worker(line: Vec<u8>) -> Incoming {
+    if line.len() < PARSE_OFF_WORKER {
+        return jsonrpc::parse(&line);
+    }
+    match tokio::task::spawn_blocking(move || jsonrpc::parse(&line)).await {
+        Ok(m) => m,
+        Err(e) => Incoming::Invalid {
+            id: Value::Null,
+            code: jsonrpc::INTERNAL_ERROR,
+            message: format!("the message could not be parsed: {e}"),
+        },
     }
 }
 
@@ -413,7 +439,8 @@ impl Session {
     async fn request(&self, id: Value, method: String, params: Value) {
         if !matches!(method.as_str(), "tools/list" | "tools/call") {
             let msg = format!(
-                "method \"{method}\" is not served: agentosd offers tools (tools/list, tools/call) and ping"
+                "method \"{}\" is not served: agentosd offers tools (tools/list, tools/call) and ping",
+                jsonrpc::quote(&method)
             );
             self.reply(jsonrpc::error(
                 &id,
@@ -493,7 +520,10 @@ impl Session {
             self.reply(jsonrpc::error(
                 &id,
                 jsonrpc::INVALID_REQUEST,
-                &format!("request id {key} is already in flight on this connection"),
+                &format!(
+                    "request id {} is already in flight on this connection",
+                    jsonrpc::id_text(&id)
+                ),
                 Value::Null,
             ))
             .await;

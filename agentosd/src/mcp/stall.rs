@@ -12,13 +12,16 @@ use serde_json::json;
 use tracing::warn;
 
 use super::{McpService, lock, split_id};
-use crate::ipc::Disconnect;
+use crate::ipc::{Disconnect, Throttle};
 
 /// How often the suppressed counts are written (as the denials' report does).
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(2);
 
 /// The event name of a disconnect record (and its key in a summary's `by`).
 pub const EVENT: &str = "socket-stalled";
+
+/// The event name of a throttle record (and its key in a summary's `by`).
+pub const THROTTLED: &str = "socket-throttled";
 
 /// Reports after a disconnect at which freed memory is given back: the connection's session
 /// ends and drops its lines a moment after the ring closed it.
@@ -50,7 +53,49 @@ pub fn note_text(d: &Disconnect) -> String {
     )
 }
 
+/// What the agent's journal says when the daemon throttles it (also the log line).
+pub fn throttle_text(t: &Throttle) -> String {
+    format!(
+        "agentosd paused reading this agent's MCP connections {} time(s): it sent more than its \
+         rate of {} bytes a second (burst {}; each message counts {} bytes more; \
+         --ipc-agent-rate), throttled for {} ms so far",
+        t.pauses,
+        t.rate,
+        t.burst,
+        crate::ipc::rate::LINE_COST,
+        t.throttled.as_millis()
+    )
+}
+
 impl McpService {
+    /// An agent over its rate: its requests wait (nothing is refused), and the record says so,
+    /// within the same per-agent record rate as the other socket events.
+    pub(super) fn throttled(&self, t: Throttle) {
+        if !lock(&self.record_limit).admit(&t.agent, THROTTLED, Instant::now()) {
+            return;
+        }
+        let text = throttle_text(&t);
+        warn!(agent = %t.agent, "{text}");
+        self.callers.note(&t.agent, &text);
+        if let Some(trail) = self.audit() {
+            let (tenant, name) = split_id(&t.agent);
+            trail.submit_or_count(
+                trail
+                    .agent_record(Kind::Gate, tenant, name)
+                    .decision(Decision::Deny)
+                    .detail(json!({
+                        "event": THROTTLED,
+                        "reason": "the agent sent more than its rate; its requests wait",
+                        "rate": t.rate,
+                        "burst": t.burst,
+                        "line_cost": crate::ipc::rate::LINE_COST,
+                        "pauses": t.pauses,
+                        "throttled_ms": t.throttled.as_millis() as u64,
+                    })),
+            );
+        }
+    }
+
     pub(super) fn disconnected(&self, d: Disconnect) {
         if !lock(&self.record_limit).admit(&d.agent, EVENT, Instant::now()) {
             return;
@@ -144,5 +189,20 @@ mod tests {
         assert!(t.contains("for 5250 ms"), "{t}");
         assert!(t.contains("--ipc-outbound-bytes"), "{t}");
         assert!(t.contains("4096 bytes of its requests"), "{t}");
+    }
+
+    #[test]
+    fn the_throttle_note_names_the_rate_and_the_flag() {
+        let t = throttle_text(&Throttle {
+            agent: "t/a".into(),
+            rate: 1000,
+            burst: 500,
+            pauses: 3,
+            throttled: Duration::from_millis(1500),
+        });
+        assert!(t.contains("3 time(s)"), "{t}");
+        assert!(t.contains("rate of 1000 bytes a second (burst 500"), "{t}");
+        assert!(t.contains("--ipc-agent-rate"), "{t}");
+        assert!(t.contains("for 1500 ms"), "{t}");
     }
 }

@@ -405,8 +405,9 @@ async fn spawn_piped(
             stdout: out_w.as_fd(),
             stderr: err_w.as_fd(),
         };
-        // The child's ends are closed here when the closure returns.
-        spawn::spawn_with_stdio(&cmd, &dirfd, Some(stdio))
+        // The child's ends are closed here when the closure returns. The tool gets the daemon's
+        // priority, not that of its work for agents (agent_work.rs).
+        crate::agent_work::at_daemon_priority(|| spawn::spawn_with_stdio(&cmd, &dirfd, Some(stdio)))
     })
     .await
     .map_err(|e| format!("spawn task: {e}"))?

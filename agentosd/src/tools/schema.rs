@@ -34,14 +34,34 @@ impl Schema {
             .iter_errors(v)
             .take(MAX_ERRORS)
             .map(|e| {
-                format!(
+                // The path and some messages (unexpected property names) are the agent's text.
+                let text = format!(
                     "at {}: {}",
                     pointer(&e.instance_path().to_string()),
                     e.masked()
-                )
+                );
+                clip(text, ERROR_MAX)
             })
             .collect()
     }
+}
+
+/// Longest schema error message kept, in bytes (the agent's property names can be any size).
+pub const ERROR_MAX: usize = 512;
+
+/// `s` cut to `max` bytes on a character boundary, with its full size said when cut.
+fn clip(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let len = s.len();
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str(&format!("…({len} bytes)"));
+    s
 }
 
 fn pointer(p: &str) -> String {

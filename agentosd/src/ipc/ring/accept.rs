@@ -46,6 +46,12 @@ impl Ring {
         if l.dead || l.busy {
             return;
         }
+        if self.accept_paused_on_rate(id) {
+            return;
+        }
+        let Some(l) = self.listeners.get_mut(&id) else {
+            return;
+        };
         l.busy = true;
         let e = opcode::Accept::new(
             types::Fd(l.fd.as_raw_fd()),
@@ -121,6 +127,7 @@ impl Ring {
             }
             return;
         };
+        self.charge(&agent, crate::ipc::rate::ACCEPT_COST as usize, 0);
         self.submit_accept(id);
         let ident = match self.agents.get(&agent) {
             Some(e) => peer::identify(fd.as_fd(), &e.agent),

@@ -25,7 +25,7 @@ impl Ring {
         if c.dead || c.recv_busy || c.eof || !c.pending.is_empty() || c.waiter.is_some() {
             return;
         }
-        if self.paused_on_bytes(id) {
+        if self.paused_on_bytes(id) || self.paused_on_rate(id) {
             return;
         }
         let Some(c) = self.conns.get_mut(&id) else {
@@ -61,6 +61,8 @@ impl Ring {
             let before = c.pending.len();
             c.split.feed(&c.rbuf[..n], &mut c.pending);
             c.count_received(before);
+            let (agent, lines) = (c.agent.clone(), c.pending.len() - before);
+            self.charge(&agent, n, lines);
             self.deliver(id);
             return;
         }

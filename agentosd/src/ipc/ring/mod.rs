@@ -31,6 +31,7 @@ use tracing::{debug, warn};
 
 mod accept;
 mod conn;
+mod rate;
 mod stall;
 
 use super::budget::{self, ConnBytes};
@@ -38,7 +39,7 @@ use super::lines::LineSplitter;
 use super::peer::{self, Identity, Refused};
 use super::{
     AgentRef, Connection, Disconnect, Inbound, IpcError, Limits, Outbox, OutboxInner, Peer,
-    Refusal, Shared,
+    Refusal, Shared, Throttle,
 };
 
 /// Commands from the tokio side.
@@ -80,6 +81,7 @@ const K_SEND_RETRY: u64 = 7;
 const K_CANCEL: u64 = 8;
 const K_TIMER: u64 = 9;
 const K_STALL: u64 = 10;
+const K_RATE: u64 = 11;
 
 fn ud(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -102,6 +104,7 @@ static STALL_TICK: types::Timespec = types::Timespec::new().nsec(250_000_000);
 pub(super) struct Reports {
     pub refusals: mpsc::Sender<Refusal>,
     pub disconnects: mpsc::Sender<Disconnect>,
+    pub throttles: mpsc::Sender<Throttle>,
 }
 
 struct Listener {
@@ -151,6 +154,8 @@ struct AgentEntry {
     agent: AgentRef,
     listeners: HashSet<u64>,
     conns: HashSet<u64>,
+    /// The agent's bucket of daemon work (ring/rate.rs).
+    rate: rate::AgentRate,
 }
 
 pub(super) struct Ring {
@@ -169,6 +174,12 @@ pub(super) struct Ring {
     shutdown_deadline: Option<Instant>,
     /// A stall tick is in flight.
     stall_armed: bool,
+    /// Connections not read until their agent's bucket allows (ring/rate.rs).
+    rate_waiting: HashSet<u64>,
+    /// Listeners not accepting until their agent's bucket allows.
+    accept_waiting: HashSet<u64>,
+    /// A rate tick is in flight.
+    rate_armed: bool,
 }
 
 fn bump(a: &AtomicU64, n: u64) {
@@ -221,6 +232,8 @@ impl Ring {
             outbound_bytes: limits.outbound_bytes.max(1),
             agent_bytes: limits.agent_bytes.max(1),
             stall_timeout: limits.stall_timeout,
+            agent_rate: limits.agent_rate,
+            nice: limits.nice,
         };
         Ok(Ring {
             ring,
@@ -236,6 +249,9 @@ impl Ring {
             backlog: VecDeque::new(),
             shutdown_deadline: None,
             stall_armed: false,
+            rate_waiting: HashSet::new(),
+            accept_waiting: HashSet::new(),
+            rate_armed: false,
         })
     }
 
@@ -271,6 +287,11 @@ impl Ring {
     }
 
     pub(super) fn run(mut self) {
+        if let Some(n) = self.limits.nice
+            && let Err(e) = crate::agent_work::set_thread_nice(n)
+        {
+            warn!("ipc: cannot set the ring thread's nice to {n}: {e}");
+        }
         self.arm_eventfd();
         loop {
             if self.shutdown_deadline.is_some() && self.idle() {
@@ -386,6 +407,7 @@ impl Ring {
                 }
             }
             K_STALL => self.on_stall_tick(),
+            K_RATE => self.on_rate_tick(),
             K_CANCEL => {}
             _ => warn!("ipc: completion with unknown user_data {u:#x}"),
         }
@@ -509,6 +531,9 @@ impl Ring {
     }
 
     fn entry(&mut self, agent: &AgentRef) -> &mut AgentEntry {
+        // One whole line (and the receive that completes it) always fits the burst.
+        let min_burst = (self.limits.max_line + RECV_BUF) as u64;
+        let rate = self.limits.agent_rate;
         let e = self
             .agents
             .entry(agent.id.clone())
@@ -516,6 +541,7 @@ impl Ring {
                 agent: agent.clone(),
                 listeners: HashSet::new(),
                 conns: HashSet::new(),
+                rate: rate::AgentRate::new(rate, min_burst, Instant::now()),
             });
         e.agent = agent.clone();
         e

@@ -1,0 +1,122 @@
+//! The daemon's work for agents at a lower CPU priority than its control plane (issue 15,
+//! "Isolation measured"): the agents' sockets (the `agentos-ipc` ring thread) and their MCP
+//! sessions (a tokio runtime of their own, threads `agentos-agents`) run `--agent-work-nice`
+//! (default 10) nice steps below the daemon's own priority, while D-Bus, the supervisor and the
+//! operator's `agentctl` keep theirs. Linux keeps a nice value per thread, so this splits one process; under
+//! autogroup it orders the daemon's threads among themselves and against processes of the same
+//! session. Tool processes are spawned at the daemon's own priority ([`at_daemon_priority`]):
+//! an agent's tools are not made slower by this.
+
+use std::io;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Default of `--agent-work-nice`.
+pub const DEFAULT_NICE: i32 = 10;
+
+/// Threads of the agents' runtime.
+pub const THREAD_NAME: &str = "agentos-agents";
+
+/// The daemon's own nice value, taken when the agents' runtime is made.
+static BASE: AtomicI32 = AtomicI32::new(0);
+
+/// The nice value of the daemon's work for agents: `offset` steps below the calling thread's
+/// (the daemon's own, which [`at_daemon_priority`] goes back to).
+pub fn agents_nice(offset: i32) -> i32 {
+    let base = thread_nice().unwrap_or(0);
+    BASE.store(base, Ordering::Relaxed);
+    base.saturating_add(offset.max(0)).min(19)
+}
+
+fn tid() -> libc::id_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    (unsafe { libc::gettid() }) as libc::id_t
+}
+
+/// The calling thread's nice value.
+pub fn thread_nice() -> io::Result<i32> {
+    // getpriority returns -1 both as a value and as an error: errno tells them apart.
+    // SAFETY: errno is thread-local; setting it to 0 before the call is the documented way.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: getpriority reads the scheduling priority of the given thread; no pointers.
+    let v = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid()) };
+    let e = io::Error::last_os_error();
+    if v == -1 && e.raw_os_error() != Some(0) {
+        return Err(e);
+    }
+    Ok(v)
+}
+
+/// Set the calling thread's nice value (Linux: `PRIO_PROCESS` with a thread id is per thread).
+/// Lowering it needs `CAP_SYS_NICE`.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority changes the given thread's priority; no pointers.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid(), nice) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Run `f` (a fork of a tool process) at the daemon's own priority, and go back to the thread's
+/// nice after it. Without `CAP_SYS_NICE` the child inherits the thread's nice.
+pub fn at_daemon_priority<T>(f: impl FnOnce() -> T) -> T {
+    let base = BASE.load(Ordering::Relaxed);
+    let was = thread_nice().unwrap_or(base);
+    let changed = was != base && set_thread_nice(base).is_ok();
+    let out = f();
+    if changed {
+        let _ = set_thread_nice(was);
+    }
+    out
+}
+
+/// A multi-thread runtime for the agents' sessions whose threads (workers and blocking pool)
+/// run at `nice`.
+pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .thread_name(THREAD_NAME)
+        .on_thread_start(move || {
+            if let Err(e) = set_thread_nice(nice) {
+                tracing::warn!("cannot set nice {nice} on an {THREAD_NAME} thread: {e}");
+            }
+        })
+        .enable_all()
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_of_the_runtime_run_at_its_nice_and_tools_fork_at_the_daemons() {
+        let base = thread_nice().unwrap();
+        let nice = agents_nice(5);
+        assert_eq!(nice, (base + 5).min(19));
+        let rt = runtime(nice, 1).unwrap();
+        let (inside, during) = rt.block_on(async {
+            tokio::spawn(async {
+                let inside = thread_nice().unwrap();
+                let during = at_daemon_priority(|| thread_nice().unwrap());
+                (inside, during, thread_nice().unwrap())
+            })
+            .await
+            .map(|(i, d, after)| {
+                assert_eq!(after, i, "back to the thread's nice after the fork");
+                (i, d)
+            })
+            .unwrap()
+        });
+        assert_eq!(inside, nice);
+        // Going back up needs CAP_SYS_NICE.
+        let root = rustix::process::geteuid().is_root();
+        if root {
+            assert_eq!(during, base);
+        } else {
+            assert_eq!(during, inside);
+        }
+        // This thread is untouched.
+        assert_eq!(thread_nice().unwrap(), base);
+    }
+}
