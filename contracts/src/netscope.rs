@@ -71,11 +71,17 @@ pub fn checked_scope(s: &str) -> Option<Result<CheckedScope<'_>, String>> {
         None => check.default_port(),
         Some(p) => match p.parse::<u16>() {
             Ok(p) if p > 0 => p,
-            _ => return Some(bad("the port must be 1-65535 (no \"*\": the check names one service)")),
+            _ => {
+                return Some(bad(
+                    "the port must be 1-65535 (no \"*\": the check names one service)",
+                ));
+            }
         },
     };
     if host.contains('/') || host.contains('?') || host.contains('#') || host.contains('@') {
-        return Some(bad("no path, query or user: the grant is a host and a port"));
+        return Some(bad(
+            "no path, query or user: the grant is a host and a port",
+        ));
     }
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if host == "*" || bare.parse::<std::net::IpAddr>().is_ok() {
@@ -88,7 +94,9 @@ pub fn checked_scope(s: &str) -> Option<Result<CheckedScope<'_>, String>> {
             return Some(Err(format!("\"{s}\": {e}")));
         }
     } else if !name_ok(host.strip_suffix('.').unwrap_or(host)) {
-        return Some(bad("NAME is not a DNS name (labels of 1-63 letters, digits, '-' and '_', 253 bytes in all)"));
+        return Some(bad(
+            "NAME is not a DNS name (labels of 1-63 letters, digits, '-' and '_', 253 bytes in all)",
+        ));
     }
     Some(Ok(CheckedScope { check, host, port }))
 }
@@ -99,7 +107,8 @@ fn name_ok(name: &str) -> bool {
     (1..=253).contains(&name.len())
         && name.split('.').all(|l| {
             (1..=63).contains(&l.len())
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         })

@@ -272,14 +272,18 @@ fn which(grants: &[NameGrant], port: u16, first: u8) -> Check {
     }
 }
 
-/// The verdict on a connection's first bytes: the bytes to send on, or a refusal (reason,
-/// detail, the name seen).
+/// A connection let on: what was checked, the name it carried, the bytes to send upstream.
+type Pass = (Check, String, Vec<u8>);
+/// A connection refused: what was checked, the reason, the detail, the name seen (if any).
+type Refuse = (Check, &'static str, String, Option<String>);
+
+/// The verdict on a connection's first bytes (`Ok(None)`: more bytes needed).
 pub(crate) fn verdict(
     grants: &[NameGrant],
     answered_for: &[String],
     dst: SocketAddr,
     buf: &[u8],
-) -> Result<Option<(Check, String, Vec<u8>)>, (Check, &'static str, String, Option<String>)> {
+) -> Result<Option<Pass>, Refuse> {
     let Some(first) = buf.first() else {
         return Ok(None);
     };
@@ -312,7 +316,7 @@ pub(crate) fn verdict(
             format!("Host names port {p}, the connection is to {}", dst.port()),
         );
     }
-    if !answered_for.iter().any(|n| *n == name) {
+    if !answered_for.contains(&name) {
         return refuse(
             "other-address",
             format!(

@@ -264,10 +264,11 @@ pub fn request_head(buf: &[u8]) -> Result<Option<RequestHead>, SniffError> {
             Ok(None)
         };
     }
-    if let Some(b) = buf.iter().position(|b| !tchar(*b)) {
-        if b == 0 || buf[b] != b' ' {
-            return Err(SniffError::NotHttp);
-        }
+    // A method is a token and a space: anything else needs no more bytes to refuse.
+    if let Some(b) = buf.iter().position(|b| !tchar(*b))
+        && (b == 0 || buf[b] != b' ')
+    {
+        return Err(SniffError::NotHttp);
     }
     let Some(end) = buf.windows(4).take(HEAD_MAX).position(|w| w == b"\r\n\r\n") else {
         return if buf.len() >= HEAD_MAX {
