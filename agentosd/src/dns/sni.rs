@@ -130,8 +130,8 @@ impl Registry {
         let mut seen = lock(&a.seen);
         let addr = canonical(addr);
         if !seen.contains_key(&addr) && seen.len() >= SEEN_ADDRS {
-            // Bounded: the oldest memory is lost first (its connects are refused until the
-            // name is asked again).
+            // Bounded: one address's memory is lost (its connects are refused until the name
+            // is asked again).
             if let Some(k) = seen.keys().next().copied() {
                 seen.remove(&k);
             }
@@ -420,29 +420,56 @@ async fn handle(dns: &Dns, agent: &Agent, mut conn: TcpStream, dst: SocketAddr) 
     let _ = relay(conn, up, &out).await;
 }
 
-/// Send `first` upstream, then copy both ways until both sides end or [`IDLE`] passes with no
-/// byte; an end of one side is passed on as a shutdown of the other's write half.
+/// Send `first` upstream, then copy both ways, each direction on its own (a side that does not
+/// read never stalls the other direction), until both ends are done or [`IDLE`] passes with no
+/// byte either way; an end of one side is passed on as a shutdown of the other's write half.
 async fn relay(mut a: TcpStream, mut u: TcpStream, first: &[u8]) -> std::io::Result<()> {
     u.write_all(first).await?;
-    let (mut ar, mut aw) = a.split();
-    let (mut ur, mut uw) = u.split();
-    let mut ab = vec![0u8; BUF];
-    let mut ub = vec![0u8; BUF];
-    let (mut a_open, mut u_open) = (true, true);
-    while a_open || u_open {
-        tokio::select! {
-            r = ar.read(&mut ab), if a_open => match r? {
-                0 => { a_open = false; let _ = uw.shutdown().await; }
-                n => uw.write_all(&ab[..n]).await?,
-            },
-            r = ur.read(&mut ub), if u_open => match r? {
-                0 => { u_open = false; let _ = aw.shutdown().await; }
-                n => aw.write_all(&ub[..n]).await?,
-            },
-            _ = tokio::time::sleep(IDLE) => return Ok(()),
+    let (ar, aw) = a.split();
+    let (ur, uw) = u.split();
+    let t0 = tokio::time::Instant::now();
+    let last = AtomicU64::new(0);
+    let idle = async {
+        loop {
+            let since = Duration::from_millis(last.load(Ordering::Relaxed));
+            let due = t0 + since + IDLE;
+            if tokio::time::Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due).await;
         }
+    };
+    let both = async {
+        let _ = tokio::try_join!(pipe(ar, uw, &last, t0), pipe(ur, aw, &last, t0));
+    };
+    tokio::select! {
+        _ = both => {}
+        _ = idle => {}
     }
     Ok(())
+}
+
+/// Copy `r` to `w` in [`BUF`] chunks, noting the time of each (ms since `t0`) in `last`; at the
+/// end of `r`, shut `w` down.
+async fn pipe<R, W>(
+    mut r: R,
+    mut w: W,
+    last: &AtomicU64,
+    t0: tokio::time::Instant,
+) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        last.store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if n == 0 {
+            return w.shutdown().await;
+        }
+        w.write_all(&buf[..n]).await?;
+    }
 }
 
 #[cfg(test)]
