@@ -9,7 +9,8 @@
 //! that never writes, a Host mismatch, HTTP/2 prior knowledge are reset and recorded
 //! (`mechanism: sni-proxy`, the name seen, the grants, the contract); a keep-alive connection's
 //! second request (another Host) never reaches the server; a plain `NAME:PORT` grant is
-//! unchanged (no check: any SNI passes).
+//! unchanged (no check: any SNI passes); past 256 connections of the agent at once the proxy
+//! resets the rest (`too-many`).
 //!
 //! Everything runs in a network namespace this test makes (198.18.0.x on its loopback), with a
 //! fake upstream resolver and Python TLS/HTTP servers in it. Root only; skips when the BPF
@@ -138,6 +139,23 @@ attempt("http-keepalive", lambda: raw(plain, ph, b"GET /b HTTP/1.1\r\nHost: plai
 attempt("http-bad-host", lambda: raw(plain, ph, b"GET /d HTTP/1.1\r\nHost: evil.attacker.test\r\n\r\n"))
 attempt("http2-prior", lambda: raw(plain, ph, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
 attempt("plain-grant", lambda: tls(opn, pt, "anything.attacker.test"))
+def cap():
+    socks = [socket.create_connection((api, pt), timeout=5) for _ in range(260)]
+    time.sleep(1)
+    reset = held = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            s.recv(1)
+            reset += 1
+        except BlockingIOError:
+            held += 1
+        except ConnectionResetError:
+            reset += 1
+    for s in socks:
+        s.close()
+    return "%d %d" % (reset, held)
+attempt("cap", cap)
 out("done")
 "#;
 
@@ -452,6 +470,8 @@ fn in_netns() {
         "{}",
         ctx()
     );
+    // 260 silent connections at once: 256 held (waiting for a hello), the rest reset.
+    assert_eq!(got("cap"), "ok 4 256", "{}", ctx());
     let slog = std::fs::read_to_string(&server_log).unwrap_or_default();
     assert!(
         !slog.contains("evil"),
@@ -494,6 +514,7 @@ fn in_netns() {
             ("not-tls", serde_json::Value::Null),
             ("timeout", serde_json::Value::Null),
             ("http2", serde_json::Value::Null),
+            ("too-many", serde_json::Value::Null),
         ];
         if want.iter().all(|(r, s)| find(r, s.clone()).is_some()) {
             let f = find("not-granted", serde_json::json!("evil.attacker.test")).unwrap();
