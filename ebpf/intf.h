@@ -91,6 +91,33 @@ struct agentos_name_value {
 	__u8 udp; /* bit i: ports[i] over UDP (declared: `udp://NAME:PORT`; QUIC/HTTP3) */
 };
 
+/* Bits 8-15 of agentos_name_value.flags: bit 8+i = ports[i] over TCP is granted only by a
+ * checked grant (`https://NAME`, `http://NAME`): a connect there goes to the daemon's SNI/Host
+ * proxy instead (a plain grant of the same address and port clears the bit). */
+#define AGENTOS_NAME_CHECKED_SHIFT 8
+
+/* Socket storage of a connect redirected to the SNI/Host proxy, and the value of `sni_conns`:
+ * where the agent was connecting (the address checked, v4-mapped as IPv4) and whose it is. */
+struct agentos_sni_orig {
+	__u64 cgroup_id;
+	__u32 addr[4];    /* network byte order; IPv4 in word 0 */
+	__u16 family;     /* AF_INET or AF_INET6 */
+	__u16 port;       /* host byte order */
+	__u16 proxy_port; /* host byte order: where it was sent */
+	__u16 _pad;
+};
+
+/* The key of `sni_conns` (LRU): the redirected socket's local port and the proxy's port, host
+ * byte order, written by the sockops program when the SYN is about to go (the local port is
+ * known then), read and removed by the proxy when it accepts. */
+struct agentos_sni_key {
+	__u16 sport;
+	__u16 dport;
+};
+
+/* Redirected connections waiting for the proxy's accept (all agents). */
+#define AGENTOS_SNI_CONNS 16384
+
 /* Socket storage of a DNS query redirected to the stub: where the agent sent it, so that
  * cgroup/recvmsg4/6 give the stub's replies that source back (resolvers check it). */
 struct agentos_dns_orig {
@@ -120,6 +147,7 @@ enum agentos_reason {
 	AGENTOS_REASON_NOT_GRANTED = 0, /* the agent has a policy; this destination is not in it */
 	AGENTOS_REASON_NO_POLICY = 1,   /* a process under agents/ whose cgroup has no policy entry */
 	AGENTOS_REASON_SOCKET_TYPE = 2, /* sock_create: not TCP or UDP (raw, MPTCP, SCTP, ICMP…) */
+	AGENTOS_REASON_NO_PROXY = 3,    /* a checked grant's address, and the SNI/Host proxy is not up */
 };
 
 /* One denial, to the ring buffer `events`. */

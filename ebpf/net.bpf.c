@@ -76,6 +76,31 @@ struct {
 	__type(value, struct agentos_dns_orig);
 } dns_orig SEC(".maps");
 
+/* SNI/Host checks (checked grants `https://NAME`, `http://NAME`): where each redirected
+ * connect was going, in its socket's storage and, once its local port is known, in `sni_conns`
+ * for the daemon's proxy to read at accept; `sni_cfg[0]` is the proxy's port (0: not up, and
+ * such connects are refused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct agentos_sni_orig);
+} sni_orig SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AGENTOS_SNI_CONNS);
+	__type(key, struct agentos_sni_key);
+	__type(value, struct agentos_sni_orig);
+} sni_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sni_cfg SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, AGENTOS_EVENTS_BYTES);
@@ -137,7 +162,8 @@ static __always_inline int granted(const struct agentos_net_policy *pol, __u16 f
 /* Whether the agent's stub answered `dst` for a name it may reach on `port` over `proto`
  * (IPPROTO_TCP, IPPROTO_UDP: a name grant is TCP unless it declares UDP; 0: either, for
  * lsm/socket_connect, which does not read the socket's protocol and runs before the cgroup
- * connect hook that does), and the answer's TTL still runs. */
+ * connect hook that does), and the answer's TTL still runs: 1, or 2 when only a checked grant
+ * (`https://`, `http://`) allows it over TCP (the connect goes to the SNI/Host proxy). */
 static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], __u16 port,
 				  __u32 proto)
 {
@@ -168,7 +194,10 @@ static __always_inline int learnt(__u64 cgid, __u16 family, const __u32 dst[4], 
 		if (i >= v->n_ports)
 			break;
 		if (v->ports[i] == port && (mask & (1u << i)))
-			return 1;
+			return proto == IPPROTO_TCP &&
+				       (v->flags & (1u << (AGENTOS_NAME_CHECKED_SHIFT + i)))
+				   ? 2
+				   : 1;
 	}
 	return 0;
 }
@@ -209,6 +238,43 @@ static __always_inline int to_stub(struct bpf_sock_addr *ctx, __u16 hook_family,
 	o->port = (__u16)ctx->user_port;
 	o->stub_port = stub;
 	ctx->user_port = bpf_htons(stub);
+	return 1;
+}
+
+/* A connect to an address only a checked grant allows: send it to the daemon's SNI/Host proxy
+ * (127.0.0.1:port, ::ffff:127.0.0.1 from an IPv6 socket) and remember where it was going and
+ * whose it is; the sockops program publishes that for the proxy once the local port is known. */
+static __always_inline int to_proxy(struct bpf_sock_addr *ctx, __u16 hook_family, __u16 family,
+				    const __u32 dst[4], __u16 port, __u64 cgid)
+{
+	__u32 zero = 0;
+	__u32 *pp = bpf_map_lookup_elem(&sni_cfg, &zero);
+	struct bpf_sock *sk = ctx->sk;
+	if (!pp || !*pp || *pp > 0xffff || !sk)
+		return 0;
+	__u16 proxy = *pp;
+	struct agentos_sni_orig *o =
+		bpf_sk_storage_get(&sni_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!o)
+		return 0;
+	o->cgroup_id = cgid;
+	o->addr[0] = dst[0];
+	o->addr[1] = dst[1];
+	o->addr[2] = dst[2];
+	o->addr[3] = dst[3];
+	o->family = family;
+	o->port = port;
+	o->proxy_port = proxy;
+	o->_pad = 0;
+	if (hook_family == AF_INET) {
+		ctx->user_ip4 = bpf_htonl(LOOPBACK4);
+	} else {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = bpf_htonl(LOOPBACK4);
+	}
+	ctx->user_port = bpf_htons(proxy);
 	return 1;
 }
 
@@ -277,13 +343,19 @@ static __always_inline int check(struct bpf_sock_addr *ctx, __u8 hook, __u16 fam
 				count(AGENTOS_STAT_ALLOWED);
 				return 1;
 			}
-			if (learnt(cgid, family, dst, port, ctx->protocol)) {
+			int l = learnt(cgid, family, dst, port, ctx->protocol);
+			if (l == 1 || (l == 2 && to_proxy(ctx, hook_family, family, dst, port, cgid))) {
 				count(AGENTOS_STAT_ALLOWED);
 				return 1;
+			}
+			if (l == 2) {
+				reason = AGENTOS_REASON_NO_PROXY;
+				goto deny;
 			}
 		}
 		reason = AGENTOS_REASON_NOT_GRANTED;
 	}
+deny:
 	count(AGENTOS_STAT_DENIED);
 	report(cgid, hook, reason, family, dst, port, ctx->protocol);
 	return 0;
@@ -339,6 +411,72 @@ static __always_inline void from_stub(struct bpf_sock_addr *ctx, __u16 hook_fami
 		ctx->user_ip6[3] = o->addr[3];
 	}
 	ctx->user_port = o->port;
+}
+
+/* The SNI/Host proxy's view of a redirected connect: the SYN is about to go, the local port is
+ * known. Publish (local port, proxy port) -> where it was going, for the proxy's accept. */
+SEC("sockops")
+int agentos_sockops(struct bpf_sock_ops *skops)
+{
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+		return 1;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return 1;
+	struct agentos_sni_orig *o = bpf_sk_storage_get(&sni_orig, sk, 0, 0);
+	if (!o)
+		return 1;
+	struct agentos_sni_key k = {};
+	k.sport = (__u16)skops->local_port;
+	k.dport = (__u16)bpf_ntohl(skops->remote_port);
+	if (k.dport != o->proxy_port)
+		return 1;
+	struct agentos_sni_orig v = *o;
+	bpf_map_update_elem(&sni_conns, &k, &v, BPF_ANY);
+	return 1;
+}
+
+/* getpeername() of a socket the connect hook sent to the proxy: the address it connected to. */
+static __always_inline void from_proxy(struct bpf_sock_addr *ctx, __u16 hook_family)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return;
+	struct agentos_sni_orig *o = bpf_sk_storage_get(&sni_orig, sk, 0, 0);
+	if (!o || ctx->user_port != bpf_htons(o->proxy_port))
+		return;
+	if (hook_family == AF_INET) {
+		if (ctx->user_ip4 != bpf_htonl(LOOPBACK4) || o->family != AF_INET)
+			return;
+		ctx->user_ip4 = o->addr[0];
+	} else {
+		if (ctx->user_ip6[0] || ctx->user_ip6[1] || ctx->user_ip6[2] != bpf_htonl(0xffff) ||
+		    ctx->user_ip6[3] != bpf_htonl(LOOPBACK4))
+			return;
+		if (o->family == AF_INET) {
+			ctx->user_ip6[3] = o->addr[0];
+		} else {
+			ctx->user_ip6[0] = o->addr[0];
+			ctx->user_ip6[1] = o->addr[1];
+			ctx->user_ip6[2] = o->addr[2];
+			ctx->user_ip6[3] = o->addr[3];
+		}
+	}
+	ctx->user_port = bpf_htons(o->port);
+}
+
+SEC("cgroup/getpeername4")
+int agentos_getpeername4(struct bpf_sock_addr *ctx)
+{
+	from_proxy(ctx, AF_INET);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int agentos_getpeername6(struct bpf_sock_addr *ctx)
+{
+	from_proxy(ctx, AF_INET6);
+	return 1;
 }
 
 SEC("cgroup/recvmsg4")

@@ -788,6 +788,14 @@ fn setup_dns(
     }
     let dns = crate::dns::Dns::new(cfg, net.clone());
     dns.spawn_sweeper();
+    match dns.spawn_sni_proxy() {
+        Ok(port) => info!(
+            "SNI/Host proxy on 127.0.0.1:{port}: agents' https:// and http:// grants are checked there"
+        ),
+        Err(e) => warn!(
+            "SNI/Host proxy: {e}: connects that only an https:// or http:// grant allows are refused (sni-proxy-down)"
+        ),
+    }
     dns
 }
 

@@ -1000,6 +1000,15 @@ fn udp_host_error(rest: &str) -> Option<String> {
 /// What is wrong with network scope `s` of capability `cap` (`net.connect`, `net.bind`), as a
 /// message for `field`; `None` when it is valid.
 pub(crate) fn net_scope_error(cap: &str, field: &str, s: &str) -> Option<String> {
+    // https:// and http:// declare an SNI or Host check (crate::netscope).
+    if let Some(r) = crate::netscope::checked_scope(s) {
+        if cap != "net.connect" {
+            return Some(format!(
+                "{field}: \"{s}\": https:// and http:// declare a check of the names connections carry, for net.connect only"
+            ));
+        }
+        return r.err().map(|e| format!("{field}: {e}"));
+    }
     if cap != "net.connect" && s.starts_with(UDP_SCHEME) {
         return Some(format!(
             "{field}: \"{s}\": udp:// is for net.connect only ({cap} grants local addresses for TCP and UDP)"

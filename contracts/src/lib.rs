@@ -17,6 +17,7 @@ mod decode;
 mod diag;
 pub mod layering;
 mod model;
+pub mod netscope;
 mod node;
 pub mod tool;
 pub mod units;

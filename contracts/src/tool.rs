@@ -745,7 +745,9 @@ fn decode_needs(n: &N, dec: &mut Dec) -> Needs {
                     Some(p) if !p.starts_with('{') => needs.runtime.push(PathBuf::from(p)),
                     _ => dec.err(pos, &field, format!("{field}: \"{s}\" is not an absolute path without \".\" or \"..\" components (the tool's own code, e.g. /usr/lib/agentos/tools)")),
                 },
-                "net.connect" | "net.bind" => match net_scope_error(key, &field, &s) {
+                "net.connect" | "net.bind" => match net_scope_error(key, &field, &s).or_else(|| {
+                    crate::netscope::checked_scope(&s).map(|_| format!("{field}: \"{s}\": https:// and http:// checks are for agents' contracts (a tool's names are resolved once, when it is placed): write NAME:PORT"))
+                }) {
                     None if *key == "net.connect" => needs.net_connect.push(s),
                     None => needs.net_bind.push(s),
                     Some(e) => dec.err(pos, &field, e),

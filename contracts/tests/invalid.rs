@@ -2,6 +2,16 @@
 
 const EXPECTED: &[(&str, &[&str])] = &[
     (
+        "bad-checked.yaml",
+        &[
+            "4:19: capabilities[0]: \"https://10.0.0.1\": the check compares the name the connection carries with a granted name: an address or \"*\" names none (https://NAME or https://NAME:PORT, NAME a host name or *.SUFFIX: \"https://api.example.com\", \"https://*.example.com:8443\")",
+            "4:39: capabilities[0]: \"https://api.example.test/v1\": no path, query or user: the grant is a host and a port (https://NAME or https://NAME:PORT, NAME a host name or *.SUFFIX: \"https://api.example.com\", \"https://*.example.com:8443\")",
+            "4:70: capabilities[0]: \"http://*:80\": the check compares the name the connection carries with a granted name: an address or \"*\" names none (http://NAME or http://NAME:PORT, NAME a host name or *.SUFFIX: \"http://api.example.com\", \"http://*.example.com:8443\")",
+            "4:85: capabilities[0]: \"https://a.example.test:*\": the port must be 1-65535 (no \"*\": the check names one service) (https://NAME or https://NAME:PORT, NAME a host name or *.SUFFIX: \"https://api.example.com\", \"https://*.example.com:8443\")",
+            "5:16: capabilities[1]: \"http://localhost:80\": https:// and http:// declare a check of the names connections carry, for net.connect only",
+        ],
+    ),
+    (
         "bad-io.yaml",
         &[
             "4:17: compute.io[0].device: \"sda\" is neither a path under /dev/ nor MAJOR:MINOR",

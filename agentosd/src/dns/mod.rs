@@ -10,6 +10,8 @@
 
 mod answered;
 mod ranges;
+pub mod sni;
+pub mod sniff;
 mod stub;
 pub mod wire;
 
@@ -158,6 +160,8 @@ pub struct Dns {
     refusals_dropped: std::sync::atomic::AtomicU64,
     /// Which name each address was answered for, to name it in refusals.
     answered: Mutex<Answered>,
+    /// The SNI/Host proxy's agents (those with checked grants) and refusals.
+    sni: sni::Registry,
 }
 
 impl std::fmt::Debug for Dns {
@@ -179,6 +183,7 @@ impl Dns {
             refusals_rx: Mutex::new(Some(rx)),
             refusals_dropped: Default::default(),
             answered: Mutex::default(),
+            sni: sni::Registry::default(),
         })
     }
 
@@ -208,7 +213,11 @@ impl Dns {
             lock(&self.answered).forget(o.cgroup_id());
         }
         let port = port.or(old.as_ref().map(stub::Stub::port));
+        if let Some(o) = &old {
+            self.sni.forget(o.cgroup_id());
+        }
         drop(old);
+        self.sni.register(&spec);
         let s = match port.filter(|p| *p != 0) {
             Some(p) => stub::Stub::start(self.clone(), spec.clone(), p)
                 .or_else(|_| stub::Stub::start(self.clone(), spec, 0))?,
@@ -223,6 +232,7 @@ impl Dns {
     pub fn stop(&self, id: &str) {
         if let Some(s) = lock(&self.stubs).remove(id) {
             lock(&self.answered).forget(s.cgroup_id());
+            self.sni.forget(s.cgroup_id());
         }
     }
 
@@ -234,6 +244,24 @@ impl Dns {
 
     fn remember(&self, cgroup_id: u64, addr: IpAddr, name: &str) {
         lock(&self.answered).remember(cgroup_id, addr, name, std::time::Instant::now());
+        self.sni.remember(cgroup_id, addr, name);
+    }
+
+    /// Start the SNI/Host proxy (checked grants: `https://NAME`, `http://NAME`) on the current
+    /// runtime and point the programs at it; returns its port on 127.0.0.1. Until it runs,
+    /// connects that only a checked grant allows are refused (`sni-proxy-down`).
+    pub fn spawn_sni_proxy(self: &Arc<Self>) -> std::io::Result<u16> {
+        sni::start(self)
+    }
+
+    /// The SNI/Host proxy's refusal reports (once), for the audit trail.
+    pub fn take_sni_refusals(&self) -> Option<tokio::sync::mpsc::Receiver<sni::Refusal>> {
+        self.sni.take_refusals()
+    }
+
+    /// SNI/Host refusal reports dropped because the queue was full.
+    pub fn sni_refusals_dropped(&self) -> u64 {
+        self.sni.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether agent `id`'s stub serves [::1] too (the policy's `AGENTOS_NET_DNS6`).

@@ -101,8 +101,14 @@ pub enum LandlockError {
     },
 }
 
-/// Parse the port of a `HOST:PORT` scope; `Ok(None)` for `*`.
+/// Parse the port of a `HOST:PORT` scope; `Ok(None)` for `*`. `https://NAME` and `http://NAME`
+/// have a default port (443, 80).
 pub fn scope_port(scope: &str) -> Result<Option<u16>, LandlockError> {
+    if let Some(c) = contracts::netscope::checked_scope(scope) {
+        return c
+            .map(|c| Some(c.port))
+            .map_err(|_| LandlockError::Scope(scope.to_string()));
+    }
     let (_, port) = scope
         .rsplit_once(':')
         .ok_or_else(|| LandlockError::Scope(scope.to_string()))?;
@@ -296,6 +302,17 @@ pub fn kernel_abi() -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_of_checked_scopes() {
+        assert_eq!(scope_port("https://api.example.test").unwrap(), Some(443));
+        assert_eq!(scope_port("http://api.example.test").unwrap(), Some(80));
+        assert_eq!(
+            scope_port("https://*.example.test:8443").unwrap(),
+            Some(8443)
+        );
+        assert!(scope_port("https://10.0.0.1").is_err());
+    }
 
     #[test]
     fn ports_of_scopes() {

@@ -83,6 +83,16 @@ impl Supervisor {
                 }
             });
         }
+        if let Some(d) = self.dns()
+            && let Some(mut rx) = d.take_sni_refusals()
+        {
+            let sup = self.clone();
+            tokio::spawn(async move {
+                while let Some(r) = rx.recv().await {
+                    sup.audit_sni_refusal(&r);
+                }
+            });
+        }
         let sup = self.clone();
         tokio::spawn(async move {
             let (mut seen_net, mut seen_fs, mut seen_queue) = (0u64, 0u64, 0u64);
@@ -188,6 +198,36 @@ impl Supervisor {
                 "qtype": r.qtype,
                 "reason": r.reason,
                 "addr": r.addr.map(|a| a.to_string()),
+                "contract": r.contract,
+            }));
+        t.submit_or_count(rec);
+    }
+
+    /// A connection the SNI/Host proxy reset (a checked grant's name not carried, or not
+    /// readable), rate-limited like the kernel's denials.
+    pub(super) fn audit_sni_refusal(&self, r: &crate::dns::sni::Refusal) {
+        if !self.count_denial(&r.tenant, &r.name, "sni-proxy") {
+            return;
+        }
+        let Some(t) = self.audit_trail() else {
+            return;
+        };
+        let rec = t
+            .agent_record(audit::Kind::Denial, &r.tenant, &r.name)
+            .decision(Decision::Deny)
+            .detail(json!({
+                "syscall": "connect",
+                "effect": "reset",
+                "mechanism": "sni-proxy",
+                "hook": "sni-proxy",
+                "check": r.check,
+                "seen": r.seen,
+                "grant": r.grants,
+                "addr": r.dst.ip().to_string(),
+                "port": r.dst.port(),
+                "answered_for": r.answered_for,
+                "reason": r.reason,
+                "detail": r.detail,
                 "contract": r.contract,
             }));
         t.submit_or_count(rec);

@@ -12,7 +12,11 @@
 //! - connect latency (TCP connect + close to 198.18.0.10) of an agent granted
 //!   `*.bench.test:PORT` after it resolved 1 000 names (1 000 entries of its own in `net_names`,
 //!   the server's address learnt from an answer) vs an agent granted `198.18.0.10:PORT` (one
-//!   static rule) vs the host (no BPF at all).
+//!   static rule) vs the host (no BPF at all);
+//! - the SNI/Host check's cost per connection: connect, send a TLS ClientHello for
+//!   `server.bench.test`, receive the server's first byte, close, from an agent granted
+//!   `https://server.bench.test:PORT` (through the daemon's SNI/Host proxy) vs one granted
+//!   `server.bench.test:PORT` (the kernel's address check only) vs the host.
 //!
 //! No packet leaves the namespace. Root.
 
@@ -69,6 +73,9 @@ pub struct ClientArgs {
     /// The server's TCP port.
     #[arg(long)]
     pub port: u16,
+    /// The port of the server that answers a ClientHello with one byte (`hello` mode).
+    #[arg(long, default_value_t = 0)]
+    pub hello_port: u16,
     /// Samples go to OUT-MODE.bin, then OUT.done.
     #[arg(long)]
     pub out: PathBuf,
@@ -84,6 +91,46 @@ fn query(id: u16, name: &str) -> Vec<u8> {
     }
     q.extend_from_slice(&[0, 0, 1, 0, 1]);
     q
+}
+
+/// A TLS 1.3-shaped ClientHello for `name` (one record): what the proxy parses.
+fn client_hello(name: &str) -> Vec<u8> {
+    let n = name.as_bytes();
+    let mut ext = vec![0, 0];
+    ext.extend(((n.len() + 5) as u16).to_be_bytes());
+    ext.extend(((n.len() + 3) as u16).to_be_bytes());
+    ext.push(0);
+    ext.extend((n.len() as u16).to_be_bytes());
+    ext.extend(n);
+    // supported_groups (x25519), supported_versions (TLS 1.3): an ordinary hello's shape.
+    ext.extend([0, 10, 0, 4, 0, 2, 0, 29, 0, 43, 0, 3, 2, 3, 4]);
+    let mut body = vec![3, 3];
+    body.extend([7u8; 32]);
+    body.push(32);
+    body.extend([1u8; 32]);
+    body.extend([0, 4, 0x13, 0x01, 0x13, 0x02, 1, 0]);
+    body.extend((ext.len() as u16).to_be_bytes());
+    body.extend(ext);
+    let mut hs = vec![1, 0];
+    hs.extend((body.len() as u16).to_be_bytes());
+    hs.extend(body);
+    let mut rec = vec![0x16, 3, 1];
+    rec.extend((hs.len() as u16).to_be_bytes());
+    rec.extend(hs);
+    rec
+}
+
+/// The `hello` server: reads one ClientHello, answers one byte, closes.
+fn hello_server(l: TcpListener) {
+    use std::io::{Read as _, Write as _};
+    let len = client_hello("server.bench.test").len();
+    for c in l.incoming() {
+        let Ok(mut c) = c else { continue };
+        let mut buf = vec![0u8; len];
+        if c.read_exact(&mut buf).is_ok() {
+            let _ = c.write_all(b"x");
+        }
+    }
 }
 
 /// One lookup as getaddrinfo makes it: a fresh socket, connect, send, receive the answer.
@@ -172,6 +219,26 @@ pub fn client(a: ClientArgs) -> Result<()> {
                     let t0 = mono_ns();
                     let c =
                         TcpStream::connect(server).with_context(|| format!("connect {server}"))?;
+                    let dt = mono_ns() - t0;
+                    drop(c);
+                    if i >= a.warmup {
+                        v.push(dt as u32);
+                    }
+                }
+            }
+            "hello" => {
+                // The name first (an agent's stub learns the address, marked checked or not).
+                lookup(upstream, 1, "server.bench.test")?;
+                let hello = client_hello("server.bench.test");
+                let to = SocketAddr::from((SERVER, a.hello_port));
+                for i in 0..a.warmup + a.calls {
+                    let t0 = mono_ns();
+                    let mut c = TcpStream::connect(to).with_context(|| format!("connect {to}"))?;
+                    c.set_nodelay(true)?;
+                    std::io::Write::write_all(&mut c, &hello)?;
+                    let mut b = [0u8; 1];
+                    std::io::Read::read_exact(&mut c, &mut b)
+                        .with_context(|| format!("first byte from {to} (connection {i})"))?;
                     let dt = mono_ns() - t0;
                     drop(c);
                     if i >= a.warmup {
@@ -329,6 +396,9 @@ fn bench(
             drop(c);
         }
     });
+    let hl = TcpListener::bind((SERVER, 0))?;
+    let hello_port = hl.local_addr()?.port();
+    std::thread::spawn(move || hello_server(hl));
     let l = Layout::new(dir)?;
     let audit = l.state.join("audit");
     std::fs::create_dir_all(&audit)?;
@@ -348,6 +418,8 @@ fn bench(
             &a.warmup.to_string(),
             "--port",
             &port.to_string(),
+            "--hello-port",
+            &hello_port.to_string(),
             "--out",
             &prefix.display().to_string(),
         ]
@@ -357,10 +429,11 @@ fn bench(
     // The host first (no agent, no BPF), then the two agents one after the other.
     let host = dir.join("host");
     client(ClientArgs {
-        modes: "resolve,resolve-tc,connect".into(),
+        modes: "resolve,resolve-tc,connect,hello".into(),
         calls: a.calls,
         warmup: a.warmup,
         port,
+        hello_port,
         out: host.clone(),
     })?;
     let agents = [
@@ -370,6 +443,13 @@ fn bench(
             format!("*.bench.test:{port}"),
         ),
         ("static", "connect", format!("{SERVER}:{port}")),
+        // The SNI check side by side: the same name, checked or not.
+        ("plain", "hello", format!("server.bench.test:{hello_port}")),
+        (
+            "checked",
+            "hello",
+            format!("https://server.bench.test:{hello_port}"),
+        ),
     ];
     for (name, modes, grant) in &agents {
         let cap = format!("net.connect: [\"{grant}\"]");
@@ -407,6 +487,18 @@ fn bench(
             "connect: agent, 1 000 learnt names",
             get(bin(&names_out, "connect"))?,
         ),
+        (
+            "connect + ClientHello + first byte: host",
+            get(bin(&host, "hello"))?,
+        ),
+        (
+            "connect + ClientHello + first byte: agent, server.bench.test:PORT (no check)",
+            get(bin(&env.home("plain").join("out"), "hello"))?,
+        ),
+        (
+            "connect + ClientHello + first byte: agent, https://server.bench.test:PORT (SNI proxy)",
+            get(bin(&env.home("checked").join("out"), "hello"))?,
+        ),
     ];
     println!(
         "bench dns: {} lookups / connects per path ({} warm-up), load {load_before} → {load_after}",
@@ -428,6 +520,12 @@ fn bench(
         "1 000 names vs one static rule: p50 {:+.1} µs, p99 {:+.1} µs (goal < 50 µs)",
         (nm.p(500) as f64 - st.p(500) as f64) / 1000.0,
         (nm.p(990) as f64 - st.p(990) as f64) / 1000.0
+    );
+    let (pl, ck) = (&rows[6].1, &rows[7].1);
+    println!(
+        "SNI check vs none: p50 {:+.1} µs, p99 {:+.1} µs per connection",
+        (ck.p(500) as f64 - pl.p(500) as f64) / 1000.0,
+        (ck.p(990) as f64 - pl.p(990) as f64) / 1000.0
     );
     if let Some(p) = &a.json {
         let v: serde_json::Map<String, serde_json::Value> = rows

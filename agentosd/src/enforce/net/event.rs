@@ -121,6 +121,7 @@ impl Denial {
             reason: match e.reason {
                 1 => "no-policy",
                 2 => "socket-type",
+                3 => "sni-proxy-down",
                 _ => "not-granted",
             },
         })

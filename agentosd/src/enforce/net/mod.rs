@@ -18,6 +18,7 @@ mod event;
 mod names;
 mod pins;
 mod policy;
+mod sni;
 
 use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
@@ -25,22 +26,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
 use aya::programs::links::FdLink;
-use aya::programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr};
+use aya::programs::{
+    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr, SockOps,
+};
 use serde::Serialize;
 
 pub use event::{Denial, RawEvent};
 pub use names::{IPPROTO_TCP, IPPROTO_UDP, PortGrant, RawNameKey, RawNameValue};
 pub use pins::{DEFAULT_PIN_ROOT, Pins, is_bpffs, pin_check_line};
 pub use policy::{
-    NameGrant, Policy, PolicyError, Proto, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
+    Check, NameGrant, Policy, PolicyError, Proto, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
     policy_from_grants, policy_from_scopes, policy_with_dns, system_resolve,
 };
+pub use sni::SniOrig;
 
 /// The embedded object (empty when clang was missing at build time).
 static NET_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/net.bpf.o"));
 
 /// The cgroup sock_addr program names in `ebpf/net.bpf.c`.
-pub const PROGRAMS: [&str; 8] = [
+pub const PROGRAMS: [&str; 10] = [
     "agentos_connect4",
     "agentos_connect6",
     "agentos_sendmsg4",
@@ -49,7 +53,13 @@ pub const PROGRAMS: [&str; 8] = [
     "agentos_bind6",
     "agentos_recvmsg4",
     "agentos_recvmsg6",
+    "agentos_getpeername4",
+    "agentos_getpeername6",
 ];
+
+/// The `sockops` program (publishes a connect redirected to the SNI/Host proxy once its local
+/// port is known).
+pub const SOCKOPS_PROGRAM: &str = "agentos_sockops";
 
 /// The `cgroup/sock_create` program (family, type and protocol of every inet socket).
 pub const SOCK_PROGRAM: &str = "agentos_sock_create";
@@ -58,7 +68,7 @@ pub const SOCK_PROGRAM: &str = "agentos_sock_create";
 pub const SKB_PROGRAM: &str = "agentos_ingress";
 
 /// Hooks for logs and `agentosd check`.
-pub const HOOKS: &str = "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, recvmsg4, recvmsg6, sock_create, cgroup_skb/ingress";
+pub const HOOKS: &str = "cgroup/connect4, connect6, sendmsg4, sendmsg6, bind4, bind6, recvmsg4, recvmsg6, getpeername4, getpeername6, sock_create, cgroup_skb/ingress, sockops";
 
 /// The BPF LSM program (defence in depth; loads only where the kernel allows BPF LSM).
 pub const LSM_PROGRAM: &str = "agentos_lsm_connect";
@@ -171,6 +181,16 @@ fn attach_cgroup_programs(
             .map_err(|e| prog_err(SKB_PROGRAM, "take link", &e))?;
         keep(SKB_PROGRAM, fd_link(SKB_PROGRAM, link))?;
     }
+    let ops = program::<SockOps>(bpf, SOCKOPS_PROGRAM, "not loaded")?;
+    let id = ops
+        .attach(cgroup, mode)
+        .map_err(|e| attach_err(SOCKOPS_PROGRAM, &e))?;
+    if pinned {
+        let link = ops
+            .take_link(id)
+            .map_err(|e| prog_err(SOCKOPS_PROGRAM, "take link", &e))?;
+        keep(SOCKOPS_PROGRAM, fd_link(SOCKOPS_PROGRAM, link))?;
+    }
     Ok(links)
 }
 
@@ -219,6 +239,8 @@ struct Maps {
 pub struct NetEnforcer {
     bpf: Mutex<aya::Ebpf>,
     maps: Mutex<Maps>,
+    /// The SNI/Host proxy's maps (`sni_conns`, `sni_cfg`).
+    sni: Mutex<sni::SniMaps>,
     events: Mutex<Option<RingBuf<MapData>>>,
     /// The agents with an entry in the policy map (and those cleared recently).
     agents: super::AgentCgroups,
@@ -274,6 +296,9 @@ impl NetEnforcer {
         program::<CgroupSkb>(&mut bpf, SKB_PROGRAM, "not in the object")?
             .load()
             .map_err(load_err(SKB_PROGRAM))?;
+        program::<SockOps>(&mut bpf, SOCKOPS_PROGRAM, "not in the object")?
+            .load()
+            .map_err(load_err(SOCKOPS_PROGRAM))?;
         let lsm = load_lsm(&mut bpf);
         let map_err = |map: &'static str| {
             move |e: aya::maps::MapError| NetError::Map {
@@ -293,6 +318,9 @@ impl NetEnforcer {
         let names =
             HashMap::try_from(take(&mut bpf, "net_names")?).map_err(map_err("net_names"))?;
         let events = RingBuf::try_from(take(&mut bpf, "events")?).map_err(map_err("events"))?;
+        let sni_conns =
+            HashMap::try_from(take(&mut bpf, "sni_conns")?).map_err(map_err("sni_conns"))?;
+        let sni_cfg = Array::try_from(take(&mut bpf, "sni_cfg")?).map_err(map_err("sni_cfg"))?;
         Ok(Arc::new(NetEnforcer {
             bpf: Mutex::new(bpf),
             maps: Mutex::new(Maps {
@@ -300,6 +328,10 @@ impl NetEnforcer {
                 stats,
                 names,
                 names_per_agent: Default::default(),
+            }),
+            sni: Mutex::new(sni::SniMaps {
+                conns: sni_conns,
+                cfg: sni_cfg,
             }),
             events: Mutex::new(Some(events)),
             agents: super::AgentCgroups::default(),
@@ -501,6 +533,18 @@ impl NetEnforcer {
             denied: get(STAT_DENIED),
             events_dropped: get(STAT_DROPPED),
         }
+    }
+
+    /// Send connects that only a checked grant allows to the SNI/Host proxy on 127.0.0.1:`port`
+    /// (0: refuse them, `sni-proxy-down`).
+    pub fn set_sni_proxy_port(&self, port: u16) -> Result<(), NetError> {
+        sni::set_port(&mut lock(&self.sni), port)
+    }
+
+    /// Where the connect the proxy accepted from local port `sport` on its port `proxy_port`
+    /// was going, and whose it is; removed from the map (each is read once).
+    pub fn take_sni_conn(&self, sport: u16, proxy_port: u16) -> Option<SniOrig> {
+        sni::take(&mut lock(&self.sni), sport, proxy_port)
     }
 
     /// The ring buffer of denials (once).

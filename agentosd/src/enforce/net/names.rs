@@ -15,6 +15,9 @@ pub const NAME_PORTS: usize = 8;
 const ANY_TCP: u32 = 1;
 /// `AGENTOS_NAME_ANY_UDP`: any port over UDP (a grant `udp://NAME:*`).
 const ANY_UDP: u32 = 2;
+/// `AGENTOS_NAME_CHECKED_SHIFT`: bit `CHECKED_SHIFT + i` of the flags = `ports[i]` over TCP is
+/// granted only by a checked grant (`https://`, `http://`): connects go to the SNI/Host proxy.
+const CHECKED_SHIFT: u32 = 8;
 /// Addresses one agent may have in `net_names` at once (the map holds 65 536 for all agents): a
 /// stub past it answers without learning more, so an agent that floods lookups of a wildcard
 /// grant only loses its own new addresses.
@@ -86,15 +89,35 @@ pub struct PortGrant {
     /// 0 = any port.
     pub port: u16,
     pub udp: bool,
+    /// A checked grant's (`https://NAME`, `http://NAME`; TCP, one port): connects go through
+    /// the SNI/Host proxy unless a plain grant opens the same address and port.
+    pub checked: bool,
 }
 
 impl PortGrant {
     pub fn tcp(port: u16) -> PortGrant {
-        PortGrant { port, udp: false }
+        PortGrant {
+            port,
+            udp: false,
+            checked: false,
+        }
     }
 
     pub fn udp(port: u16) -> PortGrant {
-        PortGrant { port, udp: true }
+        PortGrant {
+            port,
+            udp: true,
+            checked: false,
+        }
+    }
+
+    /// TCP to `port` through the SNI/Host check.
+    pub fn checked(port: u16) -> PortGrant {
+        PortGrant {
+            port,
+            udp: false,
+            checked: true,
+        }
     }
 }
 
@@ -128,12 +151,34 @@ impl RawNameValue {
                     n
                 }
             };
+            let checked = 1u32 << (CHECKED_SHIFT + slot as u32);
             if g.udp {
                 self.udp |= 1 << slot;
+            } else if g.checked {
+                // Checked only while no plain grant opens this port (a plain grant is the
+                // contract's choice to allow any content there).
+                if self.tcp & (1 << slot) == 0 {
+                    self.flags |= checked;
+                }
+                self.tcp |= 1 << slot;
             } else {
+                self.flags &= !checked;
                 self.tcp |= 1 << slot;
             }
         }
+    }
+
+    /// Whether TCP to `port` goes through the SNI/Host check (allowed only by a checked grant).
+    pub fn checked(&self, port: u16) -> bool {
+        self.flags & ANY_TCP == 0
+            && self.ports[..usize::from(self.n_ports).min(NAME_PORTS)]
+                .iter()
+                .enumerate()
+                .any(|(i, p)| {
+                    *p == port
+                        && self.tcp & (1 << i) != 0
+                        && self.flags & (1 << (CHECKED_SHIFT + i as u32)) != 0
+                })
     }
 
     /// Whether port `port` is allowed over `proto` (`IPPROTO_TCP`/`IPPROTO_UDP`; ignoring
@@ -219,6 +264,29 @@ mod tests {
         assert_eq!(k6.family, u32::from(AF_INET6));
         assert_eq!(k6.addr[0], u32::from_ne_bytes([0x20, 0x01, 0x0d, 0xb8]));
         assert_eq!(k6.addr[3], u32::from_ne_bytes([0, 0, 0, 1]));
+    }
+
+    #[test]
+    fn checked_ports_stay_checked_until_a_plain_grant_opens_them() {
+        let t = IPPROTO_TCP;
+        let mut v = RawNameValue::default();
+        v.merge(&[PortGrant::checked(443), PortGrant::tcp(22)], 10);
+        assert!(v.allows(443, t) && v.checked(443) && !v.checked(22));
+        assert!(!v.allows(443, IPPROTO_UDP));
+        // The same name answered again: still checked.
+        v.merge(&[PortGrant::checked(443)], 20);
+        assert!(v.checked(443));
+        // A plain grant of the same address and port: any content, whatever the order.
+        v.merge(&[PortGrant::tcp(443)], 20);
+        assert!(v.allows(443, t) && !v.checked(443));
+        v.merge(&[PortGrant::checked(443)], 30);
+        assert!(!v.checked(443));
+        let mut w = RawNameValue::default();
+        w.merge(&[PortGrant::tcp(443), PortGrant::checked(443)], 1);
+        assert!(!w.checked(443));
+        let mut x = RawNameValue::default();
+        x.merge(&[PortGrant::checked(80), PortGrant::tcp(0)], 1);
+        assert!(!x.checked(80), "NAME:* opens every port without a check");
     }
 
     #[test]

@@ -6,6 +6,9 @@
 
 use std::net::IpAddr;
 
+pub use contracts::netscope::Check;
+use contracts::netscope::checked_scope;
+
 use super::{
     AF_INET, AF_INET6, ALLOW_ALL, ALLOW_ALL_BIND, DNS, DNS6, INET, MAX_RULES, RULE_BIND,
     RULE_CONNECT, RULE_TCP, RULE_UDP,
@@ -182,6 +185,10 @@ pub struct NameGrant {
     /// `udp://NAME:PORT`: UDP (QUIC/HTTP3, other datagrams) to the name's addresses, and not
     /// TCP; a grant without it is TCP only.
     pub udp: bool,
+    /// `https://NAME[:PORT]` / `http://NAME[:PORT]`: TCP connections to the name's addresses
+    /// go through the daemon's SNI/Host proxy, which lets them on only when the TLS SNI or the
+    /// HTTP Host is a name this grant matches (`dns::sni`).
+    pub check: Option<Check>,
 }
 
 impl NameGrant {
@@ -194,12 +201,14 @@ impl NameGrant {
                 wildcard: true,
                 port,
                 udp: false,
+                check: None,
             },
             None => NameGrant {
                 name: h,
                 wildcard: false,
                 port,
                 udp: false,
+                check: None,
             },
         }
     }
@@ -209,11 +218,20 @@ impl NameGrant {
         NameGrant { udp: true, ..self }
     }
 
+    /// The same grant with a content check (`https://HOST:PORT`, `http://HOST:PORT`).
+    pub fn checked(self, check: Check) -> NameGrant {
+        NameGrant {
+            check: Some(check),
+            ..self
+        }
+    }
+
     /// What a matching name's addresses may be reached on.
     pub fn port_grant(&self) -> super::PortGrant {
         super::PortGrant {
             port: self.port,
             udp: self.udp,
+            checked: self.check.is_some(),
         }
     }
 
@@ -230,15 +248,20 @@ impl NameGrant {
             && !q[..q.len() - n - 1].is_empty()
     }
 
-    fn describe(&self) -> String {
+    /// The scope as a contract writes it (`https://*.example.test:443`, `udp://a.test:443`).
+    pub fn describe(&self) -> String {
         let port = if self.port == 0 {
             "*".to_string()
         } else {
             self.port.to_string()
         };
         let star = if self.wildcard { "*." } else { "" };
-        let udp = if self.udp { UDP_SCHEME } else { "" };
-        format!("{udp}{star}{}:{port}", self.name)
+        let scheme = match (self.check, self.udp) {
+            (Some(c), _) => c.scheme(),
+            (None, true) => UDP_SCHEME,
+            (None, false) => "",
+        };
+        format!("{scheme}{star}{}:{port}", self.name)
     }
 }
 
@@ -344,6 +367,10 @@ pub enum PolicyError {
         "net.connect scope {0:?}: expected HOST:PORT (HOST a name, an address, ADDR/PREFIX, [IPv6] or *; PORT a number or *), or udp://HOST:PORT (UDP only: a name, *.SUFFIX, address or prefix, not *; net.connect only)"
     )]
     Scope(String),
+    #[error(
+        "net.connect scope {0:?}: https:// and http:// (the SNI/Host check) need the agent's DNS stub: names only, for agents (a tool's names are resolved once)"
+    )]
+    Checked(String),
     #[error(
         "net.connect grants {0} destinations after name resolution; at most {MAX_RULES} are supported"
     )]
@@ -453,6 +480,18 @@ fn add_rules(
         RuleKind::Bind => "net.bind",
     };
     for s in scopes {
+        // https:// and http:// (contracts::netscope, as `agentctl validate` reads them): a name
+        // grant whose connections the SNI/Host proxy checks. Only with the daemon's DNS.
+        if let Some(c) = checked_scope(s) {
+            match (c, kind, names) {
+                (Ok(c), RuleKind::Connect, Names::Grant(_)) => {
+                    p.names
+                        .push(NameGrant::new(c.host, c.port).checked(c.check));
+                    continue;
+                }
+                _ => return Err(PolicyError::Checked(s.clone())),
+            }
+        }
         let (host, port) = split_scope(s)?;
         let udp = s.starts_with(UDP_SCHEME);
         // udp:// declares UDP only: to a name's addresses, an address or a prefix, in

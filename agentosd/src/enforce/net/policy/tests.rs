@@ -297,3 +297,61 @@ fn static_rules_cover_addresses_ports_and_protocols() {
     assert!(covered("fd12::1", PortGrant::tcp(0)));
     assert!(!covered("fc00::1", PortGrant::tcp(22)));
 }
+
+#[test]
+fn checked_grants_are_name_grants_with_their_check() {
+    let hosts = |h: &str| {
+        if h == "localhost" {
+            vec!["127.0.0.1".parse().unwrap()]
+        } else {
+            Vec::new()
+        }
+    };
+    let p = policy_with_dns(
+        &[
+            "https://API.example.test".into(),
+            "https://*.example.test:8443".into(),
+            "http://plain.example.test".into(),
+            "https://localhost".into(),
+        ],
+        &[],
+        &hosts,
+    )
+    .unwrap();
+    assert!(p.dns && p.rules.is_empty(), "{:?}", p.rules);
+    assert_eq!(
+        p.names,
+        vec![
+            NameGrant::new("api.example.test", 443).checked(Check::Tls),
+            NameGrant::new("*.example.test", 8443).checked(Check::Tls),
+            NameGrant::new("plain.example.test", 80).checked(Check::Http),
+            // /etc/hosts names no name to check: still a name grant (its loopback answer is
+            // stripped like any).
+            NameGrant::new("localhost", 443).checked(Check::Tls),
+        ]
+    );
+    assert_eq!(
+        p.names[0].port_grant(),
+        crate::enforce::net::PortGrant::checked(443)
+    );
+    assert!(
+        p.describe()
+            .contains("https://api.example.test:443, https://*.example.test:8443, http://plain.example.test:80"),
+        "{}",
+        p.describe()
+    );
+    // Tools (names resolved once) and net.bind cannot have them.
+    let no_dns = |_: &str| -> Result<Vec<IpAddr>, String> { Ok(Vec::new()) };
+    assert!(matches!(
+        policy_from_scopes(&["https://api.example.test".into()], &no_dns),
+        Err(PolicyError::Checked(_))
+    ));
+    assert!(matches!(
+        policy_with_dns(&[], &["http://localhost".into()], &hosts),
+        Err(PolicyError::Checked(_))
+    ));
+    assert!(matches!(
+        policy_with_dns(&["https://10.0.0.1".into()], &[], &hosts),
+        Err(PolicyError::Checked(_))
+    ));
+}
