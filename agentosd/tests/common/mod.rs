@@ -320,10 +320,14 @@ pub fn agentctl_bin() -> &'static str {
     })
 }
 
-/// The agentos-mcp bridge: the one cargo built for the agentos-mcp package.
+/// The agentos-mcp bridge: the one cargo built for the agentos-mcp package, or
+/// `AGENTOS_TEST_MCP` (the installed one, in the VM).
 pub fn bridge_bin() -> &'static str {
     static BUILT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| workspace_bin("agentos-mcp", "agentos-mcp"))
+    BUILT.get_or_init(|| match std::env::var("AGENTOS_TEST_MCP") {
+        Ok(p) if !p.is_empty() => p,
+        _ => workspace_bin("agentos-mcp", "agentos-mcp"),
+    })
 }
 
 /// Binary `name` of another workspace package (`package`), from the target directory this test

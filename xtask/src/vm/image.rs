@@ -43,6 +43,9 @@ const GUEST_PACKAGES: &[&str] = &[
     // The files example tool is the published MCP filesystem server, a Node.js program
     // (examples/tools/files.yaml runs /usr/bin/node; vm-tests/tests/examples.rs).
     "nodejs",
+    // agentosd's tests/sni.rs (run in the guest too) makes its test server's certificate with
+    // `openssl req`.
+    "openssl",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
 /// the io.max test a block device; `virtio_net` the guest's one link to the host, QEMU's user

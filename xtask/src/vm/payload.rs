@@ -13,7 +13,7 @@ use super::image::{Image, pack_cpio};
 use super::{host, workspace_root};
 
 /// agentosd's host test suites (agentosd/tests/NAME.rs) that run in the guest too.
-const HOST_SUITES: &[&str] = &["escape", "dns", "dns_rest"];
+const HOST_SUITES: &[&str] = &["escape", "dns", "dns_rest", "sni"];
 
 /// Where the test harness lives in the guest.
 pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
@@ -297,7 +297,7 @@ D=/usr/local/lib/agentos-vmtest
 echo "VMTEST BEGIN uptime=$(cut -d' ' -f1 /proc/uptime)"
 $D/install.sh
 export AGENTOS_VM_TEST=1 AGENTOS_VM_TEST_DIR=$D RUST_BACKTRACE=0
-export AGENTOS_TEST_AGENTOSD=/usr/local/bin/agentosd AGENTOS_TEST_AGENTCTL=/usr/local/bin/agentctl
+export AGENTOS_TEST_AGENTOSD=/usr/local/bin/agentosd AGENTOS_TEST_AGENTCTL=/usr/local/bin/agentctl AGENTOS_TEST_MCP=/usr/local/bin/agentos-mcp
 # In the guest every test can run: a skip is a failure.
 export AGENTOS_TEST_NO_SKIP=1
 # The escape suite's probe agents execute the suite's own binary: walkable for their uids.
