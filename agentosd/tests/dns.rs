@@ -32,6 +32,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::netns::{self, accept_all, result_of, results, udp_echo};
 use common::{Bus, Daemon, TestCgroup};
 
 const SERVER: &str = "198.18.0.10";
@@ -45,36 +46,16 @@ const QUIC: &str = "198.18.0.13";
 /// relay.example.test's address: an HTTP CONNECT proxy run by the test (a host process).
 const RELAY: &str = "198.18.0.20";
 
+/// The agent, after [`netns::PY_ATTEMPTS`].
 const SCRIPT: &str = r#"
-import errno, socket, struct, sys, time
 p1, p2 = int(sys.argv[1]), int(sys.argv[2])
-def out(*a):
-    print(*a, flush=True)
-def attempt(name, f):
-    try:
-        r = f()
-        out(name, "ok", r if r is not None else "")
-    except socket.gaierror as e:
-        out(name, "gaierror", e.args[0])
-    except OSError as e:
-        out(name, "err", errno.errorcode.get(e.errno, e.errno))
 def resolve(host):
     return socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-def tcp(addr, port):
-    socket.create_connection((addr, port), timeout=3).close()
 def tcp6(addr, port):
     s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     s.settimeout(3)
     try:
         s.connect((addr, port))
-    finally:
-        s.close()
-def udp(addr, port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(3)
-    try:
-        s.sendto(b"ping", (addr, port))
-        return s.recvfrom(100)[0].decode()
     finally:
         s.close()
 def relay(addr, port, target):
@@ -201,14 +182,6 @@ fn silent_resolver(sock: UdpSocket, log: Arc<Mutex<Vec<String>>>) {
     }
 }
 
-/// Answers every datagram with `pong`.
-fn udp_echo(sock: UdpSocket) {
-    let mut buf = [0u8; 1500];
-    while let Ok((_, peer)) = sock.recv_from(&mut buf) {
-        let _ = sock.send_to(b"pong", peer);
-    }
-}
-
 /// A tiny HTTP CONNECT proxy (a host process the agent's contract does not name): `CONNECT
 /// HOST:PORT` → `200` when it reaches HOST:PORT, `502` when not; then it closes.
 fn connect_proxy(l: TcpListener) {
@@ -232,55 +205,10 @@ fn connect_proxy(l: TcpListener) {
     }
 }
 
-fn accept_all(l: TcpListener) {
-    for c in l.incoming() {
-        drop(c);
-    }
-}
-
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().unwrap();
-    assert!(o.status.success(), "ip {args:?}: {o:?}");
-}
-
-/// The agent's result lines, once it printed `done`.
-fn results(log: &Path) -> Vec<(String, String)> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = common::agent_output(log);
-        if text.lines().any(|l| l == "done") {
-            return text
-                .lines()
-                .filter_map(|l| {
-                    let (name, rest) = l.split_once(' ')?;
-                    Some((name.to_string(), rest.trim_end().to_string()))
-                })
-                .collect();
-        }
-        assert!(Instant::now() < deadline, "agent did not finish:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn result_of(r: &[(String, String)], name: &str) -> String {
-    r.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("no result for {name}: {r:?}"))
-}
-
 #[test]
 fn names_are_granted_by_the_stub_and_nothing_else_resolves_or_connects() {
     skip_unless_capable!();
-    if let Err(e) = agentosd::enforce::net::probe_load() {
-        common::skip(
-            "dns",
-            &format!("the cgroup BPF programs cannot load here: {e}"),
-        );
-        return;
-    }
-    if !Path::new("/usr/bin/python3").exists() {
-        common::skip("dns", "/usr/bin/python3 is needed for the agent");
+    if !netns::net_bpf_and_python("dns") {
         return;
     }
     // The whole test on one thread in a network namespace of its own: the sockets it makes and
@@ -289,11 +217,7 @@ fn names_are_granted_by_the_stub_and_nothing_else_resolves_or_connects() {
 }
 
 fn in_netns() {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    // The addresses on the namespace's loopback (this kernel has no dummy links): local, and
-    // not 127/8, so the stub's rebinding filter lets them through.
-    ip(&["link", "set", "lo", "up"]);
-    for a in [
+    netns::enter(&[
         SERVER,
         NEIGHBOUR,
         NAMED,
@@ -301,9 +225,7 @@ fn in_netns() {
         OTHER_RESOLVER,
         QUIC,
         RELAY,
-    ] {
-        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
-    }
+    ]);
 
     let upstream_log = Arc::new(Mutex::new(Vec::new()));
     let other_log = Arc::new(Mutex::new(Vec::new()));
@@ -325,11 +247,11 @@ fn in_netns() {
     let doh = TcpListener::bind((OTHER_RESOLVER, 443)).unwrap();
     let doh_p1 = TcpListener::bind((OTHER_RESOLVER, p1)).unwrap();
     for l in [s1, s2, n1, m1, m2, q1, dot, doh, doh_p1] {
-        std::thread::spawn(move || accept_all(l));
+        accept_all(l);
     }
     for a in [SERVER, QUIC] {
         let u = UdpSocket::bind((a, p1)).unwrap();
-        std::thread::spawn(move || udp_echo(u));
+        udp_echo(u);
     }
     let proxy = TcpListener::bind((RELAY, p1)).unwrap();
     std::thread::spawn(move || connect_proxy(proxy));
@@ -358,7 +280,7 @@ fn in_netns() {
     std::fs::create_dir(&scripts).unwrap();
     std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755)).unwrap();
     let script = scripts.join("dns.py");
-    std::fs::write(&script, SCRIPT).unwrap();
+    std::fs::write(&script, format!("{}{SCRIPT}", netns::PY_ATTEMPTS)).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let text = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: names\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\", \"{p2}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"named.other.test:{p2}\", \"udp://quic.other.test:{p1}\"]\nrestart: \"no\"\n",

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::netns::{self, accept_all, results, udp_echo};
 use common::{Bus, Daemon, TestCgroup};
 
 const UPSTREAM: &str = "198.18.0.53";
@@ -52,31 +53,11 @@ const BOTH: &str = "198.18.0.41";
 /// www.example.test's address (the tool test's TCP server).
 const WWW: &str = "198.18.0.10";
 
+/// The agent, after [`netns::PY_ATTEMPTS`].
 const SCRIPT: &str = r#"
-import errno, socket, struct, sys, time
 p1 = int(sys.argv[1])
-def out(*a):
-    print(*a, flush=True)
-def attempt(name, f):
-    try:
-        r = f()
-        out(name, "ok", r if r is not None else "")
-    except socket.gaierror as e:
-        out(name, "gaierror", e.args[0])
-    except OSError as e:
-        out(name, "err", errno.errorcode.get(e.errno, e.errno))
 def resolve_all(host):
     return sorted({a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)})
-def tcp(addr, port):
-    socket.create_connection((addr, port), timeout=3).close()
-def udp(addr, port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(3)
-    try:
-        s.sendto(b"ping", (addr, port))
-        return s.recvfrom(100)[0].decode()
-    finally:
-        s.close()
 def query(name, qtype, edns):
     q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 1 if edns else 0)
     for l in name.split("."):
@@ -248,68 +229,19 @@ fn fake_upstream_tcp(l: TcpListener, log: Arc<Mutex<Vec<String>>>, flips: Arc<At
     }
 }
 
-fn udp_echo(sock: UdpSocket) {
-    let mut buf = [0u8; 1500];
-    while let Ok((_, peer)) = sock.recv_from(&mut buf) {
-        let _ = sock.send_to(b"pong", peer);
-    }
-}
-
-fn accept_all(l: TcpListener) {
-    for c in l.incoming() {
-        drop(c);
-    }
-}
-
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().unwrap();
-    assert!(o.status.success(), "ip {args:?}: {o:?}");
-}
-
-/// The agent's result lines, once it printed `done`.
-fn results(log: &Path) -> Vec<(String, String)> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let text = common::agent_output(log);
-        if text.lines().any(|l| l == "done") {
-            return text
-                .lines()
-                .filter_map(|l| {
-                    let (name, rest) = l.split_once(' ')?;
-                    Some((name.to_string(), rest.trim_end().to_string()))
-                })
-                .collect();
-        }
-        assert!(Instant::now() < deadline, "agent did not finish:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn truncation_private_ranges_udp_addresses_and_v6_only_sockets() {
     skip_unless_capable!();
-    if let Err(e) = agentosd::enforce::net::probe_load() {
-        common::skip(
-            "dns_rest",
-            &format!("the cgroup BPF programs cannot load here: {e}"),
-        );
-        return;
-    }
-    if !Path::new("/usr/bin/python3").exists() {
-        common::skip("dns_rest", "/usr/bin/python3 is needed for the agent");
+    if !netns::net_bpf_and_python("dns_rest") {
         return;
     }
     std::thread::spawn(in_netns).join().unwrap();
 }
 
 fn in_netns() {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    ip(&["link", "set", "lo", "up"]);
-    for a in [
+    netns::enter(&[
         UPSTREAM, BIG_LAST, INTERNAL, PRIVATE, PUBLIC, FLIP, UDP_ONLY, BOTH,
-    ] {
-        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
-    }
+    ]);
     let log = Arc::new(Mutex::new(Vec::new()));
     let flips = Arc::new(AtomicU32::new(0));
     let (l, f) = (log.clone(), flips.clone());
@@ -320,14 +252,14 @@ fn in_netns() {
     std::thread::spawn(move || fake_upstream_tcp(up, l, f));
     let s = TcpListener::bind((BIG_LAST, 0)).unwrap();
     let p1 = s.local_addr().unwrap().port();
-    std::thread::spawn(move || accept_all(s));
+    accept_all(s);
     for a in [INTERNAL, PRIVATE, FLIP, UDP_ONLY, BOTH] {
         let l = TcpListener::bind((a, p1)).unwrap();
-        std::thread::spawn(move || accept_all(l));
+        accept_all(l);
     }
     for a in [UDP_ONLY, BOTH] {
         let u = UdpSocket::bind((a, p1)).unwrap();
-        std::thread::spawn(move || udp_echo(u));
+        udp_echo(u);
     }
 
     let bus = Bus::start();
@@ -353,7 +285,7 @@ fn in_netns() {
     std::fs::create_dir(&scripts).unwrap();
     std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755)).unwrap();
     let script = scripts.join("dns_rest.py");
-    std::fs::write(&script, SCRIPT).unwrap();
+    std::fs::write(&script, format!("{}{SCRIPT}", netns::PY_ATTEMPTS)).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
     let text = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: rest\ntenant: dns\nexec: {{ command: /usr/bin/python3, args: [{:?}, \"{p1}\"] }}\ncapabilities:\n  - fs.read: [{:?}]\n  - net.connect: [\"*.example.test:{p1}\", \"udp://{UDP_ONLY}:{p1}\", \"{BOTH}:{p1}\", \"10.50.0.0/16:{p1}\"]\nrestart: \"no\"\n",
@@ -504,26 +436,14 @@ print(json.dumps(out))
 #[test]
 fn a_tools_names_go_through_a_stub_of_its_own() {
     skip_unless_capable!();
-    if let Err(e) = agentosd::enforce::net::probe_load() {
-        common::skip(
-            "dns_rest",
-            &format!("the cgroup BPF programs cannot load here: {e}"),
-        );
-        return;
-    }
-    if !Path::new("/usr/bin/python3").exists() {
-        common::skip("dns_rest", "/usr/bin/python3 is needed for the tool");
+    if !netns::net_bpf_and_python("dns_rest") {
         return;
     }
     std::thread::spawn(tool_in_netns).join().unwrap();
 }
 
 fn tool_in_netns() {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    ip(&["link", "set", "lo", "up"]);
-    for a in [UPSTREAM, WWW, UDP_ONLY] {
-        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
-    }
+    netns::enter(&[UPSTREAM, WWW, UDP_ONLY]);
     let log = Arc::new(Mutex::new(Vec::new()));
     let flips = Arc::new(AtomicU32::new(0));
     let (l, f) = (log.clone(), flips.clone());
@@ -531,12 +451,12 @@ fn tool_in_netns() {
     std::thread::spawn(move || fake_upstream_udp(up, l, f));
     let s = TcpListener::bind((WWW, 0)).unwrap();
     let p = s.local_addr().unwrap().port();
-    std::thread::spawn(move || accept_all(s));
+    accept_all(s);
     let q = TcpListener::bind((UDP_ONLY, p)).unwrap();
-    std::thread::spawn(move || accept_all(q));
+    accept_all(q);
     for a in [WWW, UDP_ONLY] {
         let u = UdpSocket::bind((a, p)).unwrap();
-        std::thread::spawn(move || udp_echo(u));
+        udp_echo(u);
     }
 
     let bus = Bus::start();

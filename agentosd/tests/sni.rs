@@ -27,6 +27,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::netns::{self, results};
 use common::{Bus, Daemon, TestCgroup};
 
 /// api.example.test and www.cdn.test (one CDN address, two names).
@@ -262,29 +263,6 @@ fn fake_upstream(sock: UdpSocket) {
     }
 }
 
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().unwrap();
-    assert!(o.status.success(), "ip {args:?}: {o:?}");
-}
-
-fn results(log: &Path) -> Vec<(String, String)> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let text = common::agent_output(log);
-        if text.lines().any(|l| l == "done") {
-            return text
-                .lines()
-                .filter_map(|l| {
-                    let (name, rest) = l.split_once(' ')?;
-                    Some((name.to_string(), rest.trim_end().to_string()))
-                })
-                .collect();
-        }
-        assert!(Instant::now() < deadline, "agent did not finish:\n{text}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn checked_grants_let_only_the_granted_names_through_the_proxy() {
     skip_unless_capable!();
@@ -308,11 +286,7 @@ fn checked_grants_let_only_the_granted_names_through_the_proxy() {
 }
 
 fn in_netns() {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    ip(&["link", "set", "lo", "up"]);
-    for a in [CDN, OTHER, PLAIN, OPEN, UPSTREAM] {
-        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
-    }
+    netns::enter(&[CDN, OTHER, PLAIN, OPEN, UPSTREAM]);
     let up = UdpSocket::bind((UPSTREAM, 53)).unwrap();
     std::thread::spawn(move || fake_upstream(up));
 

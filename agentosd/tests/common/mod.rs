@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod models;
+pub mod netns;
 pub mod otlp;
 
 use std::io::{BufRead, BufReader};
