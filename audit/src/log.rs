@@ -1218,12 +1218,18 @@ impl Writer {
                 std::mem::replace(done, Done::Nothing).complete(Ok(*ack));
             }
         }
-        // When nothing else waits and the syncer is idle, sync here: one thread wake-up less,
-        // and nothing to overlap the sync with anyway. Otherwise hand the batch to the syncer
-        // and go on writing the next one while this one syncs (acknowledgements stay in order:
-        // the syncer takes batches in order, and this thread syncs only when it has none).
+        // When someone waits for this batch's sync, nothing else is queued and the syncer is
+        // idle, sync here: one thread wake-up less, and nothing to overlap the sync with anyway.
+        // Otherwise hand the batch to the syncer and go on writing the next one while this one
+        // syncs (acknowledgements stay in order: the syncer takes batches in order, and this
+        // thread syncs only when it holds none). A batch nobody waits on the sync of (only
+        // `written` records) always goes to the syncer: this thread stays free to write.
+        let waited = batch
+            .pending
+            .iter()
+            .any(|(d, ..)| matches!(d, Done::Slot(_) | Done::Callback(_)));
         if let Some(tx) = &self.syncer
-            && !(self.alone && self.in_flight.load(Ordering::Acquire) == 0)
+            && !(waited && self.alone && self.in_flight.load(Ordering::Acquire) == 0)
         {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             return tx.send(batch).map_err(|mut e| {
