@@ -1,5 +1,6 @@
 //! The writer: one thread owns the file, batches whatever is queued into one `write(2)`, makes it
-//! durable with one `fdatasync(2)`, and only then acknowledges every record of the batch.
+//! durable with one `fdatasync(2)`, and only then acknowledges every record of the batch (except
+//! records appended with [`Log::try_append_written`], acknowledged once written).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, Read as _, Seek as _, SeekFrom, Write as _};
@@ -693,7 +694,7 @@ impl Log {
     }
 
     /// Queues a record and calls `done` once it is durable (or failed). `done` runs on the
-    /// log's syncer thread: it must be quick (e.g. send on a `tokio::sync::oneshot`) and must not
+    /// log's syncer or writer thread: it must be quick (e.g. send on a `tokio::sync::oneshot`) and must not
     /// append to the log (that can deadlock against a full queue). Blocks while the queue is full.
     pub fn append_then(
         &self,
