@@ -1,6 +1,8 @@
 //! `Log::try_append_written`: acknowledged once the record's batch is in the file, before (and
 //! without waiting for) its `fdatasync`; failures fail closed.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::HashMap;
