@@ -14,6 +14,7 @@
 //! | tool server over a pipe | the same client starts the echo tool server itself and calls it over its stdin/stdout (no daemon) |
 //! | ping via agentosd | the client runs as an agent (own cgroup, uid, Landlock, seccomp); MCP `ping` is answered in the daemon's session |
 //! | tools/call via agentosd | the same agent calls the tool: ipc → gate → audit record committed (fdatasync) → proxied to the agent's echo server → result record queued → reply |
+//! | tools/call, `durability: written` | the same through a second manifest (`benchw`, `durability: written`): the allow record is written (not synced) before the tool runs; the group commit syncs it without the call waiting |
 //! | tools/call refused | a tool the contract does not grant: gate → deny record queued (not awaited) → error reply |
 //! | D-Bus | `ListAgents` on the daemon through the same private dbus-daemon (zbus, from the bench) |
 //! | fdatasync | one append of a 338-byte line + `fdatasync` on the state directory's file system (the disk's floor) |
