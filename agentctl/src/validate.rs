@@ -55,10 +55,14 @@ fn check_tool(path: &std::path::Path) -> FileResult {
         Ok(t) => (
             true,
             Some(format!(
-                "tool {} ({}, risk {:?}, timeout {} ms, {})",
+                "tool {} ({}, risk {:?}{}, timeout {} ms, {})",
                 t.name,
                 if t.is_mcp() { "mcp server" } else { "exec" },
                 t.risk,
+                match t.durability {
+                    contracts::tool::ToolDurability::Written => ", durability written",
+                    contracts::tool::ToolDurability::Sync => "",
+                },
                 t.timeout.as_millis(),
                 t.program().command.display()
             )),

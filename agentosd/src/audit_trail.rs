@@ -401,6 +401,18 @@ impl AuditTrail {
     /// Appends and waits until the record is durable, without blocking a runtime thread. A
     /// failure marks the trail failed.
     pub async fn commit(&self, rec: Record) -> Result<Ack, AppendError> {
+        self.commit_as(rec, false).await
+    }
+
+    /// Appends and waits until the record is written to the log file (`write(2)` done: it
+    /// survives a crash of the daemon), not until it is durable: the group commit that follows
+    /// at once syncs it without anyone waiting; a power cut may lose it. For tools whose
+    /// manifest says `durability: written`. A failure marks the trail failed, as `commit`.
+    pub async fn commit_written(&self, rec: Record) -> Result<Ack, AppendError> {
+        self.commit_as(rec, true).await
+    }
+
+    async fn commit_as(&self, rec: Record, written: bool) -> Result<Ack, AppendError> {
         let (log, shared) = self.log()?;
         self.summarised_charge(&rec);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -411,19 +423,27 @@ impl AuditTrail {
             }
             let _ = tx.send(r);
         };
-        match log.try_append_then(rec.clone(), done) {
+        let queued = match written {
+            true => log.try_append_written(rec.clone(), done),
+            false => log.try_append_then(rec.clone(), done),
+        };
+        match queued {
             Ok(()) => {}
             Err(AppendError::Full(_)) => {
                 // Back-pressure: wait for room off the runtime.
                 let (tx, rx2) = tokio::sync::oneshot::channel();
                 let s2 = shared.clone();
                 let res = tokio::task::spawn_blocking(move || {
-                    log.append_then(rec, move |r| {
+                    let done = move |r: Result<Ack, AppendError>| {
                         if let Err(e) = &r {
                             s2.fail(&e.to_string());
                         }
                         let _ = tx.send(r);
-                    })
+                    };
+                    match written {
+                        true => log.append_written_then(rec, done),
+                        false => log.append_then(rec, done),
+                    }
                 })
                 .await
                 .map_err(|_| AppendError::Abandoned)?;

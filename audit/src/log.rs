@@ -1,11 +1,12 @@
 //! The writer: one thread owns the file, batches whatever is queued into one `write(2)`, makes it
-//! durable with one `fdatasync(2)`, and only then acknowledges every record of the batch.
+//! durable with one `fdatasync(2)`, and only then acknowledges every record of the batch (except
+//! records appended with [`Log::try_append_written`], acknowledged once written).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, Read as _, Seek as _, SeekFrom, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
@@ -249,9 +250,14 @@ impl Slot {
     }
 }
 
+type Callback = Box<dyn FnOnce(Result<Ack, AppendError>) + Send>;
+
 enum Done {
     Slot(Arc<Slot>),
-    Callback(Box<dyn FnOnce(Result<Ack, AppendError>) + Send>),
+    Callback(Callback),
+    /// Called once the record's batch is written (before its `fdatasync`); see
+    /// [`Log::try_append_written`].
+    Written(Callback),
     Nothing,
 }
 
@@ -259,7 +265,7 @@ impl Done {
     fn complete(self, r: Result<Ack, AppendError>) {
         match self {
             Done::Slot(slot) => slot.complete(r),
-            Done::Callback(f) => f(r),
+            Done::Callback(f) | Done::Written(f) => f(r),
             Done::Nothing => {}
         }
     }
@@ -500,14 +506,16 @@ impl Log {
             path: path.clone(),
             file,
             key: opts.key.clone(),
-            committer: Some(Committer {
+            committer: Arc::new(Mutex::new(Committer {
                 path: path.clone(),
                 head_path,
                 journal: opts.journal.as_deref().and_then(Journal::connect),
                 head: None,
                 head_written: None,
-            }),
+            })),
             syncer: None,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            alone: false,
             spare: None,
             urgent: false,
             lazy_since: None,
@@ -686,19 +694,32 @@ impl Log {
     }
 
     /// Queues a record and calls `done` once it is durable (or failed). `done` runs on the
-    /// log's syncer thread: it must be quick (e.g. send on a `tokio::sync::oneshot`) and must not
+    /// log's syncer or writer thread: it must be quick (e.g. send on a `tokio::sync::oneshot`) and must not
     /// append to the log (that can deadlock against a full queue). Blocks while the queue is full.
     pub fn append_then(
         &self,
         rec: Record,
         done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
+        self.send_blocking(rec, Done::Callback(Box::new(done)))
+    }
+
+    /// Like [`Log::try_append_written`] but blocks while the queue is full.
+    pub fn append_written_then(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.send_blocking(rec, Done::Written(Box::new(done)))
+    }
+
+    fn send_blocking(&self, rec: Record, done: Done) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
         tx.send(Msg {
             kind: rec.kind,
             body,
             urgent: true,
-            done: Some(Done::Callback(Box::new(done))),
+            done: Some(done),
         })
         .map_err(|mpsc::SendError(mut m)| {
             // Report once, through the return value, not also through the completion.
@@ -715,7 +736,23 @@ impl Log {
         rec: Record,
         done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.try_append(rec, true, done)
+        self.try_append(rec, true, Done::Callback(Box::new(done)))
+    }
+
+    /// Like [`Log::try_append_then`], but `done` runs once the record's batch has been
+    /// written to the file (`write(2)` returned: the bytes are in the kernel's page cache, so
+    /// the record survives a crash of this process), before it is durable. The batch is written
+    /// at once (the record is urgent, never left lazy) and made durable by the group commit
+    /// that follows without delay; nobody waits for that `fdatasync`, and a power cut or kernel
+    /// crash before it may lose the record. If the write fails, `done` gets the error; if the
+    /// later sync fails, the log fails (nothing more is accepted) but `done` has already run.
+    /// `done` runs on the writer thread: the same rules as for `try_append_then`.
+    pub fn try_append_written(
+        &self,
+        rec: Record,
+        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
+    ) -> Result<(), AppendError> {
+        self.try_append(rec, true, Done::Written(Box::new(done)))
     }
 
     /// Like [`Log::try_append_then`] for a record nobody waits for: it is written and synced
@@ -727,21 +764,16 @@ impl Log {
         rec: Record,
         done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
     ) -> Result<(), AppendError> {
-        self.try_append(rec, false, done)
+        self.try_append(rec, false, Done::Callback(Box::new(done)))
     }
 
-    fn try_append(
-        &self,
-        rec: Record,
-        urgent: bool,
-        done: impl FnOnce(Result<Ack, AppendError>) + Send + 'static,
-    ) -> Result<(), AppendError> {
+    fn try_append(&self, rec: Record, urgent: bool, done: Done) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
         match tx.try_send(Msg {
             kind: rec.kind,
             body,
             urgent,
-            done: Some(Done::Callback(Box::new(done))),
+            done: Some(done),
         }) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(mut m)) => {
@@ -963,38 +995,39 @@ fn sync_loop(
     file: File,
     rx: Receiver<Batch>,
     spare: SyncSender<Vec<u8>>,
-    mut committer: Committer,
+    committer: Arc<Mutex<Committer>>,
+    in_flight: Arc<AtomicUsize>,
     shared: Arc<Shared>,
-) -> Committer {
+) {
     let mut batches: Vec<Batch> = Vec::new();
     while let Ok(b) = rx.recv() {
         batches.push(b);
         while let Ok(b) = rx.try_recv() {
             batches.push(b);
         }
-        let res = file
-            .sync_data()
-            .map_err(|e| {
-                shared.note_io(&e);
-                format!("fdatasync: {e}")
-            })
-            .and_then(|()| committer.ack(&mut batches, &shared));
+        let synced = file.sync_data().map_err(|e| {
+            shared.note_io(&e);
+            format!("fdatasync: {e}")
+        });
+        let mut c = committer.lock().unwrap_or_else(|p| p.into_inner());
+        let res = synced.and_then(|()| c.ack(&mut batches, &shared));
         if let Err(reason) = res {
             shared.fail(&reason);
             for b in batches.iter_mut() {
-                b.fail(&committer.path, &reason);
+                b.fail(&c.path, &reason);
             }
             for mut b in rx.iter() {
-                b.fail(&committer.path, &reason);
+                b.fail(&c.path, &reason);
             }
-            return committer;
+            return;
         }
+        drop(c);
+        in_flight.fetch_sub(batches.len(), Ordering::AcqRel);
         for mut b in batches.drain(..) {
             b.buf.clear();
             let _ = spare.try_send(b.buf);
         }
     }
-    committer
 }
 
 impl Shared {
@@ -1010,6 +1043,23 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+/// The next record from the queue, waiting at most `wake` (forever when `None`); `open` turns
+/// false when every sender is gone.
+fn next_msg(rx: &Receiver<Msg>, wake: Option<Duration>, open: &mut bool) -> Option<Msg> {
+    let r = match wake {
+        Some(wait) => rx.recv_timeout(wait),
+        None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
+    match r {
+        Ok(m) => Some(m),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => {
+            *open = false;
+            None
+        }
     }
 }
 
@@ -1029,10 +1079,14 @@ struct Writer {
     pending: Vec<(Done, Ack, Kind, usize, usize)>,
     /// A checkpoint in the batch being built.
     checkpoint: Option<Head>,
-    /// Acknowledges inline when there is no syncer thread.
-    committer: Option<Committer>,
+    /// Acknowledges durable batches: here when the writer syncs itself, else on the syncer.
+    committer: Arc<Mutex<Committer>>,
     /// To the syncer thread (group commit).
     syncer: Option<SyncSender<Batch>>,
+    /// Batches sent to the syncer and not yet acknowledged.
+    in_flight: Arc<AtomicUsize>,
+    /// Nothing else waits in the queue: the batch may be synced on this thread.
+    alone: bool,
     spare: Option<Receiver<Vec<u8>>>,
     /// The buffer holds a record someone waits for.
     urgent: bool,
@@ -1159,7 +1213,26 @@ impl Writer {
             return Err(reason);
         }
         self.end += batch.buf.len() as u64;
-        if let Some(tx) = &self.syncer {
+        // Written, not yet durable: acknowledge the records that asked for no more.
+        for (done, ack, ..) in batch.pending.iter_mut() {
+            if matches!(done, Done::Written(_)) {
+                std::mem::replace(done, Done::Nothing).complete(Ok(*ack));
+            }
+        }
+        // When someone waits for this batch's sync, nothing else is queued and the syncer is
+        // idle, sync here: one thread wake-up less, and nothing to overlap the sync with anyway.
+        // Otherwise hand the batch to the syncer and go on writing the next one while this one
+        // syncs (acknowledgements stay in order: the syncer takes batches in order, and this
+        // thread syncs only when it holds none). A batch nobody waits on the sync of (only
+        // `written` records) always goes to the syncer: this thread stays free to write.
+        let waited = batch
+            .pending
+            .iter()
+            .any(|(d, ..)| matches!(d, Done::Slot(_) | Done::Callback(_)));
+        if let Some(tx) = &self.syncer
+            && !(waited && self.alone && self.in_flight.load(Ordering::Acquire) == 0)
+        {
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
             return tx.send(batch).map_err(|mut e| {
                 let reason = shared
                     .failed()
@@ -1176,9 +1249,12 @@ impl Writer {
             });
         }
         let batches = std::slice::from_mut(&mut batch);
-        if let Some(c) = self.committer.as_mut() {
-            res = res.and_then(|()| c.ack(batches, shared));
-        }
+        res = res.and_then(|()| {
+            self.committer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .ack(batches, shared)
+        });
         if let Err(reason) = res {
             batch.fail(&self.path, &reason);
             return Err(reason);
@@ -1205,14 +1281,16 @@ impl Writer {
         let per_record = self.opts.durability == Durability::PerRecord;
         let mut syncer = None;
         if self.opts.durability == Durability::GroupCommit {
-            match (self.file.try_clone(), self.committer.take()) {
-                (Ok(file), Some(committer)) => {
+            match self.file.try_clone() {
+                Ok(file) => {
                     let (tx, brx) = mpsc::sync_channel(8);
                     let (spare_tx, spare_rx) = mpsc::sync_channel(8);
                     let sh = Arc::clone(&shared);
+                    let (committer, in_flight) =
+                        (Arc::clone(&self.committer), Arc::clone(&self.in_flight));
                     match std::thread::Builder::new()
                         .name("audit-sync".into())
-                        .spawn(move || sync_loop(file, brx, spare_tx, committer, sh))
+                        .spawn(move || sync_loop(file, brx, spare_tx, committer, in_flight, sh))
                     {
                         Ok(h) => {
                             self.syncer = Some(tx);
@@ -1222,11 +1300,12 @@ impl Writer {
                         Err(e) => shared.fail(&format!("cannot start the syncer thread: {e}")),
                     }
                 }
-                (Err(e), _) => shared.fail(&format!("cannot clone the log's descriptor: {e}")),
-                (_, None) => shared.fail("no committer"),
+                Err(e) => shared.fail(&format!("cannot clone the log's descriptor: {e}")),
             }
         }
         let mut open = shared.failed().is_none();
+        // A record taken while deciding whether the last batch was alone in the queue.
+        let mut carry: Option<Msg> = None;
         while open {
             let checkpoint_at = self
                 .first_uncovered
@@ -1238,22 +1317,9 @@ impl Writer {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let first = match wake {
-                Some(wait) => match rx.recv_timeout(wait) {
-                    Ok(m) => Some(m),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => {
-                        open = false;
-                        None
-                    }
-                },
-                None => match rx.recv() {
-                    Ok(m) => Some(m),
-                    Err(_) => {
-                        open = false;
-                        None
-                    }
-                },
+            let first = match carry.take() {
+                Some(m) => Some(m),
+                None => next_msg(&rx, wake, &mut open),
             };
             if let Some(m) = first {
                 self.take(m);
@@ -1274,6 +1340,10 @@ impl Writer {
             }
             self.urgent = false;
             self.lazy_since = None;
+            if open {
+                carry = rx.try_recv().ok();
+            }
+            self.alone = carry.is_none();
             if let Err(reason) = self.flush(&shared) {
                 shared.fail(&reason);
             }
@@ -1283,18 +1353,21 @@ impl Writer {
         }
         // Stop the syncer after it has acknowledged everything, then write the final head.
         self.syncer = None;
-        if let Some(h) = syncer {
-            match h.join() {
-                Ok(c) => self.committer = Some(c),
-                Err(_) => shared.fail("the syncer thread panicked"),
-            }
-        }
-        if let Some(c) = self.committer.as_mut()
-            && let Err(reason) = c.write_head(&shared)
+        if let Some(h) = syncer
+            && h.join().is_err()
         {
+            shared.fail("the syncer thread panicked");
+        }
+        let head = self
+            .committer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .write_head(&shared);
+        if let Err(reason) = head {
             shared.fail(&reason);
         }
         // Fail everything still queued; later senders get `Failed` from `append`.
+        drop(carry);
         if let Some(reason) = shared.failed() {
             while let Ok(mut m) = rx.try_recv() {
                 if let Some(d) = m.done.take() {

@@ -77,6 +77,29 @@ impl Risk {
     }
 }
 
+/// When a call's allow record must be on disk before the tool runs (`durability:` in the
+/// manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolDurability {
+    /// Written and `fdatasync`ed before the tool runs: survives a power cut (the default).
+    #[default]
+    Sync,
+    /// Written (`write(2)` done, in the kernel's page cache) before the tool runs, made durable
+    /// by the next group commit without the call waiting: survives a crash of the daemon, not a
+    /// power cut or a kernel crash.
+    Written,
+}
+
+impl ToolDurability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolDurability::Sync => "sync",
+            ToolDurability::Written => "written",
+        }
+    }
+}
+
 /// A program and how to start it. `args` may hold placeholders, expanded per caller by
 /// [`expand_args`]: `{state}`, `{agent}`, `{scratch}` anywhere in an argument; `{fs.read}`,
 /// `{fs.write}`, `{fs.exec}`, `{scope}` as a whole argument (one argument per entry).
@@ -160,6 +183,8 @@ pub struct ToolManifest {
     pub name: String,
     pub description: String,
     pub risk: Risk,
+    /// How durable the allow record is before the tool runs (default `sync`, whatever the risk).
+    pub durability: ToolDurability,
     /// Limit of one call.
     pub timeout: Duration,
     pub kind: ToolKind,
@@ -204,6 +229,7 @@ const TOP: &[&str] = &[
     "name",
     "description",
     "risk",
+    "durability",
     "timeout_ms",
     "exec",
     "mcp",
@@ -372,6 +398,13 @@ fn decode(root: &N, dec: &mut Dec, origin: &str) -> Option<ToolManifest> {
         },
         None => Risk::Medium,
     };
+    let durability = match f.get("durability") {
+        Some(n) => match dec.choice(n, "durability", &["sync", "written"]).as_deref() {
+            Some("written") => ToolDurability::Written,
+            _ => ToolDurability::Sync,
+        },
+        None => ToolDurability::Sync,
+    };
     let timeout = f
         .get("timeout_ms")
         .and_then(|n| dec.millis(n, "timeout_ms"))
@@ -460,6 +493,7 @@ fn decode(root: &N, dec: &mut Dec, origin: &str) -> Option<ToolManifest> {
         name: name?,
         description: description?,
         risk,
+        durability,
         timeout,
         kind: kind?,
         input_schema,
@@ -1147,6 +1181,22 @@ mod tests {
             crate::document_kind("  kind: Tool\n"),
             None,
             "top level only"
+        );
+    }
+
+    #[test]
+    fn durability_defaults_to_sync_whatever_the_risk() {
+        let base = "apiVersion: agentos/v0.2\nkind: Tool\nname: t.x\ndescription: d\nexec: { command: /bin/cat }\ninput_schema: {type: object}\n";
+        let m = parse_tool(&format!("{base}risk: low\n"), "t.yaml").unwrap();
+        assert_eq!(m.durability, ToolDurability::Sync);
+        let m = parse_tool(&format!("{base}durability: written\n"), "t.yaml").unwrap();
+        assert_eq!(m.durability, ToolDurability::Written);
+        let m = parse_tool(&format!("{base}durability: sync\n"), "t.yaml").unwrap();
+        assert_eq!(m.durability, ToolDurability::Sync);
+        let e = parse_tool(&format!("{base}durability: lazy\n"), "t.yaml").unwrap_err();
+        assert!(
+            e.to_string().contains("durability: unknown value \"lazy\""),
+            "{e}"
         );
     }
 

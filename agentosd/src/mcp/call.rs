@@ -6,6 +6,7 @@
 use std::time::{Instant, SystemTime};
 
 use audit::{Decision, Kind, Record};
+use contracts::tool::ToolDurability;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -81,9 +82,11 @@ impl McpService {
         {
             return end;
         }
-        // Durable before the tool can have an effect: fail closed when the trail cannot write.
+        // Recorded before the tool can have an effect (durable, or for `durability: written`
+        // tools written to the file): fail closed when the trail cannot write.
+        let written = self.tools().durability_of(name) == Some(ToolDurability::Written);
         if let Some(rec) = self.gate_record(ctx, Decision::Allow, call.base.clone())
-            && let Err(e) = self.commit(rec).await
+            && let Err(e) = self.commit(rec, written).await
         {
             call.ended(ToolOutcome::Unavailable);
             return Some(e.reply(id));
@@ -181,7 +184,7 @@ impl McpService {
         };
         if let Some(rec) =
             self.gate_record(ctx, Decision::Held, with(&call.base, "consent_id", req.id))
-            && let Err(e) = self.commit(rec).await
+            && let Err(e) = self.commit(rec, false).await
         {
             call.ended(ToolOutcome::Unavailable);
             return Err(Some(e.reply(id)));
@@ -230,7 +233,7 @@ impl McpService {
                 .agent_record(Kind::Consent, &call.ctx.tenant, &call.ctx.name)
                 .decision(decision)
                 .detail(detail);
-            self.commit(rec).await?;
+            self.commit(rec, false).await?;
         }
         Ok(decision)
     }
@@ -337,16 +340,17 @@ impl McpService {
         }
     }
 
-    /// Writes `rec` durably and waits for it; [`Unavailable`] when the trail cannot.
-    async fn commit(&self, rec: Record) -> Result<(), Unavailable> {
-        match self.audit() {
-            Some(t) => t
-                .commit(rec)
-                .await
-                .map(|_| ())
-                .map_err(|e| Unavailable(e.to_string())),
-            None => Ok(()),
-        }
+    /// Writes `rec` durably (or, `written`, to the file without waiting for its sync) and
+    /// waits for it; [`Unavailable`] when the trail cannot.
+    async fn commit(&self, rec: Record, written: bool) -> Result<(), Unavailable> {
+        let Some(t) = self.audit() else {
+            return Ok(());
+        };
+        let res = match written {
+            true => t.commit_written(rec).await,
+            false => t.commit(rec).await,
+        };
+        res.map(|_| ()).map_err(|e| Unavailable(e.to_string()))
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use contracts::tool::{Risk, ToolManifest};
+use contracts::tool::{Risk, ToolDurability, ToolManifest};
 use serde_json::Value;
 
 use crate::cgroup::Cgroup;
@@ -365,6 +365,11 @@ impl Tools {
     /// The capability that grants `tool_name`, without running anything (for the gate).
     pub fn capability_of(&self, tool_name: &str) -> Option<String> {
         self.manifest_of(tool_name).map(|m| m.name.clone())
+    }
+
+    /// How durable the allow record of a call to `tool_name` must be before the tool runs.
+    pub fn durability_of(&self, tool_name: &str) -> Option<ToolDurability> {
+        self.manifest_of(tool_name).map(|m| m.durability)
     }
 
     /// The manifest and, for a proxied tool, the server's tool name.

@@ -14,6 +14,7 @@
 //! | tool server over a pipe | the same client starts the echo tool server itself and calls it over its stdin/stdout (no daemon) |
 //! | ping via agentosd | the client runs as an agent (own cgroup, uid, Landlock, seccomp); MCP `ping` is answered in the daemon's session |
 //! | tools/call via agentosd | the same agent calls the tool: ipc → gate → audit record committed (fdatasync) → proxied to the agent's echo server → result record queued → reply |
+//! | tools/call, `durability: written` | the same through a second manifest (`benchw`, `durability: written`): the allow record is written (not synced) before the tool runs; the group commit syncs it without the call waiting |
 //! | tools/call refused | a tool the contract does not grant: gate → deny record queued (not awaited) → error reply |
 //! | D-Bus | `ListAgents` on the daemon through the same private dbus-daemon (zbus, from the bench) |
 //! | fdatasync | one append of a 338-byte line + `fdatasync` on the state directory's file system (the disk's floor) |
@@ -102,6 +103,8 @@ pub struct ClientArgs {
 
 /// The tool the agents call: the echo server's `echo`, behind the `bench` manifest.
 const TOOL: &str = "bench.echo";
+/// The same server behind a manifest with `durability: written`.
+const WRITTEN_TOOL: &str = "benchw.echo";
 /// An installed tool the contracts do not grant.
 const DENIED_TOOL: &str = "denied.noop";
 
@@ -271,6 +274,7 @@ impl Conn {
 enum Mode {
     Ping,
     Call,
+    Written,
     Denied,
     Echo,
 }
@@ -280,9 +284,10 @@ fn parse_modes(s: &str) -> Result<Vec<Mode>> {
         .map(|m| match m.trim() {
             "ping" => Ok(Mode::Ping),
             "call" => Ok(Mode::Call),
+            "written" => Ok(Mode::Written),
             "denied" => Ok(Mode::Denied),
             "echo" => Ok(Mode::Echo),
-            other => bail!("unknown mode {other:?} (ping, call, denied, echo)"),
+            other => bail!("unknown mode {other:?} (ping, call, written, denied, echo)"),
         })
         .collect()
 }
@@ -291,6 +296,7 @@ fn mode_name(m: Mode) -> &'static str {
     match m {
         Mode::Ping => "ping",
         Mode::Call => "call",
+        Mode::Written => "written",
         Mode::Denied => "denied",
         Mode::Echo => "echo",
     }
@@ -306,7 +312,12 @@ fn round_trip(c: &mut Conn, mode: Mode, tool: &str, buf: &mut String) -> Result<
         Mode::Ping | Mode::Echo => {
             let _ = write!(buf, r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
         }
-        Mode::Call => {
+        Mode::Call | Mode::Written => {
+            let tool = if mode == Mode::Written {
+                WRITTEN_TOOL
+            } else {
+                tool
+            };
             let _ = write!(
                 buf,
                 r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"text":"hello"}}}}}}"#
@@ -542,6 +553,13 @@ fn bench(
             .replace("EXE", &exe.display().to_string())
             .replace("BIN", &l.bin.display().to_string()),
     )?;
+    std::fs::write(
+        tools.join("benchw.yaml"),
+        ECHO_MANIFEST
+            .replace("name: bench\n", "name: benchw\ndurability: written\n")
+            .replace("EXE", &exe.display().to_string())
+            .replace("BIN", &l.bin.display().to_string()),
+    )?;
     std::fs::write(tools.join("denied.yaml"), DENIED_MANIFEST)?;
     let env = Env::launch(
         &l,
@@ -577,6 +595,7 @@ fn bench(
         "denied",
         "dbus",
         "fdatasync",
+        "written",
     ];
     let mut samples: Vec<Vec<u64>> = vec![Vec::new(); names.len()];
     let floor_sock = dir.join("floor.sock");
@@ -635,10 +654,10 @@ fn bench(
         let name = format!("seq-{r}");
         let home_out = env.home(&name).join("out");
         // $HOME is only known inside the agent; the path is the same.
-        let args = client_args("ping,call,denied", &home_out);
-        env.start_agent(&name, &args)?;
+        let args = client_args("ping,call,denied,written", &home_out);
+        env.start_agent_with(&name, &args, &["bench", "benchw"], "")?;
         env.wait_for(std::slice::from_ref(&name), "done", 3600)?;
-        for (i, m) in [(2, "ping"), (3, "call"), (4, "denied")] {
+        for (i, m) in [(2, "ping"), (3, "call"), (4, "denied"), (7, "written")] {
             samples[i].extend(
                 read_samples(&env.home(&name).join(format!("out-{m}.bin")))?
                     .iter()
@@ -805,6 +824,7 @@ fn bench(
         "`tools/call` refused by the gate (not granted; record queued, not awaited)",
         "D-Bus: `ListAgents` via dbus-daemon (zbus)",
         "disk: append 338 B + `fdatasync`",
+        "**`tools/call` via agentosd, `durability: written`** (allow record written, synced by the group commit without waiting)",
     ];
     let floor = &dists[0];
     println!(
@@ -833,8 +853,12 @@ fn bench(
         );
     }
     let (pipe, ping, call, denied) = (&dists[1], &dists[2], &dists[3], &dists[4]);
+    let written = &dists[7];
     let gate =
         |pm: usize| call.p(pm) as i64 - ping.p(pm) as i64 - pipe.p(pm) as i64 + floor.p(pm) as i64;
+    let gate_w = |pm: usize| {
+        written.p(pm) as i64 - ping.p(pm) as i64 - pipe.p(pm) as i64 + floor.p(pm) as i64
+    };
     println!("\nDifferences of the distributions above (percentile minus percentile):\n");
     println!("| difference | p50 µs | p99 µs |");
     println!("|---|---:|---:|");
@@ -852,6 +876,17 @@ fn bench(
         "| **gate + audit + proxy** = (tools/call − ping via agentosd) − (pipe − floor) | **{:+.1}** | **{:+.1}** |",
         gate(500) as f64 / 1000.0,
         gate(990) as f64 / 1000.0
+    );
+    println!(
+        "| **gate + audit + proxy, `durability: written`** = (written tools/call − ping) − (pipe − floor) | **{:+.1}** | **{:+.1}** |",
+        gate_w(500) as f64 / 1000.0,
+        gate_w(990) as f64 / 1000.0
+    );
+    let sync = &dists[6];
+    println!(
+        "| gate + audit + proxy − one fdatasync (sync level; the goal: ≤ 30 / ≤ 50) | {:+.1} | {:+.1} |",
+        (gate(500) - sync.p(500) as i64) as f64 / 1000.0,
+        (gate(990) - sync.p(990) as i64) as f64 / 1000.0
     );
     println!(
         "| refused − ping via agentosd (gate decision + queued record, no sync) | {} | {} |",
