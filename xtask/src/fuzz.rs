@@ -18,6 +18,7 @@ pub const TARGETS: &[(&str, &str)] = &[
     ("contract", "contract and tool-manifest parsers"),
     ("ipc_lines", "line framing of agent sockets"),
     ("dns", "DNS stub wire code: queries, answers"),
+    ("sniff", "SNI/Host proxy: ClientHello, HTTP head"),
     ("jsonrpc", "JSON-RPC/MCP parse and dispatch"),
     ("tool_args", "tool-argument schema checks"),
     ("audit_reader", "audit reader/verifier, any bytes"),
