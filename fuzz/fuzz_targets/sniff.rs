@@ -39,7 +39,9 @@ fuzz_target!(|data: &[u8]| {
             match client_hello_sni(&data[..c]) {
                 Ok(None) => {}
                 Ok(Some(n)) => assert_eq!(n, name, "a prefix of {c} bytes read another name"),
-                Err(e) => panic!("a prefix of {c} bytes was refused ({e:?}) though the whole reads {name:?}"),
+                Err(e) => panic!(
+                    "a prefix of {c} bytes was refused ({e:?}) though the whole reads {name:?}"
+                ),
             }
         }
     }
@@ -52,8 +54,13 @@ fuzz_target!(|data: &[u8]| {
         for c in cuts(data.len()) {
             match request_head(&data[..c]) {
                 Ok(None) => {}
-                Ok(Some(h)) => assert_eq!(h.host, head.host, "a prefix of {c} bytes read another Host"),
-                Err(e) => panic!("a prefix of {c} bytes was refused ({e:?}) though the whole reads {:?}", head.host),
+                Ok(Some(h)) => {
+                    assert_eq!(h.host, head.host, "a prefix of {c} bytes read another Host")
+                }
+                Err(e) => panic!(
+                    "a prefix of {c} bytes was refused ({e:?}) though the whole reads {:?}",
+                    head.host
+                ),
             }
         }
     }
