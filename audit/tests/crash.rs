@@ -172,30 +172,7 @@ fn a_failed_write_fails_closed() {
     let dir = tempfile::tempdir().unwrap();
     let path = honest_log(dir.path(), 3);
     let limit = std::fs::metadata(&path).unwrap().len() + 20_000;
-    // SIGXFSZ ignored (inherited through exec), so the write returns EFBIG instead of killing.
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --ignored --exact full_child --nocapture --test-threads=1"
-        ))
-        .arg(std::env::current_exe().unwrap())
-        .env(FULL_ENV, dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let acks: HashMap<u64, String> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("ACK "))
-        .map(|l| {
-            let (s, h) = l.split_once(' ').unwrap();
-            (s.parse().unwrap(), h.to_string())
-        })
-        .collect();
+    let (stdout, acks) = run_with_fsize_limit("full_child", FULL_ENV, dir.path(), limit);
     assert!(acks.len() > 10, "{stdout}");
     let err = stdout
         .lines()

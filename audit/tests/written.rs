@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -172,29 +171,7 @@ fn a_failed_write_fails_written_records_closed() {
     let dir = tempfile::tempdir().unwrap();
     let path = honest_log(dir.path(), 3);
     let limit = std::fs::metadata(&path).unwrap().len() + 20_000;
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --ignored --exact written_full_child --nocapture --test-threads=1"
-        ))
-        .arg(std::env::current_exe().unwrap())
-        .env(ENV, dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let acks: HashMap<u64, String> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("ACK "))
-        .map(|l| {
-            let (s, h) = l.split_once(' ').unwrap();
-            (s.parse().unwrap(), h.to_string())
-        })
-        .collect();
+    let (stdout, acks) = run_with_fsize_limit("written_full_child", ENV, dir.path(), limit);
     assert!(acks.len() > 10, "{stdout}");
     let err = stdout.lines().find(|l| l.starts_with("ERR ")).unwrap();
     assert!(

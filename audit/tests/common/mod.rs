@@ -59,3 +59,39 @@ pub fn write_lines(path: &Path, lines: &[String]) {
 pub fn offset_of(lines: &[String], i: usize) -> u64 {
     lines[..i].iter().map(|l| l.len() as u64 + 1).sum()
 }
+
+/// Runs the ignored test `child` of this test binary (exactly) with `env` = `dir`, its file size
+/// limited to `limit` bytes (`prlimit --fsize`) and SIGXFSZ ignored (inherited through exec), so
+/// a write past it returns EFBIG instead of killing; asserts it exited 0 and returns its stdout
+/// with the sequence numbers and hashes of its `ACK SEQ HASH` lines.
+pub fn run_with_fsize_limit(
+    child: &str,
+    env: &str,
+    dir: &Path,
+    limit: u64,
+) -> (String, std::collections::HashMap<u64, String>) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; exec prlimit --fsize={limit} -- \"$0\" --ignored --exact {child} --nocapture --test-threads=1"
+        ))
+        .arg(std::env::current_exe().unwrap())
+        .env(env, dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACK "))
+        .map(|l| {
+            let (s, h) = l.split_once(' ').unwrap();
+            (s.parse().unwrap(), h.to_string())
+        })
+        .collect();
+    (stdout, acks)
+}
