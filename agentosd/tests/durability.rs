@@ -228,14 +228,6 @@ fn the_allow_record_is_in_the_file_before_the_tool_runs_at_both_levels() {
     assert_eq!(o.status.code(), Some(0), "{}", common::output_text(&o));
 }
 
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// Fail closed at both levels: with the audit file system full, calls to the `written` tool are
 /// refused with -32005 like calls to the `sync` tool, and no tool runs without its record.
 #[test]
@@ -245,20 +237,7 @@ fn a_written_tool_is_refused_when_the_audit_trail_cannot_write() {
     let cg = TestCgroup::new("durability-full");
     let s = Setup::new();
     let audit = s.dir.path().join("audit");
-    std::fs::create_dir(&audit).unwrap();
-    let st = std::process::Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m,mode=0700",
-            "agentos-test-audit",
-        ])
-        .arg(&audit)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount tmpfs on {}", audit.display());
-    let _mounted = Mounted(audit.clone());
+    let _mounted = common::Tmpfs::mount(&audit, "agentos-test-audit", "1m", "0700").unwrap();
     std::fs::write(s.marker.join("release"), "").unwrap();
     let d = s.daemon(&bus, &cg);
     // Fewer than the per-agent limit of calls in flight.

@@ -643,15 +643,6 @@ fn the_example_notes_agent_counts_words_through_tools() {
     assert_eq!(total["notes"], 2);
 }
 
-/// Unmounts a file system this test mounted, on drop.
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// Fail closed: when the audit trail cannot record the decision (its file system is full), a
 /// tool call is refused with -32005 and the tool does not run. The file system is filled while
 /// the agent waits; records still fit in the log's last partly written page, so the agent makes
@@ -667,20 +658,7 @@ fn a_tool_call_is_refused_when_the_audit_trail_cannot_write() {
     chmod(dir.path(), 0o711);
     // The daemon's audit directory on a small tmpfs of our own.
     let audit = dir.path().join("audit");
-    std::fs::create_dir(&audit).unwrap();
-    let st = std::process::Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=1m,mode=0700",
-            "agentos-test-audit",
-        ])
-        .arg(&audit)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount tmpfs on {}", audit.display());
-    let _mounted = Mounted(audit.clone());
+    let _mounted = common::Tmpfs::mount(&audit, "agentos-test-audit", "1m", "0700").unwrap();
     let files = dir.path().join("t");
     let marker = dir.path().join("marker");
     for d in [&files, &marker] {

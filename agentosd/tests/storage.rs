@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Bus, Daemon, TestCgroup, audit, audit_records as records, contract, output_text as text,
+    Bus, Daemon, TestCgroup, Tmpfs, audit, audit_records as records, contract, output_text as text,
 };
 
 const TICKER: &str =
@@ -120,45 +120,6 @@ fn wait_answer(
             d.log_text()
         );
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A tmpfs of our own, unmounted (lazily if busy) on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        let o = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
-            .arg("tmpfs")
-            .arg(dir)
-            .output()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !o.status.success() {
-            return Err(format!(
-                "mount -t tmpfs: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ));
-        }
-        Ok(Tmpfs(dir.to_path_buf()))
-    }
-
-    fn avail(&self) -> u64 {
-        let s = rustix::fs::statvfs(&self.0).unwrap();
-        s.f_bavail * s.f_frsize
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
     }
 }
 
@@ -296,7 +257,7 @@ struct Bed {
 impl Bed {
     fn new() -> Option<Bed> {
         let base = tempfile::tempdir().unwrap();
-        let fs = match Tmpfs::mount(&base.path().join("state"), "24m") {
+        let fs = match Tmpfs::mount(&base.path().join("state"), "tmpfs", "24m", "0755") {
             Ok(m) => m,
             Err(why) => {
                 common::skip(module_path!(), &format!("cannot mount a tmpfs: {why}"));

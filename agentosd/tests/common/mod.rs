@@ -716,3 +716,45 @@ pub fn assert_refusals_rate_limited(
     );
     assert!(counted > 0, "nothing counted: {refused} records");
 }
+
+/// A tmpfs of a test's own on `dir` (made if missing), unmounted (lazily if busy) on drop.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    /// `mount -t tmpfs -o size=SIZE,mode=MODE NAME DIR`.
+    pub fn mount(dir: &Path, name: &str, size: &str, mode: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode={mode}")])
+            .arg(name)
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "mount -t tmpfs on {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Bytes an unprivileged writer may still use.
+    pub fn avail(&self) -> u64 {
+        let s = rustix::fs::statvfs(&self.0).expect("statvfs of the tmpfs");
+        s.f_bavail * s.f_frsize
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
