@@ -402,29 +402,11 @@ print(json.dumps(out))
         dir.path(),
         &["--tools-dir", tools.to_str().unwrap()],
     );
-    let requests = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"udp.probe","arguments":{}}}"#,
-    ];
-    let bridge = Path::new(common::bridge_bin());
-    let bin_dir = bridge.parent().unwrap().display().to_string();
-    let script = format!(
-        "printf '%s\\n' {} | {}; echo bridge-exit=$?",
-        requests
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        bridge.display()
-    );
+    let (exec, bin_dir) = common::bridge_call_exec("udp.probe");
     let c = common::contract(
         dir.path(),
         "netuser",
-        &format!(
-            "{{ command: /bin/sh, args: [\"-c\", {}] }}",
-            serde_json::to_string(&script).unwrap()
-        ),
+        &exec,
         &format!(
             "restart: {{ policy: \"no\" }}\ncapabilities:\n  - udp.probe\n  - net.connect: [\"127.0.0.1:9\"]\n\
              \x20 - fs.read: [\"{bin_dir}\"]\n  - fs.exec: [/usr, /bin, /lib, \"{bin_dir}\"]\n"

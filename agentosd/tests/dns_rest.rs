@@ -491,29 +491,11 @@ fn tool_in_netns() {
             tools.to_str().unwrap(),
         ],
     );
-    let requests = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"dns.probe","arguments":{}}}"#,
-    ];
-    let bridge = Path::new(common::bridge_bin());
-    let bin_dir = bridge.parent().unwrap().display().to_string();
-    let script = format!(
-        "printf '%s\\n' {} | {}; echo bridge-exit=$?",
-        requests
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        bridge.display()
-    );
+    let (exec, bin_dir) = common::bridge_call_exec("dns.probe");
     let c = common::contract(
         dir.path(),
         "tooluser",
-        &format!(
-            "{{ command: /bin/sh, args: [\"-c\", {}] }}",
-            serde_json::to_string(&script).unwrap()
-        ),
+        &exec,
         &format!(
             "restart: {{ policy: \"no\" }}\ncapabilities:\n  - dns.probe\n  - net.connect: {grants}\n\
              \x20 - fs.read: [\"{bin_dir}\"]\n  - fs.exec: [/usr, /bin, /lib, \"{bin_dir}\"]\n"

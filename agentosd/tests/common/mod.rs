@@ -758,3 +758,36 @@ impl Drop for Tmpfs {
         }
     }
 }
+
+/// An agent's `exec:` (YAML flow form) that pipes `initialize` and one `tools/call` of `tool` (no
+/// arguments) into the agentos-mcp bridge and prints `bridge-exit=N`; and the bridge's
+/// directory, which the agent's contract must let it read and execute.
+pub fn bridge_call_exec(tool: &str) -> (String, String) {
+    let requests = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string(),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+        ),
+    ];
+    let bridge = Path::new(bridge_bin());
+    let bin_dir = bridge
+        .parent()
+        .expect("the bridge's directory")
+        .display()
+        .to_string();
+    let script = format!(
+        "printf '%s\\n' {} | {}; echo bridge-exit=$?",
+        requests
+            .iter()
+            .map(|r| format!("'{r}'"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        bridge.display()
+    );
+    let exec = format!(
+        "{{ command: /bin/sh, args: [\"-c\", {}] }}",
+        serde_json::to_string(&script).expect("a string")
+    );
+    (exec, bin_dir)
+}
