@@ -37,6 +37,22 @@ fn under(path: &str, prefix: &str) -> bool {
         || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
 }
 
+/// The rights of `read_exec` and `read_write` paths. (Named, not written `READ | EXEC` in
+/// place: on disjoint bits `|` and `^` are the same, a mutant no test could tell apart.)
+const READ_EXEC: u8 = READ | EXEC;
+const READ_WRITE: u8 = READ | WRITE;
+
+/// The longest directory of `s` (normalised, `PATH_KEY` bytes or more) whose trie key (the path
+/// and a `/`) fits in `PATH_KEY` bytes: `s` up to the last `/` among its first `PATH_KEY`
+/// bytes, `/` if that is the first. A `/` is one ASCII byte, so the cut never falls inside a
+/// character of a non-ASCII name.
+fn widened(s: &str) -> &str {
+    match s.as_bytes()[..PATH_KEY].iter().rposition(|&b| b == b'/') {
+        Some(0) | None => "/",
+        Some(i) => &s[..i],
+    }
+}
+
 /// `/a/b/` → `/a/b`; `//` → `/`; relative paths are not scopes (`None`).
 fn normalise(p: &Path) -> Option<String> {
     let s = p.to_str()?;
@@ -75,8 +91,8 @@ impl Policy {
         let mut p = Policy::default();
         let sets: [(&[PathBuf], u8); 3] = [
             (&plan.read, READ),
-            (&plan.read_exec, READ | EXEC),
-            (&plan.read_write, READ | WRITE),
+            (&plan.read_exec, READ_EXEC),
+            (&plan.read_write, READ_WRITE),
         ];
         let mut own: BTreeMap<String, u8> = BTreeMap::new();
         for (paths, bits) in sets {
@@ -91,11 +107,7 @@ impl Policy {
                 };
                 if s.len() >= PATH_KEY {
                     // Widen to the longest directory that fits (Landlock keeps the exact scope).
-                    let mut cut = s[..PATH_KEY - 1].to_string();
-                    match cut.rfind('/') {
-                        Some(0) | None => cut = "/".into(),
-                        Some(i) => cut.truncate(i),
-                    }
+                    let cut = widened(&s).to_string();
                     p.notes.push(format!(
                         "filesystem (BPF LSM): {} is longer than {} bytes; checked as {cut} (Landlock enforces the exact path)",
                         path.display(),
@@ -122,8 +134,10 @@ impl Policy {
     /// gives it.
     pub fn granted(&self, path: &str) -> u8 {
         let path = if path.len() > PATH_KEY {
-            // The program looks up the first PATH_KEY bytes (without a trailing '/').
-            &path[..PATH_KEY]
+            // The program looks up the first PATH_KEY bytes (without a trailing '/'). A prefix
+            // whose key fits ends, with its `/`, on a character boundary within them: the
+            // boundary at or below PATH_KEY loses no match.
+            &path[..path.floor_char_boundary(PATH_KEY)]
         } else {
             path
         };
@@ -257,6 +271,57 @@ mod tests {
         assert_eq!(p.granted(&format!("{long}/f")), READ);
         assert_eq!(p.granted("/data/y"), READ);
         assert_eq!(p.granted("/other"), 0);
+    }
+
+    /// The widened prefix is the longest directory whose key fits, whatever the bytes around
+    /// the cut: a `/` at the last byte that fits, one just past it, a character of two or three
+    /// bytes across the limit (a cut inside it would panic the daemon), no `/` at all after the
+    /// first.
+    #[test]
+    fn long_prefixes_widen_to_the_longest_directory_that_fits() {
+        let k = PATH_KEY;
+        // `/` + name: the first component fills `len` bytes (including its `/`).
+        let dir = |len: usize| format!("/{}", "d".repeat(len - 1));
+        let cases: Vec<(String, String)> = vec![
+            // A `/` at byte k-1: the directory before it has k-1 bytes, its key ("…/") k.
+            (format!("{}/tail", dir(k - 1)), dir(k - 1)),
+            // A `/` at byte k: its directory's key would take k+1 bytes; the one before fits.
+            (format!("{}/{}/tail", dir(10), "e".repeat(k - 11)), dir(10)),
+            // Two-byte characters across the limit, at either parity.
+            (format!("{}/{}", dir(20), "é".repeat(200)), dir(20)),
+            (format!("{}/x{}", dir(20), "é".repeat(200)), dir(20)),
+            // A three-byte character across the limit (bytes k-2 to k).
+            (format!("{}/{}€€€", dir(30), "f".repeat(k - 33)), dir(30)),
+            // One component longer than the key: the root.
+            (format!("/{}", "g".repeat(k + 5)), "/".to_string()),
+        ];
+        for (long, want) in cases {
+            assert!(long.len() >= k);
+            let p = Policy::from_plan(&plan(&[&long], &[], &[]), &no_links);
+            let got: Vec<&String> = p.prefixes.keys().collect();
+            assert_eq!(got, vec![&want], "{long}");
+            assert!(want.len() < k, "{want}: its key must fit");
+            assert_eq!(p.notes.len(), 1);
+            assert!(
+                p.notes[0].contains(&format!("checked as {want} ")),
+                "{:?}",
+                p.notes
+            );
+            // What the program would grant under it (mirrored), cut at any byte.
+            assert_eq!(p.granted(&format!("{long}/f")), READ, "{long}");
+            for (key, _) in p.keys(1) {
+                let bytes = if want == "/" { 1 } else { want.len() + 1 };
+                assert_eq!(key.prefix_len() as usize, 64 + 8 * bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn exec_and_write_paths_get_read_too() {
+        let p = Policy::from_plan(&plan(&["/r"], &["/x"], &["/w"]), &no_links);
+        assert_eq!(p.granted("/r/f"), READ);
+        assert_eq!(p.granted("/x/f"), READ | EXEC);
+        assert_eq!(p.granted("/w/f"), READ | WRITE);
     }
 
     #[test]
