@@ -419,3 +419,6 @@ impl PreparedSandbox {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests;

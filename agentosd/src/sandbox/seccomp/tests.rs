@@ -282,3 +282,35 @@ fn policy_compiles_and_lists_the_dangerous_syscalls() {
         assert!(s == "clone" || plain == 0, "{s} must stay allowed");
     }
 }
+
+/// What the daemon installs comes from the per-shape cache: it must be the compiled program,
+/// instruction for instruction, for every shape, and a tool's is the least strict agent's.
+#[test]
+fn cached_programs_are_the_compiled_ones() {
+    let same = |a: &[Vec<libc::sock_filter>], b: &[Vec<libc::sock_filter>]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(p, q)| {
+                p.len() == q.len()
+                    && p.iter()
+                        .zip(q)
+                        .all(|(x, y)| (x.code, x.jt, x.jf, x.k) == (y.code, y.jt, y.jf, y.k))
+            })
+    };
+    for (connect, bind) in [(false, false), (true, false), (false, true), (true, true)] {
+        let shape = NetShape::for_grants(connect, bind);
+        let fresh = compile(shape).unwrap();
+        // Twice: the first fills the cache, the second reads it back.
+        assert!(same(&compiled_for(shape).unwrap(), &fresh), "{shape:?}");
+        assert!(same(&compiled_for(shape).unwrap(), &fresh), "{shape:?}");
+    }
+    let tool = compiled().unwrap();
+    assert!(same(
+        &tool,
+        &compile(NetShape::for_grants(true, true)).unwrap()
+    ));
+    // Not trivially so: the strictest and the least strict shapes differ.
+    assert!(!same(
+        &compiled_for(NetShape::for_grants(false, false)).unwrap(),
+        &tool
+    ));
+}

@@ -355,3 +355,22 @@ fn checked_grants_are_name_grants_with_their_check() {
         Err(PolicyError::Checked(_))
     ));
 }
+
+/// The daemon's resolver for tools' and DNS-less agents' host names is the system's: a name the
+/// host knows (`localhost`, in every /etc/hosts) gives its loopback addresses, sorted and
+/// without repeats; a name that cannot exist (`.invalid`, RFC 6761) is an error, which grants
+/// nothing.
+#[test]
+fn the_system_resolver_answers_with_the_hosts_addresses() {
+    let v = system_resolve("localhost").expect("localhost resolves");
+    assert!(!v.is_empty());
+    assert!(v.iter().all(IpAddr::is_loopback), "{v:?}");
+    let mut sorted = v.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(v, sorted);
+    assert!(system_resolve("no-such-host.invalid").is_err());
+    // The policy built with it grants localhost's addresses on the port.
+    let p = policy_from_scopes(&["localhost:8080".into()], &system_resolve).unwrap();
+    assert!(p.describe().contains("8080"), "{}", p.describe());
+}
