@@ -124,13 +124,7 @@ fn steps(log: &Path) -> Vec<Value> {
 
 /// The daemon's resident memory in bytes (`VmRSS` of /proc/PID/status).
 fn rss(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"));
-    kb * 1024
+    common::mem::hwm_rss_kib(pid).1 * 1024
 }
 
 /// The daemon's CPU time so far, all threads, user and system (seconds).

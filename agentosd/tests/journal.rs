@@ -233,6 +233,7 @@ fn a_flooding_agent_gets_a_capped_journal() {
         &["--log-journal-max", "1048576", "--log-rate", "65536"]
     );
     // About 8 MiB in a burst, then quiet.
+    let mem = common::mem::MemWatch::start(d.pid(), "8 MiB burst on stdout (journal)");
     let script = r#"yes 'flood flood flood flood flood flood flood flood flood flood' | head -c 8388608; echo done-flooding; sleep 600"#;
     let f = contract(
         dir.path(),
@@ -275,4 +276,5 @@ fn a_flooding_agent_gets_a_capped_journal() {
         raw.blocks() * 512,
         raw.len()
     );
+    mem.finish(Duration::from_secs(1), 32);
 }

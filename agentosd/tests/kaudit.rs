@@ -387,6 +387,7 @@ fn an_endless_landlock_denial_loop_costs_the_daemon_a_bounded_share() {
         r#"{ command: /usr/bin/perl, args: ["-e", "$n = 0; while (1) { open(my $f, '<', '/etc/hostname') and die 'opened'; $n++ }"] }"#,
         "",
     );
+    let mem = common::mem::MemWatch::start(d.pid(), "Landlock denial loop (kaudit)");
     d.ctl_ok(&["start", looper.to_str().unwrap()]);
     d.wait_state("looper", "running", 10);
     std::thread::sleep(Duration::from_secs(1));
@@ -415,4 +416,5 @@ fn an_endless_landlock_denial_loop_costs_the_daemon_a_bounded_share() {
         share * 100.0
     );
     d.ctl_ok(&["stop", "looper"]);
+    mem.finish(Duration::from_secs(2), 64);
 }

@@ -1167,6 +1167,8 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
             .unwrap_or(0)
     };
     let before = daemon_fds();
+    let mem =
+        common::mem::MemWatch::start(s.d.pid(), "slowloris on the model gateway (64 connections)");
     run_agent(
         &s,
         "flooder",
@@ -1209,4 +1211,5 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
         "agentctl list took {:?}",
         t0.elapsed()
     );
+    mem.finish(Duration::from_secs(1), 64);
 }

@@ -378,6 +378,7 @@ fn an_endless_denial_flood_costs_the_daemon_a_bounded_share_and_never_its_answer
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let d = Daemon::start(&bus, &cg.path, &state);
+    let mem = common::mem::MemWatch::start(d.pid(), "refused sendto flood (netbpf)");
     let log = start_flooder(&d, dir.path(), 1_000_000_000);
     std::thread::sleep(Duration::from_secs(1));
     let (c0, t0) = (cpu_time(d.pid()), Instant::now());
@@ -409,6 +410,7 @@ fn an_endless_denial_flood_costs_the_daemon_a_bounded_share_and_never_its_answer
         share * 100.0
     );
     d.ctl_ok(&["stop", "net/flood"]);
+    mem.finish(Duration::from_secs(2), 64);
 }
 
 /// A flood of denied sendto: every denial is either an audit record or counted in a

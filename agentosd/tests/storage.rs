@@ -479,6 +479,7 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
     let b = contract(bed.base.path(), "b", TICKER, "");
     d.ctl_ok(&["start", a.to_str().unwrap()]);
     d.wait_state("a", "running", 10);
+    let mem = common::mem::MemWatch::start(d.pid(), "storage filled under a refusal flood");
     let marks = start_work_and_flood(d, bed.base.path());
 
     // Below the reserve (8 MiB): 4 MiB left. Said over D-Bus and by agentctl status.
@@ -523,6 +524,7 @@ fn a_full_disk_is_a_state_and_the_daemon_recovers_by_itself() {
 
     d.ctl_ok(&["stop", "b"]);
     d.wait_state("b", "inactive", 10);
+    mem.finish(Duration::from_secs(1), 64);
     records_after_recovery(&state);
     d.ctl_ok(&["stop", "a"]);
     d.wait_state("a", "inactive", 10);
