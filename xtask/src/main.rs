@@ -130,7 +130,7 @@ fn cargo(args: &[&str]) -> Result<()> {
     cargo_with(args, &[])
 }
 
-fn cargo_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
+pub(crate) fn cargo_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Result<()> {
     cargo_within(args, env, None)
 }
 
@@ -241,6 +241,10 @@ fn test(host_only: bool, allow_skips: bool) -> Result<()> {
     // random inputs each (stable toolchain; the long runs are `cargo xtask fuzz`).
     let targets: Vec<&str> = fuzz::TARGETS.iter().map(|(n, _)| *n).collect();
     fuzz_replay::run(&targets, 5)?;
+    // The short mutation run: every mutant of the contract scope parser and the audit
+    // verifier must be caught (≈ 7 min here after cargo-mutants is built; the agentosd
+    // targets, which rebuild the daemon per mutant, are `cargo xtask mutants --only NAME`).
+    mutants::short(15)?;
     if model_peers.is_none() {
         eprintln!(
             "xtask test: the model tests were SKIPPED (model peers not installed; run `cargo \
