@@ -419,7 +419,7 @@ pub async fn run(opts: Options) -> Result<()> {
         info!("{line}");
     }
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
-        let status = format!("managing {} agents", sup.agents().len());
+        let status = format!("managing {} agents", sup.count());
         if let Err(e) = sd_notify::notify(&[
             sd_notify::NotifyState::Ready,
             sd_notify::NotifyState::Status(&status),
@@ -430,7 +430,7 @@ pub async fn run(opts: Options) -> Result<()> {
     info!(
         "ready in {:?}: {} agents, bus name {SERVICE}, cgroup root {}",
         t0.elapsed(),
-        sup.agents().len(),
+        sup.count(),
         root.display()
     );
 
