@@ -191,6 +191,16 @@ pub struct RunArgs {
     /// fails)
     #[arg(long, global = true, default_value_t = 1.0, value_name = "SECONDS")]
     pub storage_check_interval: f64,
+    /// Uids (= gids) handed to agents, one per agent ever started here (kept across restarts).
+    /// The default, systemd's DynamicUser range, holds 4 336 agents; for more give a range above
+    /// 65535, e.g. 131072-196607 (docs/daemon.md, "Limits")
+    #[arg(
+        long,
+        global = true,
+        default_value = "61184-65519",
+        value_name = "FIRST-LAST"
+    )]
+    pub agent_uids: crate::sandbox::identity::UidRange,
 }
 
 #[derive(Subcommand, Debug)]

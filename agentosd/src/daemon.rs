@@ -86,6 +86,8 @@ pub struct Options {
     pub storage_reserve: crate::storage::Reserve,
     /// How often the reserve is checked (`--storage-check-interval`).
     pub storage_check_interval: Duration,
+    /// Uids handed to agents (`--agent-uids`); see sandbox/identity.rs.
+    pub agent_uids: crate::sandbox::identity::UidRange,
 }
 
 impl Default for Options {
@@ -121,6 +123,7 @@ impl Default for Options {
             otlp: None,
             storage_reserve: Default::default(),
             storage_check_interval: crate::storage::DEFAULT_CHECK_INTERVAL,
+            agent_uids: Default::default(),
         }
     }
 }
@@ -359,6 +362,30 @@ fn setup_models(
 /// Run the daemon until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<()> {
     let t0 = Instant::now();
+    if crate::sandbox::identity::set_range(opts.agent_uids).is_err()
+        && crate::sandbox::identity::range() != opts.agent_uids
+    {
+        bail!(
+            "--agent-uids {}-{}: this process already hands out {:?}",
+            opts.agent_uids.first,
+            opts.agent_uids.last,
+            crate::sandbox::identity::range()
+        );
+    }
+    info!(
+        "agent uids {}-{}: {} agents",
+        opts.agent_uids.first,
+        opts.agent_uids.last,
+        opts.agent_uids.len()
+    );
+    // Before the ipc ring sizes its table of registered files by it.
+    match crate::sys::rlimit::raise_nofile() {
+        Ok(n) => info!("{}", crate::sys::rlimit::describe(&n)),
+        Err(e) => warn!(
+            "{e}: keeping {}",
+            crate::sys::rlimit::describe(&crate::sys::rlimit::nofile())
+        ),
+    }
     let (root, delegated) = resolve_cgroup_root(opts.cgroup_root.as_deref())?;
     if delegated || opts.cgroup_root.is_some() {
         Cgroup::new(&root)
@@ -392,7 +419,7 @@ pub async fn run(opts: Options) -> Result<()> {
         info!("{line}");
     }
     if std::env::var_os("NOTIFY_SOCKET").is_some() {
-        let status = format!("managing {} agents", sup.agents().len());
+        let status = format!("managing {} agents", sup.count());
         if let Err(e) = sd_notify::notify(&[
             sd_notify::NotifyState::Ready,
             sd_notify::NotifyState::Status(&status),
@@ -403,7 +430,7 @@ pub async fn run(opts: Options) -> Result<()> {
     info!(
         "ready in {:?}: {} agents, bus name {SERVICE}, cgroup root {}",
         t0.elapsed(),
-        sup.agents().len(),
+        sup.count(),
         root.display()
     );
 

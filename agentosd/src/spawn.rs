@@ -334,6 +334,11 @@ unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
             // and the Landlock ruleset stay usable until then).
             stage = 6;
             ok = close_range_cloexec(3) == 0;
+            if ok {
+                // The open-file limit the daemon was started with, not the one it raised.
+                stage = 7;
+                ok = crate::sys::rlimit::restore_nofile_in_child() == 0;
+            }
             if ok && c.keep_fd >= 0 {
                 ok = libc::fcntl(c.keep_fd, libc::F_SETFD, 0) == 0;
             }
@@ -424,6 +429,10 @@ fn wait_exec(rd: OwnedFd, child: Child, cmd: &Command) -> Result<Child, SpawnErr
         3 => ("chdir to", cmd.cwd.display().to_string()),
         5 => ("sched_setattr(SCHED_DEADLINE) for", program),
         6 => ("close_range(3, ~0, CLOSE_RANGE_CLOEXEC) for", program),
+        7 => (
+            "setrlimit(RLIMIT_NOFILE) back to the daemon's inherited limit for",
+            program,
+        ),
         s => (crate::sandbox::stage_name(s).unwrap_or("execve"), program),
     };
     Err(SpawnError::Child {

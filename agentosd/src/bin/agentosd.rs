@@ -125,10 +125,16 @@ fn main() -> anyhow::Result<()> {
                     "{}",
                     agentosd::storage::check_line(reserve, &audit, &r.state_dir)
                 );
+                // What the daemon would get: it raises its soft limit to the hard one.
+                let nofile = agentosd::sys::rlimit::raise_nofile()
+                    .unwrap_or_else(|_| agentosd::sys::rlimit::nofile());
+                println!("{}", agentosd::sys::rlimit::describe(&nofile));
             }
             std::process::exit(code)
         }
         Some(Cmd::Run) | None => {
+            // Before any thread exists (sys/malloc.rs says why).
+            let arenas = agentosd::sys::malloc::limit_arenas();
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_env("AGENTOSD_LOG")
@@ -138,6 +144,10 @@ fn main() -> anyhow::Result<()> {
                 // No colour codes in the journal or a log file.
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
+            match arenas {
+                Some(n) => tracing::info!("malloc: {n} arena (MALLOC_ARENA_MAX overrides)"),
+                None => tracing::info!("malloc: arenas as the environment or libc sets them"),
+            }
             let r = cli.run;
             let opts = agentosd::daemon::Options {
                 state_dir: r.state_dir,
@@ -210,6 +220,7 @@ fn main() -> anyhow::Result<()> {
                 storage_check_interval: Duration::from_secs_f64(
                     r.storage_check_interval.clamp(0.01, 3600.0),
                 ),
+                agent_uids: r.agent_uids,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -302,7 +302,7 @@ async fn n_agents_changed(
 ) {
     let (Ok(iface), n) = (
         zbus::names::InterfaceName::try_from(agentos_api::MANAGER_IFACE),
-        sup.agents().len() as u32,
+        sup.count() as u32,
     ) else {
         return;
     };

@@ -33,6 +33,7 @@ pub use halves::{Inbox, Outbox};
 use halves::{OutboxInner, inbound_len};
 pub use lines::LineSplitter;
 pub use peer::{identify, parse_proc_cgroup, relative_to};
+pub use ring::MAX_FIXED_FILES;
 
 use crate::sys::SyscallError;
 use ring::Cmd;
@@ -71,6 +72,10 @@ pub struct Limits {
     /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
     /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
     pub nice: Option<i32>,
+    /// Sockets the ring keeps in its io_uring table of registered files instead of the
+    /// process's fd table (see ring/mod.rs); the rest take ordinary fds. None: as many as the
+    /// kernel allows (RLIMIT_NOFILE), at most 65 536.
+    pub fixed_files: Option<u32>,
 }
 
 impl Default for Limits {
@@ -86,6 +91,7 @@ impl Default for Limits {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             agent_rate: rate::DEFAULT_AGENT_RATE,
             nice: None,
+            fixed_files: None,
         }
     }
 }
@@ -239,6 +245,8 @@ pub struct IpcStats {
     pub stalled: u64,
     /// Times the ring stopped reading a connection because its agent was over its rate.
     pub rate_pauses: u64,
+    /// Listeners and connections held in the ring's table of registered files (no fd each).
+    pub parked: u64,
 }
 
 /// Errors of the ipc layer.
@@ -299,6 +307,7 @@ struct Counters {
     outbound_pauses: AtomicU64,
     stalled: AtomicU64,
     rate_pauses: AtomicU64,
+    parked: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -461,6 +470,7 @@ impl IpcServer {
             outbound_pauses: l(&c.outbound_pauses),
             stalled: l(&c.stalled),
             rate_pauses: l(&c.rate_pauses),
+            parked: l(&c.parked),
         }
     }
 

@@ -306,9 +306,13 @@ impl McpService {
         };
         let mut initialized = false;
         while let Some(msg) = rx.recv().await {
-            match msg {
-                Inbound::TooLong { len } => {
-                    s.reply(jsonrpc::error(
+            // Boxed: a session waits for its next line most of its life (every running agent
+            // keeps one on its inherited connection), and the handling of a line (a whole tool
+            // call) need not be part of what it keeps while it waits.
+            Box::pin(async {
+                match msg {
+                    Inbound::TooLong { len } => {
+                        s.reply(jsonrpc::error(
                         &Value::Null,
                         jsonrpc::INVALID_REQUEST,
                         &format!(
@@ -318,38 +322,42 @@ impl McpService {
                         Value::Null,
                     ))
                     .await;
-                }
-                Inbound::Line(line) => match parse_off_worker(line).await {
-                    Incoming::Invalid { id, code, message } => {
-                        s.reply(jsonrpc::error(&id, code, &message, Value::Null))
-                            .await;
                     }
-                    Incoming::Response => {}
-                    Incoming::Notification { method, params } => s.notification(&method, &params),
-                    Incoming::Request { id, method, params } => {
-                        if method == "initialize" {
-                            initialized = true;
-                            let r = self.initialize(&s.ctx, &params);
-                            s.reply(jsonrpc::result(&id, r)).await;
-                        } else if method == "ping" {
-                            s.reply(jsonrpc::result(&id, json!({}))).await;
-                        } else if !initialized {
-                            s.reply(jsonrpc::error(
-                                &id,
-                                jsonrpc::NOT_INITIALIZED,
-                                &format!(
-                                    "send \"initialize\" before \"{}\"",
-                                    jsonrpc::quote(&method)
-                                ),
-                                Value::Null,
-                            ))
-                            .await;
-                        } else {
-                            s.request(id, method, params).await;
+                    Inbound::Line(line) => match parse_off_worker(line).await {
+                        Incoming::Invalid { id, code, message } => {
+                            s.reply(jsonrpc::error(&id, code, &message, Value::Null))
+                                .await;
                         }
-                    }
-                },
-            }
+                        Incoming::Response => {}
+                        Incoming::Notification { method, params } => {
+                            s.notification(&method, &params)
+                        }
+                        Incoming::Request { id, method, params } => {
+                            if method == "initialize" {
+                                initialized = true;
+                                let r = self.initialize(&s.ctx, &params);
+                                s.reply(jsonrpc::result(&id, r)).await;
+                            } else if method == "ping" {
+                                s.reply(jsonrpc::result(&id, json!({}))).await;
+                            } else if !initialized {
+                                s.reply(jsonrpc::error(
+                                    &id,
+                                    jsonrpc::NOT_INITIALIZED,
+                                    &format!(
+                                        "send \"initialize\" before \"{}\"",
+                                        jsonrpc::quote(&method)
+                                    ),
+                                    Value::Null,
+                                ))
+                                .await;
+                            } else {
+                                s.request(id, method, params).await;
+                            }
+                        }
+                    },
+                }
+            })
+            .await;
         }
         // The peer stopped sending. Calls in flight still finish and are answered (a client
         // may half-close after its last request, as a shell pipeline into agentos-mcp does);

@@ -9,11 +9,98 @@ use std::sync::Mutex;
 
 use crate::safe_fs;
 
-/// First and last uid handed to agents (systemd: 61184-65519).
+/// First and last uid handed to agents by default (systemd's `DynamicUser=` range,
+/// 61184-65519: 4 336 agents).
 pub const UID_MIN: u32 = 61184;
 pub const UID_MAX: u32 = 65519;
 
 static ALLOC: Mutex<()> = Mutex::new(());
+
+/// The range this daemon hands out (`--agent-uids`), set once at start; the default range when
+/// never set.
+static RANGE: std::sync::OnceLock<UidRange> = std::sync::OnceLock::new();
+
+/// A range of uids (= gids) for agents, first to last inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl Default for UidRange {
+    fn default() -> Self {
+        UidRange {
+            first: UID_MIN,
+            last: UID_MAX,
+        }
+    }
+}
+
+impl UidRange {
+    /// How many agents it holds.
+    pub fn len(&self) -> u32 {
+        self.last - self.first + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn contains(&self, uid: u32) -> bool {
+        (self.first..=self.last).contains(&uid)
+    }
+}
+
+impl std::str::FromStr for UidRange {
+    type Err = String;
+
+    /// `FIRST-LAST`: above the uids of people and system users (61184 and up), not reaching
+    /// the overflow uid 65534, 65535 (the 16-bit -1) or 2^31 and above (negative as `uid_t` to
+    /// some tools).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s.split_once('-').ok_or_else(|| {
+            format!("agent uid range {s:?}: write FIRST-LAST, e.g. 131072-196607")
+        })?;
+        let num = |t: &str| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|e| format!("agent uid range {s:?}: {t:?}: {e}"))
+        };
+        let r = UidRange {
+            first: num(a)?,
+            last: num(b)?,
+        };
+        if r.first > r.last {
+            return Err(format!("agent uid range {s:?}: FIRST is above LAST"));
+        }
+        if r.first < UID_MIN {
+            return Err(format!(
+                "agent uid range {s:?} starts below {UID_MIN}: uids below that belong to people and system users"
+            ));
+        }
+        if r.contains(65534) || r.contains(65535) {
+            return Err(format!(
+                "agent uid range {s:?} holds 65534 (nobody) or 65535: use {UID_MIN}-{UID_MAX} or a range above 65535, e.g. 131072-196607"
+            ));
+        }
+        if r.last >= 1 << 31 {
+            return Err(format!(
+                "agent uid range {s:?} reaches 2^31: some tools read such uids as negative"
+            ));
+        }
+        Ok(r)
+    }
+}
+
+/// Use `r` for agents' uids from now on (once, at start; later calls are refused).
+pub fn set_range(r: UidRange) -> Result<(), UidRange> {
+    RANGE.set(r)
+}
+
+/// The range in use.
+pub fn range() -> UidRange {
+    RANGE.get().copied().unwrap_or_default()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -24,8 +111,11 @@ pub enum IdentityError {
         #[source]
         source: io::Error,
     },
-    #[error("no free uid left in {UID_MIN}-{UID_MAX}")]
-    Exhausted,
+    #[error(
+        "no free uid left in {first}-{last} ({n} agents have one); give agentosd a wider range with --agent-uids (docs/daemon.md, \"Limits\")",
+        n = last - first + 1
+    )]
+    Exhausted { first: u32, last: u32 },
     #[error(transparent)]
     Fs(#[from] safe_fs::SafeFsError),
     #[error(
@@ -53,18 +143,24 @@ fn uid_in_passwd(uid: u32) -> bool {
 
 /// Pick a uid for `id`: the recorded one, else the first free one starting at a hash of the id
 /// (stable across hosts for the same agent). Pure apart from `taken`.
-pub fn choose(id: &str, used: &BTreeMap<String, u32>, taken: impl Fn(u32) -> bool) -> Option<u32> {
+pub fn choose(
+    id: &str,
+    range: UidRange,
+    used: &BTreeMap<String, u32>,
+    taken: impl Fn(u32) -> bool,
+) -> Option<u32> {
     if let Some(u) = used.get(id) {
         return Some(*u);
     }
-    let span = UID_MAX - UID_MIN + 1;
+    let span = range.len();
     let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
     let start = (h % span as u64) as u32;
+    let in_use: std::collections::HashSet<u32> = used.values().copied().collect();
     (0..span)
-        .map(|i| UID_MIN + (start + i) % span)
-        .find(|u| !used.values().any(|v| v == u) && !taken(*u))
+        .map(|i| range.first + (start + i) % span)
+        .find(|u| !in_use.contains(u) && !taken(*u))
 }
 
 /// The agent's uid (= gid), allocating and recording one on first use.
@@ -79,7 +175,11 @@ pub fn uid_for(state_dir: &Path, id: &str) -> Result<u32, IdentityError> {
     if let Some(u) = used.get(id) {
         return Ok(*u);
     }
-    let uid = choose(id, &used, uid_in_passwd).ok_or(IdentityError::Exhausted)?;
+    let r = range();
+    let uid = choose(id, r, &used, uid_in_passwd).ok_or(IdentityError::Exhausted {
+        first: r.first,
+        last: r.last,
+    })?;
     used.insert(id.to_string(), uid);
     std::fs::create_dir_all(state_dir).map_err(io_err("create", state_dir))?;
     let tmp = path.with_extension("json.tmp");
@@ -153,15 +253,53 @@ mod tests {
     #[test]
     fn uids_are_stable_distinct_and_in_range() {
         let mut used = BTreeMap::new();
-        let a = choose("t/a", &used, |_| false).unwrap();
+        let r = UidRange::default();
+        let a = choose("t/a", r, &used, |_| false).unwrap();
         assert!((UID_MIN..=UID_MAX).contains(&a));
-        assert_eq!(choose("t/a", &used, |_| false), Some(a));
+        assert_eq!(choose("t/a", r, &used, |_| false), Some(a));
         used.insert("t/a".into(), a);
         // a taken uid is skipped
-        let b = choose("t/b", &used, |u| u != a && u % 2 == 0).unwrap();
+        let b = choose("t/b", r, &used, |u| u != a && u % 2 == 0).unwrap();
         assert!(b != a && b % 2 == 1);
         used.insert("t/b".into(), b);
-        assert_eq!(choose("t/b", &used, |_| true), Some(b));
+        assert_eq!(choose("t/b", r, &used, |_| true), Some(b));
+    }
+
+    #[test]
+    fn a_range_holds_as_many_agents_as_uids_and_no_more() {
+        let r: UidRange = "131072-131081".parse().unwrap();
+        let mut used = BTreeMap::new();
+        for i in 0..10 {
+            let id = format!("t/a{i}");
+            let u = choose(&id, r, &used, |_| false).expect("a free uid");
+            assert!(r.contains(u), "{u} outside {r:?}");
+            assert!(!used.values().any(|v| *v == u), "{u} given twice");
+            used.insert(id, u);
+        }
+        assert_eq!(choose("t/eleventh", r, &used, |_| false), None);
+        // The agents that have one keep it.
+        assert_eq!(
+            choose("t/a3", r, &used, |_| false),
+            used.get("t/a3").copied()
+        );
+    }
+
+    #[test]
+    fn uid_ranges_are_checked() {
+        let ok: UidRange = "131072-196607".parse().unwrap();
+        assert_eq!((ok.first, ok.last, ok.len()), (131072, 196607, 65536));
+        assert_eq!("61184-65519".parse::<UidRange>(), Ok(UidRange::default()));
+        for (bad, says) in [
+            ("1000-2000", "below 61184"),
+            ("61184-70000", "65534"),
+            ("200000-100000", "above LAST"),
+            ("131072", "FIRST-LAST"),
+            ("131072-x", "\"x\""),
+            ("2147483000-2147483648", "2^31"),
+        ] {
+            let e = bad.parse::<UidRange>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

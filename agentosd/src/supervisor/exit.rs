@@ -30,12 +30,20 @@ impl Supervisor {
     pub(super) fn watch(self: &Arc<Self>, agent: Arc<Agent>, generation: u64, pidfd: Arc<OwnedFd>) {
         let sup = self.clone();
         tokio::spawn(async move {
-            sup.watch_loop(agent, generation, pidfd).await;
+            let status = wait_exit(&pidfd).await;
+            // What follows the exit (teardown, a restart: a whole launch) is boxed, so the task
+            // every running agent keeps while it waits is only the wait's size.
+            Box::pin(sup.on_main_exit(agent, generation, pidfd, status)).await;
         });
     }
 
-    async fn watch_loop(self: Arc<Self>, agent: Arc<Agent>, generation: u64, pidfd: Arc<OwnedFd>) {
-        let status = wait_exit(&pidfd).await;
+    async fn on_main_exit(
+        self: Arc<Self>,
+        agent: Arc<Agent>,
+        generation: u64,
+        pidfd: Arc<OwnedFd>,
+        status: ExitStatus,
+    ) {
         let pid = {
             let mut i = lock(&agent.inner);
             let pid = i.main_pid;

@@ -339,6 +339,12 @@ impl Supervisor {
         lock(&self.agents).values().cloned().collect()
     }
 
+    /// How many agents the registry holds (without copying it, unlike `agents().len()`: this
+    /// is asked at every start and removal).
+    pub fn count(&self) -> usize {
+        lock(&self.agents).len()
+    }
+
     /// Find an agent by `tenant/name`, or by `name` when only one tenant has it.
     pub fn find(&self, key: &str) -> Result<Arc<Agent>, Error> {
         let agents = lock(&self.agents);

@@ -12,6 +12,8 @@
 //! - [`bpf`]: `bpf(2)` for the probe (load a trivial program, create a ring buffer).
 //! - [`io_uring`]: `io_uring_setup(2)` for the probe.
 //! - [`mountinfo`]: `/proc/self/mountinfo` parsed (where cgroup2 and cgroup v1 live).
+//! - [`rlimit`]: the daemon's open-file limit, raised at start and given back to its children.
+//! - [`malloc`]: glibc's malloc arenas, limited at start (memory per agent).
 //!
 //! Wrappers used by the daemon proper return [`SyscallError`] (naming the call and its object);
 //! those used only by the probe return the bare [`nix::errno::Errno`] the probe classifies.
@@ -23,9 +25,11 @@ pub mod clone;
 pub mod creds;
 pub mod io_uring;
 pub mod landlock;
+pub mod malloc;
 pub mod mountinfo;
 pub mod pidfd;
 pub mod process;
+pub mod rlimit;
 pub mod sched;
 pub mod seccomp;
 

@@ -881,10 +881,7 @@ fn suite(filter: Option<&str>) -> i32 {
                 .strip_prefix("uid=")
                 .and_then(|r| r.split_whitespace().next())
                 .and_then(|u| u.parse::<u32>().ok())
-                .is_some_and(|u| {
-                    (agentosd::sandbox::identity::UID_MIN..=agentosd::sandbox::identity::UID_MAX)
-                        .contains(&u)
-                });
+                .is_some_and(|u| agentosd::sandbox::identity::range().contains(u));
             if !uid_ok || checks.iter().any(|c| !detail.contains(c)) {
                 failures.push(format!("identity: unexpected {detail}"));
                 continue;

@@ -44,7 +44,18 @@ pub struct ScaleArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Uids for the agents (agentosd's `--agent-uids`); needed above 4 336 agents, the size of
+    /// its default range, e.g. 131072-196607.
+    #[arg(long, value_name = "FIRST-LAST")]
+    pub agent_uids: Option<String>,
+    /// Keep the agents running this many seconds after the last checkpoint, before stopping
+    /// them (to look at the daemon: /proc/PID/smaps, a heap profiler).
+    #[arg(long, default_value_t = 0)]
+    pub hold: u64,
 }
+
+/// Agents agentosd's default uid range (61184-65519) holds.
+const DEFAULT_AGENT_UIDS: usize = 4336;
 
 /// One row of the report.
 struct Point {
@@ -265,7 +276,16 @@ fn bench(
 ) -> Result<()> {
     let l = Layout::new(dir)?;
     let audit = l.state.join("audit");
-    let extra: Vec<OsString> = vec!["--bpf-pin-dir".into(), "none".into()];
+    let mut extra: Vec<OsString> = vec!["--bpf-pin-dir".into(), "none".into()];
+    match &a.agent_uids {
+        Some(r) => extra.extend(["--agent-uids".into(), r.into()]),
+        None if a.agents > DEFAULT_AGENT_UIDS => bail!(
+            "{} agents need more uids than agentosd's default range holds ({DEFAULT_AGENT_UIDS}): \
+             pass --agent-uids, e.g. 131072-196607",
+            a.agents
+        ),
+        None => {}
+    }
     let env = Env::launch(&l, bin_dir, cgroup_root, &audit, &extra, procs)?;
     let mut points = vec![measure(&env, 0, a.samples)?];
     let mut at: Vec<usize> =
@@ -307,6 +327,13 @@ fn bench(
         .count();
     if running != a.agents {
         bail!("{running} of {} agents running after the starts", a.agents);
+    }
+    if a.hold > 0 {
+        eprintln!(
+            "bench scale: holding {} agents for {} s (agentosd PID {})",
+            a.agents, a.hold, env.daemon_pid
+        );
+        std::thread::sleep(Duration::from_secs(a.hold));
     }
     let t1 = Instant::now();
     let stops: Vec<(String, String)> = (0..a.agents)

@@ -9,9 +9,10 @@ use super::NetError;
 
 /// The default root of the bpffs pins (`agentosd --bpf-pin-dir`).
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/agentos";
-/// Version of the pinned maps' layout (`ebpf/intf.h`): a daemon with another layout uses its
-/// own maps and removes the old ones once its links are pinned.
-const MAPS_LAYOUT: &str = "maps-v4";
+/// Version of the pinned maps' layout (`ebpf/intf.h`: keys, values and sizes): a daemon with
+/// another layout uses its own maps and removes the old ones once its links are pinned. v5: the
+/// maps hold 16 384 agents (4 096 before; a daemon taking over the smaller maps would stop there).
+const MAPS_LAYOUT: &str = "maps-v5";
 /// Maps kept across daemons (the ring buffer too: denials while the daemon was down are read by
 /// the next one).
 /// `net_names` and `dns_orig` too: addresses learnt from DNS stay allowed, and replies to queries
@@ -21,7 +22,7 @@ pub(super) const PINNED_MAPS: [&str; 5] =
 
 /// The bpffs directory that holds one daemon's pins: `ROOT/net-CGID` where CGID is the id of the
 /// `agents` cgroup the programs are attached to (so daemons on other cgroup roots never share
-/// pins), with `maps-v4/` (the maps) and `links/PROGRAM-GENERATION` (the links).
+/// pins), with `maps-v5/` (the maps) and `links/PROGRAM-GENERATION` (the links).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pins {
     pub dir: PathBuf,

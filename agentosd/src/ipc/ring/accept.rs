@@ -33,9 +33,11 @@ impl Ring {
     }
 
     pub(super) fn maybe_remove_listener(&mut self, id: u64) {
-        if self.listeners.get(&id).is_some_and(|l| l.dead && !l.busy) {
-            // Closing the fd drops connections still in its backlog: their peers see EOF.
-            self.listeners.remove(&id);
+        if self.listeners.get(&id).is_some_and(|l| l.dead && !l.busy)
+            && let Some(l) = self.listeners.remove(&id)
+        {
+            // Closing the socket drops connections still in its backlog: their peers see EOF.
+            self.release(l.fd);
         }
     }
 
@@ -53,13 +55,15 @@ impl Ring {
             return;
         };
         l.busy = true;
-        let e = opcode::Accept::new(
-            types::Fd(l.fd.as_raw_fd()),
+        // The accepted socket is an ordinary fd: the peer check reads its credentials, then
+        // `admit` parks it.
+        let e = on_sock!(&l.fd, |t| opcode::Accept::new(
+            t,
             std::ptr::null_mut(),
-            std::ptr::null_mut(),
+            std::ptr::null_mut()
         )
         .flags(libc::SOCK_CLOEXEC)
-        .build()
+        .build())
         .user_data(ud(K_ACCEPT, id));
         // SAFETY: no address buffer is passed (null addr/addrlen); the listening fd stays open
         // until the listener is removed, which waits for `busy` to clear on this CQE.
@@ -72,12 +76,15 @@ impl Ring {
         unsafe { self.push(e) };
     }
 
-    pub(super) fn retry_poll(&mut self, kind: u64, id: u64, fd: i32, events: i16) {
-        let e = opcode::PollAdd::new(types::Fd(fd), events as u32)
-            .build()
+    /// Poll connection `id` for `events`, completing as `kind`.
+    pub(super) fn retry_poll(&mut self, kind: u64, id: u64, events: i16) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let e = on_sock!(&c.fd, |t| opcode::PollAdd::new(t, events as u32).build())
             .user_data(ud(kind, id));
-        // SAFETY: POLL_ADD references no memory; the fd belongs to a connection that is only
-        // removed once this completion (its busy flag) has been seen.
+        // SAFETY: POLL_ADD references no memory; the socket belongs to a connection that is only
+        // removed (and its socket closed) once this completion (its busy flag) has been seen.
         unsafe { self.push(e) };
     }
 
@@ -238,6 +245,7 @@ impl Ring {
         if let Some(e) = self.agents.get_mut(agent) {
             e.conns.insert(id);
         }
+        let fd = self.park(fd);
         self.conns.insert(
             id,
             Conn {
@@ -247,7 +255,8 @@ impl Ring {
                 fd,
                 bytes,
                 over_since: None,
-                rbuf: vec![0u8; RECV_BUF].into_boxed_slice(),
+                rbuf: None,
+                ready: false,
                 split: LineSplitter::new(self.limits.max_line),
                 pending: VecDeque::new(),
                 in_tx: Some(in_tx),

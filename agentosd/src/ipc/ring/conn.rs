@@ -17,6 +17,11 @@ impl Conn {
     }
 }
 
+/// A receive buffer; its pages are touched only by what is received into it.
+fn new_recv_buf() -> Box<[u8]> {
+    vec![0u8; RECV_BUF].into_boxed_slice()
+}
+
 impl Ring {
     pub(super) fn submit_recv(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else {
@@ -32,18 +37,52 @@ impl Ring {
             return;
         };
         c.recv_busy = true;
-        let e = opcode::Recv::new(
-            types::Fd(c.fd.as_raw_fd()),
-            c.rbuf.as_mut_ptr(),
-            c.rbuf.len() as u32,
-        )
-        .build()
-        .user_data(ud(K_RECV, id));
-        // SAFETY: `rbuf` is a boxed slice allocated once per connection and never replaced or
-        // resized, so its address is stable while the `Conn` moves in the map; the `Conn` is only
-        // removed once `recv_busy` is cleared by this operation's CQE (maybe_remove). The fd is
-        // closed only at that removal too.
+        if c.rbuf.is_none() && !c.ready {
+            // Idle: no buffer until there is something to read.
+            let e = on_sock!(&c.fd, |t| opcode::PollAdd::new(t, libc::POLLIN as u32)
+                .build())
+            .user_data(ud(K_RECV_POLL, id));
+            // SAFETY: POLL_ADD references no memory; the socket is closed only once this
+            // completion has cleared `recv_busy` (maybe_remove).
+            unsafe { self.push(e) };
+            return;
+        }
+        c.ready = false;
+        let spare = &mut self.spare;
+        let buf = c
+            .rbuf
+            .get_or_insert_with(|| spare.pop().unwrap_or_else(new_recv_buf));
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len() as u32);
+        let e =
+            on_sock!(&c.fd, |t| opcode::Recv::new(t, ptr, len).build()).user_data(ud(K_RECV, id));
+        // SAFETY: `rbuf` is a boxed slice: its heap address is stable while the `Conn` moves in
+        // the map, and it is not taken, replaced or dropped while `recv_busy` is set, which only
+        // this operation's CQE clears; the `Conn` is removed (and its socket closed) only after
+        // that (maybe_remove).
         unsafe { self.push(e) };
+    }
+
+    /// An idle connection's poll completed (readable, hung up, or cancelled): receive.
+    pub(super) fn on_recv_poll(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.recv_busy = false;
+        c.ready = true;
+        if c.dead {
+            self.maybe_remove(id);
+        } else {
+            self.submit_recv(id);
+        }
+    }
+
+    /// Give connection `id`'s receive buffer back to the pool (no receive is in flight).
+    fn return_buf(&mut self, id: u64) {
+        if let Some(buf) = self.conns.get_mut(&id).and_then(|c| c.rbuf.take())
+            && self.spare.len() < SPARE_RECV_BUFS
+        {
+            self.spare.push(buf);
+        }
     }
 
     pub(super) fn on_recv(&mut self, id: u64, res: i32) {
@@ -59,13 +98,29 @@ impl Ring {
             let n = res as usize;
             bump(&self.shared.stats.bytes_in, n as u64);
             let before = c.pending.len();
-            c.split.feed(&c.rbuf[..n], &mut c.pending);
+            let Some(buf) = c.rbuf.as_ref() else {
+                // Never: a receive is only submitted with a buffer.
+                self.teardown(id);
+                return;
+            };
+            c.split.feed(&buf[..n], &mut c.pending);
             c.count_received(before);
+            let full = n == buf.len();
             let (agent, lines) = (c.agent.clone(), c.pending.len() - before);
+            if full {
+                // More is probably waiting: keep the buffer and receive again.
+                c.ready = true;
+            } else {
+                self.return_buf(id);
+            }
             self.charge(&agent, n, lines);
             self.deliver(id);
             return;
         }
+        self.return_buf(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         if res == 0 {
             c.eof = true;
             let before = c.pending.len();
@@ -77,11 +132,8 @@ impl Ring {
         let errno = -res;
         match errno {
             libc::EINTR | libc::ECANCELED => self.submit_recv(id),
-            libc::EAGAIN => {
-                c.recv_busy = true;
-                let fd = c.fd.as_raw_fd();
-                self.retry_poll(K_RECV_RETRY, id, fd, libc::POLLIN);
-            }
+            // Nothing to read after all: wait for it without a buffer.
+            libc::EAGAIN => self.submit_recv(id),
             libc::ENOBUFS | libc::ENOMEM => {
                 c.recv_busy = true;
                 self.retry_timer(K_RECV_RETRY, id, &BACKOFF_RETRY);
@@ -224,13 +276,10 @@ impl Ring {
         }
         c.send_busy = true;
         let rest = &c.wbuf[c.woff..];
-        let e = opcode::Send::new(
-            types::Fd(c.fd.as_raw_fd()),
-            rest.as_ptr(),
-            rest.len().min(u32::MAX as usize) as u32,
-        )
-        .flags(libc::MSG_NOSIGNAL)
-        .build()
+        let (ptr, len) = (rest.as_ptr(), rest.len().min(u32::MAX as usize) as u32);
+        let e = on_sock!(&c.fd, |t| opcode::Send::new(t, ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build())
         .user_data(ud(K_SEND, id));
         // SAFETY: `wbuf` is not touched (cleared, grown or replaced) while `send_busy` is set,
         // so the pointed-to bytes stay valid and unmoved; the `Conn` owning it is only removed
@@ -267,8 +316,7 @@ impl Ring {
             libc::EINTR | libc::ECANCELED => self.submit_send(id),
             libc::EAGAIN => {
                 c.send_busy = true;
-                let fd = c.fd.as_raw_fd();
-                self.retry_poll(K_SEND_RETRY, id, fd, libc::POLLOUT);
+                self.retry_poll(K_SEND_RETRY, id, libc::POLLOUT);
             }
             libc::ENOBUFS | libc::ENOMEM => {
                 c.send_busy = true;
@@ -296,7 +344,25 @@ impl Ring {
             return;
         }
         c.dead = true;
-        let _ = shutdown(c.fd.as_raw_fd(), Shutdown::Both);
+        // Wakes the in-flight operations, as the cancels below do.
+        let fixed = match &c.fd {
+            Sock::Fd(fd) => {
+                let _ = shutdown(fd.as_raw_fd(), Shutdown::Both);
+                None
+            }
+            Sock::Fixed(slot) => Some(*slot),
+        };
+        if let Some(slot) = fixed {
+            let e = opcode::Shutdown::new(types::Fixed(slot), libc::SHUT_RDWR)
+                .build()
+                .user_data(ud(K_CANCEL, id));
+            // SAFETY: SHUTDOWN references no memory; the slot is released only after the
+            // connection's operations have completed (maybe_remove).
+            unsafe { self.push(e) };
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         if let Some(w) = c.waiter.take() {
             w.abort();
         }
@@ -315,7 +381,7 @@ impl Ring {
         dec(&self.shared.stats.open);
         let mut kinds = Vec::new();
         if recv_busy {
-            kinds.extend([K_RECV, K_RECV_RETRY]);
+            kinds.extend([K_RECV, K_RECV_RETRY, K_RECV_POLL]);
         }
         if send_busy {
             kinds.extend([K_SEND, K_SEND_RETRY]);
@@ -336,8 +402,11 @@ impl Ring {
             .get(&id)
             .is_some_and(|c| c.dead && !c.recv_busy && !c.send_busy)
         {
-            // No operation references the buffers or the fd any more.
-            self.conns.remove(&id);
+            // No operation references the buffers or the socket any more.
+            self.return_buf(id);
+            if let Some(c) = self.conns.remove(&id) {
+                self.release(c.fd);
+            }
         }
     }
 }

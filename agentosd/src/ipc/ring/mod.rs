@@ -14,6 +14,18 @@
 //! * at exit the thread waits for every operation to complete; if that does not happen within a
 //!   deadline, the remaining connections are leaked (`mem::forget`) rather than freed.
 //!
+//! Open files: the ring parks every listener and connection in its table of registered files
+//! (io_uring "direct descriptors", [`Sock::Fixed`]) and closes the ordinary fd, so thousands of
+//! idle agents do not fill the process's fd table (RLIMIT_NOFILE: each agent has a listener and
+//! the daemon's end of its inherited connection). The table has up to [`MAX_FIXED_FILES`]
+//! slots (the kernel caps it at RLIMIT_NOFILE); when it is full, a socket stays an ordinary fd
+//! ([`Sock::Fd`]). A slot is released where the fd used to be closed, once no operation is in
+//! flight on it.
+//!
+//! Receive buffers: an idle connection holds none. Reading starts with a `POLL_ADD`; when the
+//! socket is readable a buffer is taken from a small pool (or allocated) for the `RECV`, and
+//! goes back to the pool once a receive drains the socket.
+//!
 //! Fairness: each completion does bounded work (one receive buffer of 64 KiB parsed, one send
 //! batch of 64 KiB assembled), and a connection gets at most one recv and one send in flight, so
 //! a flooding agent gets one buffer's worth of service per loop turn like everyone else.
@@ -67,6 +79,11 @@ pub(super) enum Cmd {
 
 const RING_ENTRIES: u32 = 1024;
 const RECV_BUF: usize = 64 * 1024;
+/// Receive buffers kept for reuse when no connection holds them (at most 1 MiB).
+const SPARE_RECV_BUFS: usize = 16;
+/// Slots in the ring's table of registered files, at most (the kernel also caps it at
+/// RLIMIT_NOFILE): 64 Ki sockets, 512 KiB of kernel memory for the table.
+pub const MAX_FIXED_FILES: u32 = 1 << 16;
 const SEND_BATCH: usize = 64 * 1024;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -82,6 +99,8 @@ const K_CANCEL: u64 = 8;
 const K_TIMER: u64 = 9;
 const K_STALL: u64 = 10;
 const K_RATE: u64 = 11;
+/// A connection without a receive buffer waits for the socket to become readable.
+const K_RECV_POLL: u64 = 12;
 
 fn ud(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -107,9 +126,62 @@ pub(super) struct Reports {
     pub throttles: mpsc::Sender<Throttle>,
 }
 
+/// A socket the ring serves: in its table of registered files, or an ordinary fd when that
+/// table is full (see the module docs).
+pub(super) enum Sock {
+    Fixed(u32),
+    Fd(OwnedFd),
+}
+
+/// An SQE on `$sock` (a `&Sock`), whichever table it is in: `$make` is evaluated with `$t` a
+/// `types::Fixed` or a `types::Fd`.
+macro_rules! on_sock {
+    ($sock:expr, |$t:ident| $make:expr) => {
+        match $sock {
+            Sock::Fixed(slot) => {
+                let $t = types::Fixed(*slot);
+                $make
+            }
+            Sock::Fd(fd) => {
+                let $t = types::Fd(fd.as_raw_fd());
+                $make
+            }
+        }
+    };
+}
+pub(super) use on_sock;
+
+/// The slots of the ring's table of registered files: `0..next` have been used, `free` are
+/// those of them released since.
+struct FileTable {
+    size: u32,
+    next: u32,
+    free: Vec<u32>,
+}
+
+impl FileTable {
+    fn take(&mut self) -> Option<u32> {
+        self.free.pop().or_else(|| {
+            (self.next < self.size).then(|| {
+                self.next += 1;
+                self.next - 1
+            })
+        })
+    }
+}
+
+/// Slots for the ring's table of registered files: RLIMIT_NOFILE (the kernel's cap on the
+/// table), at most [`MAX_FIXED_FILES`].
+fn fixed_file_slots() -> u32 {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    soft.min(MAX_FIXED_FILES as u64) as u32
+}
+
 struct Listener {
     agent: String,
-    fd: OwnedFd,
+    fd: Sock,
     path: std::path::PathBuf,
     /// An accept or its back-off timer is in flight.
     busy: bool,
@@ -121,13 +193,16 @@ struct Conn {
     /// The peer, for the disconnect report.
     pid: Option<u32>,
     uid: u32,
-    fd: OwnedFd,
+    fd: Sock,
     /// Byte counts shared with the connection's Inbox and Outbox (budget.rs).
     bytes: Arc<ConnBytes>,
     /// Since when the agent has not kept up with its replies (over the outbound bound).
     over_since: Option<Instant>,
-    /// Receive buffer: allocated once, never replaced (see the module docs).
-    rbuf: Box<[u8]>,
+    /// Receive buffer, held only while reading (see the module docs); never replaced or dropped
+    /// while a receive is in flight.
+    rbuf: Option<Box<[u8]>>,
+    /// The socket was seen readable (or a receive filled the buffer): receive without polling.
+    ready: bool,
     split: LineSplitter,
     /// Lines received but not yet taken by the inbound channel (at most one buffer's worth).
     pending: VecDeque<Inbound>,
@@ -180,6 +255,9 @@ pub(super) struct Ring {
     accept_waiting: HashSet<u64>,
     /// A rate tick is in flight.
     rate_armed: bool,
+    files: FileTable,
+    /// Receive buffers no connection holds (at most [`SPARE_RECV_BUFS`]).
+    spare: Vec<Box<[u8]>>,
 }
 
 fn bump(a: &AtomicU64, n: u64) {
@@ -216,11 +294,31 @@ impl Ring {
             (opcode::PollAdd::CODE, "IORING_OP_POLL_ADD"),
             (opcode::AsyncCancel::CODE, "IORING_OP_ASYNC_CANCEL"),
             (opcode::Timeout::CODE, "IORING_OP_TIMEOUT"),
+            (opcode::Shutdown::CODE, "IORING_OP_SHUTDOWN"),
         ] {
             if !probe.is_supported(code) {
                 return Err(IpcError::Unsupported { op });
             }
         }
+        // A sparse table (Linux 5.19, like the accept and recv this ring needs): sockets are
+        // parked in it as they come. Without it every socket stays an ordinary fd.
+        let size = limits
+            .fixed_files
+            .unwrap_or_else(fixed_file_slots)
+            .min(fixed_file_slots());
+        let size = match size {
+            0 => 0,
+            n => match ring.submitter().register_files_sparse(n) {
+                Ok(()) => n,
+                Err(e) => {
+                    warn!(
+                        "ipc: cannot register a table of {n} files with io_uring ({e}); \
+                         agents' sockets take ordinary fds (RLIMIT_NOFILE bounds the agents)"
+                    );
+                    0
+                }
+            },
+        };
         let limits = Limits {
             max_line: limits.max_line.max(1),
             max_conns_per_agent: limits.max_conns_per_agent,
@@ -234,6 +332,7 @@ impl Ring {
             stall_timeout: limits.stall_timeout,
             agent_rate: limits.agent_rate,
             nice: limits.nice,
+            fixed_files: Some(size),
         };
         Ok(Ring {
             ring,
@@ -252,6 +351,12 @@ impl Ring {
             rate_waiting: HashSet::new(),
             accept_waiting: HashSet::new(),
             rate_armed: false,
+            files: FileTable {
+                size,
+                next: 0,
+                free: Vec::new(),
+            },
+            spare: Vec::new(),
         })
     }
 
@@ -383,6 +488,7 @@ impl Ring {
                 self.maybe_remove_listener(id);
             }
             K_RECV => self.on_recv(id, res),
+            K_RECV_POLL => self.on_recv_poll(id),
             K_RECV_RETRY => {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.recv_busy = false;
@@ -447,6 +553,7 @@ impl Ring {
                 for l in old {
                     self.close_listener(l);
                 }
+                let fd = self.park(fd);
                 let id = self.new_id();
                 let entry = self.entry(&agent);
                 entry.listeners.insert(id);
@@ -522,6 +629,44 @@ impl Ring {
             .user_data(ud(K_TIMER, 0));
         // SAFETY: the timespec is a static.
         unsafe { self.push(e) };
+    }
+
+    /// Move `fd` into the table of registered files when a slot is free (closing the ordinary
+    /// fd); otherwise keep it as it is.
+    fn park(&mut self, fd: OwnedFd) -> Sock {
+        let Some(slot) = self.files.take() else {
+            return Sock::Fd(fd);
+        };
+        match self
+            .ring
+            .submitter()
+            .register_files_update(slot, &[fd.as_raw_fd()])
+        {
+            // The table holds its own reference to the socket now.
+            Ok(1) => {
+                bump(&self.shared.stats.parked, 1);
+                Sock::Fixed(slot)
+            }
+            r => {
+                debug!("ipc: cannot park a socket in slot {slot}: {r:?}");
+                self.files.free.push(slot);
+                Sock::Fd(fd)
+            }
+        }
+    }
+
+    /// Close a socket no operation is in flight on any more (see the module docs).
+    fn release(&mut self, sock: Sock) {
+        if let Sock::Fixed(slot) = sock {
+            match self.ring.submitter().register_files_update(slot, &[-1]) {
+                Ok(_) => {
+                    dec(&self.shared.stats.parked);
+                    self.files.free.push(slot);
+                }
+                // The slot stays taken (never reused under a live socket).
+                Err(e) => warn!("ipc: cannot release file slot {slot}: {e}"),
+            }
+        }
     }
 
     fn new_id(&mut self) -> u64 {
