@@ -712,7 +712,13 @@ fn the_ring_stops_reading_a_peer_that_does_not_read_and_disconnects_it() {
     let mut disconnects = incoming.disconnects;
     let d = rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(20), disconnects.recv()).await })
-        .expect("a disconnect report within 20 s")
+        .unwrap_or_else(|_| {
+            panic!(
+                "no disconnect report within 20 s; ipc stats {:?}; lines the daemon took {}",
+                ipc.stats(),
+                taken.load(std::sync::atomic::Ordering::Relaxed)
+            )
+        })
         .expect("report channel open");
     let sent = writer.join().unwrap();
     assert_eq!(d.agent, "t/flood");

@@ -209,8 +209,13 @@ impl Ring {
         };
         c.flagged.store(false, Ordering::Release);
         let busy = c.dead || c.send_busy;
-        // A sender may have started waiting for room: the stall clock starts now.
+        // A sender may have started waiting for room: the stall clock starts now. Or one that
+        // waited got its room and queued its line: then a read paused on the outbound bound
+        // may go on, and nothing else would resume it (the send in flight is stuck on an agent
+        // that does not read, and a stall clock no longer runs); `submit_recv` checks the
+        // bounds again and does nothing while a receive is in flight.
         self.track(id);
+        self.submit_recv(id);
         if busy {
             return;
         }
