@@ -473,6 +473,155 @@ mod tests {
         assert!(!brokered(inet, stream | 0x100, 0));
     }
 
+    #[test]
+    fn route_netlink_only_as_raw_or_datagram() {
+        let nl = AF_NETLINK;
+        assert!(brokered(nl, libc::SOCK_DGRAM as u32, 0));
+        assert!(brokered(nl, libc::SOCK_RAW as u32, 0));
+        assert!(!brokered(nl, libc::SOCK_STREAM as u32, 0));
+        assert!(!brokered(nl, libc::SOCK_SEQPACKET as u32, 0));
+    }
+
+    /// Send one byte on `sock`, with `fd` as SCM_RIGHTS when given (as the child does).
+    fn send(sock: RawFd, fd: Option<RawFd>) {
+        let mut byte = [7u8; 1];
+        let mut iov = one_byte(&mut byte);
+        let mut cbuf = CmsgBuf([0; 32]);
+        // SAFETY: CMSG_SPACE is arithmetic.
+        let space = fd.map_or(0, |_| unsafe { libc::CMSG_SPACE(4) } as usize);
+        let mut msg = one_byte_msg(&mut iov, &mut cbuf, space);
+        if space == 0 {
+            msg.msg_control = std::ptr::null_mut();
+        }
+        // SAFETY: with a descriptor, the control buffer holds one header and its 4 data bytes
+        // (as in hand_over_listener); `msg` points at live locals.
+        let rc = unsafe {
+            if let Some(fd) = fd {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+            }
+            libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+        };
+        assert_eq!(rc, 1, "sendmsg: {}", io::Error::last_os_error());
+    }
+
+    /// What the daemon takes from the hand-over socket: exactly a descriptor, installed
+    /// close-on-exec; nothing there yet is EAGAIN at once (never a wait); a message without a
+    /// descriptor, one with another control message, or the child gone is an error.
+    #[test]
+    fn the_hand_over_takes_a_descriptor_and_nothing_else() {
+        use std::os::fd::AsFd;
+        let fstat = |fd: RawFd| {
+            // SAFETY: fstat fills the zeroed stat of a live local.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: see above.
+            assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+            (st.st_dev, st.st_ino)
+        };
+        let (child, daemon) = handover_pair().unwrap();
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        send(child.as_raw_fd(), Some(file.as_raw_fd()));
+        let got = receive_listener(daemon.as_fd()).unwrap();
+        assert_eq!(fstat(got.as_raw_fd()), fstat(file.as_raw_fd()));
+        // SAFETY: F_GETFD on a descriptor we own.
+        let fdflags = unsafe { libc::fcntl(got.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(
+            fdflags & libc::FD_CLOEXEC,
+            libc::FD_CLOEXEC,
+            "close-on-exec"
+        );
+        // Nothing sent yet: EAGAIN, not a wait.
+        let e = receive_listener(daemon.as_fd()).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EAGAIN), "{e}");
+        // A byte without a descriptor.
+        send(child.as_raw_fd(), None);
+        let e = receive_listener(daemon.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("no descriptor received"), "{e}");
+        // Another control message of SOL_SOCKET (the credentials SO_PASSCRED adds).
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt reads the live int.
+        let rc = unsafe {
+            libc::setsockopt(
+                daemon.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        send(child.as_raw_fd(), None);
+        let e = receive_listener(daemon.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("no descriptor received"), "{e}");
+        // The child gone without sending. (Shut down rather than closed: a test forking beside
+        // this one may hold a copy of the descriptor for a moment.)
+        // SAFETY: shutdown on a socket we own.
+        let rc = unsafe { libc::shutdown(child.as_raw_fd(), libc::SHUT_WR) };
+        assert_eq!(rc, 0);
+        let e = receive_listener(daemon.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("no descriptor received"), "{e}");
+        assert_eq!(e.errno(), None, "{e}");
+    }
+
+    /// The broker is a child the daemon reaps through its pidfd like any other (SIGCHLD its
+    /// exit signal: without one, waitid would not see it and it would stay a zombie), and a
+    /// clone3 that fails is an error, not a child. The broker here gets a pipe whose writer is
+    /// gone as its listener (what it sees when the agent's last process is gone) and exits.
+    #[test]
+    fn a_broker_is_reaped_through_its_pidfd_and_a_failed_clone_is_an_error() {
+        use std::os::fd::AsFd;
+        let mut p = [-1; 2];
+        // SAFETY: pipe2 writes two fds into the live array.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both are new fds of ours.
+        let (listener, writer) =
+            unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        drop(writer);
+        // Not a cgroup directory: clone3 fails.
+        let not_cgroup = std::fs::File::open("/dev/null").unwrap();
+        match spawn_broker(&listener, 65534, 65534, not_cgroup.as_fd()) {
+            Err(e) => assert_eq!(e.call, "clone3", "{e}"),
+            Ok(c) => panic!("clone3 into /dev/null made child {}", c.pid),
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED the broker's reaping: needs root (the broker takes uid 65534)");
+            return;
+        }
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let (Some(mount), Some(rel)) = (
+            crate::cgroup::cgroup2_mount(),
+            own.lines().find_map(|l| l.strip_prefix("0::")),
+        ) else {
+            eprintln!("SKIPPED the broker's reaping: no cgroup2 mount or membership");
+            return;
+        };
+        let dir = std::fs::File::open(mount.join(rel.trim_start_matches('/'))).unwrap();
+        let child = spawn_broker(&listener, 65534, 65534, dir.as_fd()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            match crate::sys::pidfd_try_wait(child.pidfd.as_fd()).unwrap() {
+                Some(s) => break s,
+                None => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the broker did not end"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        };
+        assert_eq!(status, crate::sys::ExitStatus::Exited(0));
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", child.pid)).exists(),
+            "the broker {} was not reaped",
+            child.pid
+        );
+    }
+
     /// The notifying filter's decisions, by interpreting the small subset of classic BPF it
     /// uses (the kernel runs it in tests/sockets.rs and the escape suite).
     #[test]
