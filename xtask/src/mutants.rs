@@ -50,19 +50,36 @@ struct Target {
     equivalent: &'static [(&'static str, &'static str)],
 }
 
-/// `BPF_LD | BPF_W` → `BPF_LD & BPF_W` in `LD_W_ABS` (prefilter.rs): both are 0.
+/// `BPF_LD | BPF_W` → `BPF_LD & BPF_W` in the load instruction (prefilter.rs' `LD_W_ABS`,
+/// sockets.rs' `notify_filter`): both are 0.
 const LD_W_ZERO_FIELDS: (&str, &str) = (
-    r"prefilter\.rs:10:47: replace \| with &$",
+    r"(prefilter\.rs:10:47|sockets\.rs:93:27): replace \| with &",
     "`BPF_LD | BPF_W | BPF_ABS`: the class BPF_LD and the size BPF_W are both 0, so the first \
      `|` and `&` give the same 0 (line-anchored: an edit of the file shows the mutant again)",
+);
+
+/// `-1` → `1` as the first value of what the kernel fills (sockets.rs: the fds of
+/// `socketpair` in `handover_pair`, the pidfd of `clone3` in `spawn_broker`).
+const KERNEL_FILLED: (&str, &str) = (
+    r"sockets\.rs:(111:20: delete - in handover_pair|251:34: delete - in spawn_broker)",
+    "the value before socketpair(2) or clone3(CLONE_PIDFD) writes the fd: on success it is \
+     never read, on failure the function returns the error without reading it",
+);
+
+/// `ret < 0` → `ret <= 0` after `clone3` in the parent (sockets.rs `spawn_broker`).
+const CLONE_CHILD_DIVERGES: (&str, &str) = (
+    r"sockets\.rs:267:12: replace < with <= in spawn_broker",
+    "0 is the child's return, and the child has already gone into broker_main, which never \
+     returns: the parent sees only a pid or a negative error",
 );
 
 /// `|` → `^` where the operands are disjoint bit fields (the same value either way).
 const DISJOINT_BITS: (&str, &str) = (
     r"replace \| with \^",
-    "every bitwise `|` here joins disjoint bit fields (a BPF opcode's class, size, mode and \
-     operation bits; SECCOMP_RET_ERRNO over an errno of at most 0xffff, which the policy loader \
-     checks), where `^` gives the same value",
+    "every bitwise `|` in these files joins disjoint constant bit fields (a BPF opcode's \
+     class, size, mode and operation bits; SECCOMP_RET_ERRNO over an errno of at most 0xffff, \
+     which the policy loader checks; SOCK_, MSG_, CLONE_ and POLL flags), where `^` gives the \
+     same value",
 );
 
 const TARGETS: &[Target] = &[
@@ -111,7 +128,12 @@ const TARGETS: &[Target] = &[
         files: &["agentosd/src/sandbox/sockets.rs"],
         re: None,
         tests: &["--lib", "--test", "sockets"],
-        equivalent: &[],
+        equivalent: &[
+            DISJOINT_BITS,
+            LD_W_ZERO_FIELDS,
+            KERNEL_FILLED,
+            CLONE_CHILD_DIVERGES,
+        ],
         short: false,
     },
     Target {
