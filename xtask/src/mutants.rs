@@ -166,6 +166,8 @@ struct Tally {
     missed: usize,
     timeout: usize,
     unviable: usize,
+    /// Caught or unviable in the runs before an `--iterate` run (not tested again).
+    before: usize,
 }
 
 /// The short run inside `cargo xtask test`: the quick targets (pure code in small crates,
@@ -279,15 +281,18 @@ pub fn run(args: MutantsArgs) -> Result<()> {
         }
         missed_all.extend(lines(&dir.join("missed.txt")));
     }
-    println!("\n| target | file | caught | missed | timeout | unviable | complete |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "\n| target | file | caught | missed | timeout | unviable | caught or unviable before (--iterate) | complete |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for (name, file, t, boxed) in &rows {
         println!(
-            "| {name} | {file} | {} | {} | {} | {} | {} |",
+            "| {name} | {file} | {} | {} | {} | {} | {} | {} |",
             t.caught,
             t.missed,
             t.timeout,
             t.unviable,
+            t.before,
             if *boxed { "no (time box)" } else { "yes" }
         );
     }
@@ -333,6 +338,7 @@ fn tally(dir: &Path, file: &str) -> Tally {
         missed: n("missed.txt"),
         timeout: n("timeout.txt"),
         unviable: n("unviable.txt"),
+        before: n("previously_caught.txt"),
     }
 }
 
@@ -357,7 +363,8 @@ mod tests {
                 caught: 1,
                 missed: 1,
                 timeout: 0,
-                unviable: 0
+                unviable: 0,
+                before: 0
             }
         );
         let _ = std::fs::remove_dir_all(&d);
