@@ -453,6 +453,14 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
     crate::sys::mountinfo::read().ok()?.cgroup2
 }
 
+/// This process's own cgroup2 directory (the mount joined with its `0::` line), opened: what
+/// `clone3(CLONE_INTO_CGROUP)` needs to start a child where the caller is. `None` without a
+/// cgroup2 mount or membership, or when it cannot be opened.
+pub fn open_own_cgroup2() -> Option<fs::File> {
+    let rel = proc_cgroup("self")?;
+    fs::File::open(cgroup2_mount()?.join(rel.trim_start_matches('/'))).ok()
+}
+
 /// Budget files for the given budgets: (controller, file, value).
 pub fn budget_files(b: &crate::spec::Budgets) -> Vec<(&'static str, &'static str, String)> {
     let mut out = Vec::new();

@@ -451,16 +451,8 @@ mod tests {
     /// parent reaps it (`wait_exec`). Needs to clone into its own cgroup2 cgroup; skips if not.
     #[test]
     fn a_failed_exec_names_its_stage() {
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let (Some(mount), Some(rel)) = (
-            crate::cgroup::cgroup2_mount(),
-            own.lines().find_map(|l| l.strip_prefix("0::")),
-        ) else {
-            eprintln!("skip: no cgroup2 mount or no cgroup2 membership");
-            return;
-        };
-        let Ok(dir) = std::fs::File::open(mount.join(rel.trim_start_matches('/'))) else {
-            eprintln!("skip: cannot open own cgroup under {}", mount.display());
+        let Some(dir) = crate::cgroup::open_own_cgroup2() else {
+            eprintln!("skip: no cgroup2 mount or membership, or its directory cannot be opened");
             return;
         };
         let logs = tempfile::tempdir().expect("tempdir");

@@ -43,19 +43,8 @@ fn the_limit_is_raised_and_children_get_the_old_one() {
     );
 
     // A child started like an agent: its soft limit is 512 again, its hard limit untouched.
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let (Some(mount), Some(rel)) = (
-        agentosd::cgroup::cgroup2_mount(),
-        own.lines().find_map(|l| l.strip_prefix("0::")),
-    ) else {
-        eprintln!("SKIPPED (child part): no cgroup2 mount or no cgroup2 membership");
-        return;
-    };
-    let Ok(dir) = std::fs::File::open(mount.join(rel.trim_start_matches('/'))) else {
-        eprintln!(
-            "SKIPPED (child part): cannot open own cgroup under {}",
-            mount.display()
-        );
+    let Some(dir) = agentosd::cgroup::open_own_cgroup2() else {
+        eprintln!("SKIPPED (child part): no cgroup2 cgroup of its own to clone into");
         return;
     };
     let logs = tempfile::tempdir().expect("tempdir");

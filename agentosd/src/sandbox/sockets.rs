@@ -591,15 +591,10 @@ mod tests {
             eprintln!("SKIPPED the broker's reaping: needs root (the broker takes uid 65534)");
             return;
         }
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let (Some(mount), Some(rel)) = (
-            crate::cgroup::cgroup2_mount(),
-            own.lines().find_map(|l| l.strip_prefix("0::")),
-        ) else {
-            eprintln!("SKIPPED the broker's reaping: no cgroup2 mount or membership");
+        let Some(dir) = crate::cgroup::open_own_cgroup2() else {
+            eprintln!("SKIPPED the broker's reaping: no cgroup2 cgroup of its own to clone into");
             return;
         };
-        let dir = std::fs::File::open(mount.join(rel.trim_start_matches('/'))).unwrap();
         let child = spawn_broker(&listener, 65534, 65534, dir.as_fd()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let status = loop {
