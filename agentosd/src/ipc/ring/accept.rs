@@ -266,6 +266,7 @@ impl Ring {
                 wbuf: Vec::new(),
                 woff: 0,
                 recv_busy: false,
+                shutdown_busy: false,
                 send_busy: false,
                 eof: false,
                 out_done: false,

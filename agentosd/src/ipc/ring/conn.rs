@@ -360,10 +360,13 @@ impl Ring {
         if let Some(slot) = fixed {
             let e = opcode::Shutdown::new(types::Fixed(slot), libc::SHUT_RDWR)
                 .build()
-                .user_data(ud(K_CANCEL, id));
+                .user_data(ud(K_SHUTDOWN, id));
             // SAFETY: SHUTDOWN references no memory; the slot is released only after the
-            // connection's operations have completed (maybe_remove).
+            // connection's operations, this one included, have completed (maybe_remove).
             unsafe { self.push(e) };
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.shutdown_busy = true;
+            }
         }
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -405,7 +408,7 @@ impl Ring {
         if self
             .conns
             .get(&id)
-            .is_some_and(|c| c.dead && !c.recv_busy && !c.send_busy)
+            .is_some_and(|c| c.dead && !c.recv_busy && !c.send_busy && !c.shutdown_busy)
         {
             // No operation references the buffers or the socket any more.
             self.return_buf(id);

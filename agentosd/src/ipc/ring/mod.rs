@@ -101,6 +101,9 @@ const K_STALL: u64 = 10;
 const K_RATE: u64 = 11;
 /// A connection without a receive buffer waits for the socket to become readable.
 const K_RECV_POLL: u64 = 12;
+/// The shutdown of a torn-down connection's registered slot (it must complete before the slot
+/// is released: a new connection in the same slot would be the one shut down).
+const K_SHUTDOWN: u64 = 13;
 
 fn ud(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -216,6 +219,8 @@ struct Conn {
     woff: usize,
     recv_busy: bool,
     send_busy: bool,
+    /// A shutdown of its registered slot is in flight (teardown): the slot stays held.
+    shutdown_busy: bool,
     /// The peer sent EOF (or we stopped reading).
     eof: bool,
     /// Every Outbox clone is gone.
@@ -515,6 +520,12 @@ impl Ring {
             K_STALL => self.on_stall_tick(),
             K_RATE => self.on_rate_tick(),
             K_CANCEL => {}
+            K_SHUTDOWN => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.shutdown_busy = false;
+                }
+                self.maybe_remove(id);
+            }
             _ => warn!("ipc: completion with unknown user_data {u:#x}"),
         }
     }
