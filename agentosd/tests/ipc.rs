@@ -41,18 +41,7 @@ impl Server {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let started = {
-            let _g = rt.enter();
-            IpcServer::start(limits)
-        };
-        let (ipc, incoming) = match started {
-            Ok(x) => x,
-            Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
-                common::skip(module_path!(), &format!("no usable io_uring here: {e}"));
-                return None;
-            }
-            Err(e) => panic!("IpcServer::start: {e}"),
-        };
+        let (ipc, incoming) = common::start_ipc(&rt, limits, module_path!())?;
         let (peers_tx, peers) = std::sync::mpsc::channel();
         let (closed_tx, closed) = std::sync::mpsc::channel();
         let parked = Arc::new(Mutex::new(Vec::new()));

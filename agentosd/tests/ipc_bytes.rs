@@ -627,7 +627,7 @@ fn check_stalls(f: &Fixture, hs: &[Value]) {
 /// same agent that reads its replies is served throughout.
 #[test]
 fn the_ring_stops_reading_a_peer_that_does_not_read_and_disconnects_it() {
-    use agentosd::ipc::{AgentRef, Connection, Inbound, IpcError, IpcServer, Limits};
+    use agentosd::ipc::{AgentRef, Connection, Inbound, Limits};
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixStream;
 
@@ -644,17 +644,8 @@ fn the_ring_stops_reading_a_peer_that_does_not_read_and_disconnects_it() {
         max_line: 64 << 10,
         ..Limits::default()
     };
-    let started = {
-        let _g = rt.enter();
-        IpcServer::start(limits.clone())
-    };
-    let (ipc, incoming) = match started {
-        Ok(x) => x,
-        Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
-            common::skip(module_path!(), &format!("no usable io_uring here: {e}"));
-            return;
-        }
-        Err(e) => panic!("IpcServer::start: {e}"),
+    let Some((ipc, incoming)) = common::start_ipc(&rt, limits.clone(), module_path!()) else {
+        return;
     };
     let agent = AgentRef {
         id: "t/flood".into(),

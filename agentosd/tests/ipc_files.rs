@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentosd::ipc::{AgentRef, Connection, Inbound, IpcError, IpcServer, IpcStats, Limits};
+use agentosd::ipc::{AgentRef, Connection, Inbound, IpcServer, IpcStats, Limits};
 
 /// The ipc server on its own runtime, echoing every line back.
 struct Echo {
@@ -31,18 +31,7 @@ impl Echo {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let started = {
-            let _g = rt.enter();
-            IpcServer::start(limits)
-        };
-        let (ipc, incoming) = match started {
-            Ok(x) => x,
-            Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
-                common::skip(module_path!(), &format!("no usable io_uring here: {e}"));
-                return None;
-            }
-            Err(e) => panic!("IpcServer::start: {e}"),
-        };
+        let (ipc, incoming) = common::start_ipc(&rt, limits, module_path!())?;
         let mut conns = incoming.conns;
         rt.spawn(async move {
             while let Some(c) = conns.recv().await {

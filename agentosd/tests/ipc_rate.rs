@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentosd::ipc::rate::LINE_COST;
-use agentosd::ipc::{AgentRef, Connection, Inbound, Incoming, IpcError, IpcServer, Limits};
+use agentosd::ipc::{AgentRef, Connection, Inbound, Incoming, IpcServer, Limits};
 
 fn agent(id: &str) -> AgentRef {
     AgentRef {
@@ -40,18 +40,7 @@ fn serve(
     rt: &tokio::runtime::Runtime,
     limits: Limits,
 ) -> Option<(Arc<IpcServer>, Incoming, Arc<[Taken; 2]>)> {
-    let started = {
-        let _g = rt.enter();
-        IpcServer::start(limits)
-    };
-    let (ipc, mut incoming) = match started {
-        Ok(x) => x,
-        Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
-            common::skip(module_path!(), &format!("no usable io_uring here: {e}"));
-            return None;
-        }
-        Err(e) => panic!("IpcServer::start: {e}"),
-    };
+    let (ipc, mut incoming) = common::start_ipc(rt, limits, module_path!())?;
     let taken: Arc<[Taken; 2]> = Arc::new(Default::default());
     let mut conns = std::mem::replace(&mut incoming.conns, tokio::sync::mpsc::channel(1).1);
     let t = taken.clone();

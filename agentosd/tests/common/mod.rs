@@ -332,6 +332,31 @@ pub fn bridge_bin() -> &'static str {
     })
 }
 
+/// `IpcServer::start` inside `rt` (the ring waits on the runtime); `None`, reported as a skip of
+/// `test`, when this kernel gives no usable io_uring.
+pub fn start_ipc(
+    rt: &tokio::runtime::Runtime,
+    limits: agentosd::ipc::Limits,
+    test: &str,
+) -> Option<(
+    std::sync::Arc<agentosd::ipc::IpcServer>,
+    agentosd::ipc::Incoming,
+)> {
+    use agentosd::ipc::{IpcError, IpcServer};
+    let started = {
+        let _g = rt.enter();
+        IpcServer::start(limits)
+    };
+    match started {
+        Ok(x) => Some(x),
+        Err(e @ (IpcError::Ring { .. } | IpcError::Unsupported { .. })) => {
+            skip(test, &format!("no usable io_uring here: {e}"));
+            None
+        }
+        Err(e) => panic!("IpcServer::start: {e}"),
+    }
+}
+
 /// Binary `name` of another workspace package (`package`), from the target directory this test
 /// runs from (`target/<profile>/deps/TEST` → `target/<profile>/NAME`). Cargo's
 /// `CARGO_BIN_EXE_*` only names binaries of the test's own package, and `cargo test -p agentosd`
