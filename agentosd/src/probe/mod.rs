@@ -66,6 +66,7 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     let landlock_abi = guarded(&mut checks, |rows| {
         let (row, abi) = sandbox::probe_landlock();
         rows.push(row);
+        rows.push(sandbox::landlock_unix_row(abi));
         abi
     })
     .flatten();

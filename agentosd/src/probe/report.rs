@@ -38,6 +38,8 @@ pub enum Feature {
     /// sched_ext, for the SRT class scheduler `scx_agentos`.
     SchedExt,
     Landlock,
+    /// Landlock's `RESOLVE_UNIX` (ABI 9): agents kept from the host's pathname Unix sockets.
+    LandlockUnix,
     Seccomp,
     /// `SECCOMP_RET_USER_NOTIF`: a syscall held for the daemon to decide.
     SeccompUserNotif,
@@ -67,7 +69,7 @@ pub enum Feature {
 
 impl Feature {
     /// Every mechanism, in report order.
-    pub const ALL: [Feature; 29] = [
+    pub const ALL: [Feature; 30] = [
         Feature::CgroupV2,
         Feature::CgroupRoot,
         Feature::CpuController,
@@ -83,6 +85,7 @@ impl Feature {
         Feature::SchedDeadline,
         Feature::SchedExt,
         Feature::Landlock,
+        Feature::LandlockUnix,
         Feature::Seccomp,
         Feature::SeccompUserNotif,
         Feature::Btf,
@@ -117,6 +120,7 @@ impl Feature {
             Feature::SchedDeadline => "sched_deadline",
             Feature::SchedExt => "sched_ext",
             Feature::Landlock => "landlock",
+            Feature::LandlockUnix => "landlock unix sockets",
             Feature::Seccomp => "seccomp",
             Feature::SeccompUserNotif => "seccomp user notify",
             Feature::Btf => "btf",

@@ -6,6 +6,37 @@ use nix::errno::Errno;
 use super::report::{Check, Feature, Status};
 use crate::sys::{landlock, seccomp};
 
+/// Whether agents are kept from the host's pathname Unix sockets: Landlock's
+/// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9). Without it an agent can connect to every socket
+/// whose file mode lets any uid in (the D-Bus system bus, journald's `/dev/log`).
+pub(super) fn landlock_unix_row(abi: Option<u32>) -> Check {
+    let m = Feature::LandlockUnix;
+    let need = crate::sandbox::landlock::RESOLVE_UNIX_ABI;
+    match abi {
+        Some(v) if crate::sandbox::landlock::resolve_unix(Some(v)) => Check::new(
+            m,
+            Status::Available,
+            format!(
+                "Landlock ABI {v} has LANDLOCK_ACCESS_FS_RESOLVE_UNIX: agents connect only to their own sockets and the daemon's"
+            ),
+        ),
+        Some(v) => Check::new(
+            m,
+            Status::Unavailable,
+            format!(
+                "Landlock ABI {v} < {need}: agents can connect to the host's pathname Unix sockets that any uid may write (the D-Bus system bus, journald's /dev/log); Linux 7.1 (ABI {need}) closes this"
+            ),
+        ),
+        None => Check::new(
+            m,
+            Status::Unavailable,
+            format!(
+                "no Landlock: agents can connect to the host's pathname Unix sockets (needs Landlock ABI {need}, Linux 7.1)"
+            ),
+        ),
+    }
+}
+
 pub(super) fn probe_landlock() -> (Check, Option<u32>) {
     let m = Feature::Landlock;
     match landlock::abi_version() {

@@ -81,6 +81,11 @@ pub struct Plan {
     pub connect: Option<Vec<u16>>,
     /// TCP ports it may bind; `None` = any port.
     pub bind: Option<Vec<u16>>,
+    /// Directories beneath which it may connect (or send) to Unix sockets by path: the
+    /// daemon's own sockets for it. Sockets it made itself are always reachable; every other
+    /// pathname Unix socket of the host (the D-Bus system bus, journald's `/dev/log`) is not,
+    /// where the kernel has `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` ([`resolve_unix`]).
+    pub unix: Vec<PathBuf>,
     /// Leave out signal and abstract-socket scoping (only the escape suite's mutation check
     /// sets this, to show the suite notices).
     pub unscoped: bool,
@@ -224,7 +229,9 @@ fn rules(
             let a = if is_dir(&fd) {
                 access
             } else {
-                access & AccessFs::from_file(abi)
+                // `ResolveUnix` applies to a socket file too (it is only in `access` where
+                // the ruleset handles it).
+                access & (AccessFs::from_file(abi) | AccessFs::ResolveUnix)
             };
             out.push(PathBeneath::new(fd, a));
         }
@@ -256,10 +263,18 @@ pub fn build_with(
     } else {
         CompatLevel::BestEffort
     };
-    let fs_all = AccessFs::from_all(abi);
+    let mut fs_all = AccessFs::from_all(abi);
     // Not `from_read`: in the crate that includes Execute.
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
-    let write = AccessFs::from_write(abi);
+    let mut write = AccessFs::from_write(abi);
+    // Pathname Unix sockets, where the kernel can confine them (ABI 9), whatever `required`
+    // says (older kernels: reported by `agentosd check` and in the agent's notes). A write
+    // grant includes them, as in Landlock's own grouping of the rights.
+    let unix = resolve_unix(kernel_abi());
+    if unix {
+        fs_all |= AccessFs::ResolveUnix;
+        write |= AccessFs::ResolveUnix;
+    }
     let mut rs = Ruleset::default()
         .set_compatibility(level)
         .handle_access(fs_all)?;
@@ -281,6 +296,10 @@ pub fn build_with(
     let mut fs_rules = rules(opener, &plan.read_exec, read | AccessFs::Execute, abi)?;
     fs_rules.extend(rules(opener, &plan.read, read, abi)?);
     fs_rules.extend(rules(opener, &plan.read_write, read | write, abi)?);
+    if unix {
+        let to_sockets = BitFlags::from(AccessFs::ResolveUnix);
+        fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi)?);
+    }
     let mut created = rs.create()?;
     for r in fs_rules {
         created = created.add_rule(r)?;
@@ -292,6 +311,15 @@ pub fn build_with(
         created = created.add_rule(NetPort::new(*p, AccessNet::BindTcp))?;
     }
     Ok(created.into())
+}
+
+/// The first Landlock ABI with `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (Linux 7.1): connecting and
+/// sending to pathname Unix sockets become a filesystem right.
+pub const RESOLVE_UNIX_ABI: u32 = 9;
+
+/// Whether a kernel of Landlock ABI `abi` confines connecting to pathname Unix sockets.
+pub fn resolve_unix(abi: Option<u32>) -> bool {
+    abi.is_some_and(|v| v >= RESOLVE_UNIX_ABI)
 }
 
 /// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0, VERSION)`), or `None`.

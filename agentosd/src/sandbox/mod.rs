@@ -109,6 +109,7 @@ impl Grants {
                 v
             }),
             bind: landlock::ports(&self.net_bind)?,
+            unix: Vec::new(),
             unscoped: false,
         };
         plan.read.extend(self.fs_read.iter().cloned());
@@ -211,6 +212,10 @@ pub struct Gateway {
     pub netns: Option<OwnedFd>,
     /// The gateway's port on the host's loopback, for an agent with network grants.
     pub host_port: Option<u16>,
+    /// Where the daemon's Unix sockets for the agent are (`RUN_DIR/agents/<tenant>`: its MCP
+    /// and model sockets): the only pathname Unix sockets it may connect to besides its own
+    /// (Landlock `RESOLVE_UNIX`, ABI 9). The daemon checks every peer there by its cgroup.
+    pub unix_dirs: Vec<PathBuf>,
 }
 
 /// [`prepare`] for an agent the model gateway serves on a loopback port. `gateway.netns` is the
@@ -242,6 +247,7 @@ pub fn prepare_with(
     // pooled one (below) is only where its own namespace was made beforehand.
     let gateway_ns = gateway.netns.filter(|_| !namespaces.broker);
     let mut plan = grants.plan(&home)?;
+    plan.unix = gateway.unix_dirs;
     if let Some(ports) = plan.connect.as_mut() {
         if gateway_ns.is_some() {
             ports.push(crate::models::tcp::TCP_PORT);
@@ -274,7 +280,15 @@ pub fn prepare_with(
                     "landlock ABI {v}: signal and abstract-socket scoping not enforced"
                 ));
             }
-            let opener = landlock::Opener::new(vec![&home_dir]);
+            if !landlock::resolve_unix(Some(v)) {
+                notes.push(format!(
+                    "landlock ABI {v}: the host's pathname Unix sockets (D-Bus system bus, journald) not confined (needs ABI {}, Linux 7.1)",
+                    landlock::RESOLVE_UNIX_ABI
+                ));
+            }
+            let mut opener = landlock::Opener::new(vec![&home_dir]);
+            // The daemon's socket directories are root's (made by it, 0711, no link).
+            opener.system.extend(plan.unix.iter().cloned());
             let fd = landlock::build_with(&plan, grants.must_landlock, &opener).map_err(|e| {
                 if grants.must_landlock && !matches!(e, landlock::LandlockError::Path { .. }) {
                     SandboxError::Unenforceable(format!("agent {id} requires landlock (must): {e}"))

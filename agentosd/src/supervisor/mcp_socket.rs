@@ -217,6 +217,7 @@ impl Mechanism for McpSocket<'_> {
 
     fn prepare(&self, run: &RunCtx<'_>, out: &mut Prepared) -> Result<(), Error> {
         if let Some(s) = self.0.mcp_open(run.agent)? {
+            out.allow_unix_dir_of(&s.path);
             out.env
                 .push((agentos_api::SOCKET_ENV.into(), s.path.display().to_string()));
             out.env.push((

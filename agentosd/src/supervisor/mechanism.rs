@@ -44,6 +44,21 @@ pub(super) struct Prepared {
     /// The model gateway's port on the host's loopback for an agent with network grants
     /// (models_socket.rs); the sandbox lets it connect there.
     pub model_port: Option<u16>,
+    /// Directories of the daemon's Unix sockets for the agent (mcp_socket.rs,
+    /// models_socket.rs): the sandbox lets it connect there and to no other host socket.
+    pub unix_dirs: Vec<std::path::PathBuf>,
+}
+
+impl Prepared {
+    /// Let the agent connect to Unix sockets in the directory of `socket` (one of the
+    /// daemon's sockets for it).
+    pub fn allow_unix_dir_of(&mut self, socket: &std::path::Path) {
+        if let Some(dir) = socket.parent()
+            && !self.unix_dirs.iter().any(|d| d == dir)
+        {
+            self.unix_dirs.push(dir.to_path_buf());
+        }
+    }
 }
 
 /// One per-run mechanism. `prepare` runs before the run's first process exists (an error

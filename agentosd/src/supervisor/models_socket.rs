@@ -165,6 +165,7 @@ impl Mechanism for ModelSocket<'_> {
             ))
         };
         let path = self.0.models_open(run.agent, contract).map_err(refuse)?;
+        out.allow_unix_dir_of(&path);
         out.env
             .push((crate::models::SOCKET_ENV.into(), path.display().to_string()));
         if let Some(port) = self.0.models_port(run, contract, false).map_err(refuse)? {

@@ -386,6 +386,7 @@ impl Supervisor {
             crate::sandbox::Gateway {
                 netns: prepared.netns,
                 host_port: prepared.model_port,
+                unix_dirs: prepared.unix_dirs,
             },
         )?;
         notes.extend(sandbox.notes.iter().map(|n| format!("sandbox: {n}")));

@@ -109,6 +109,8 @@ pub fn plan(
         read_write: p(landlock::BASE_READ_WRITE_FILES),
         connect: landlock::ports(&eff.connect)?,
         bind: landlock::ports(&eff.bind)?,
+        // A tool reaches no Unix socket of the host by path (its calls come over its pipes).
+        unix: Vec::new(),
         unscoped: false,
     };
     plan.read.extend(eff.read.iter().cloned());

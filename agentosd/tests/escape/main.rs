@@ -14,6 +14,7 @@ mod common;
 mod deputy;
 mod net;
 mod probe;
+mod unix;
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
@@ -829,7 +830,11 @@ fn suite(filter: Option<&str>) -> i32 {
     // Attempts of the other classes, each in its own module; `_fixtures` keeps their listeners
     // and files alive until the suite ends.
     let mut _fixtures: Vec<Box<dyn std::any::Any>> = Vec::new();
-    for (more, fixture) in [net::attempts(&ctx), channels::attempts(&ctx)] {
+    for (more, fixture) in [
+        net::attempts(&ctx),
+        channels::attempts(&ctx),
+        unix::attempts(&ctx),
+    ] {
         attempts.extend(more);
         _fixtures.push(fixture);
     }

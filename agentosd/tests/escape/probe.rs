@@ -408,6 +408,7 @@ pub fn run(args: &[String]) {
         // failure of the suite itself (it once reported success, so a typo passed).
         other => crate::net::probe(other, args)
             .or_else(|| crate::channels::probe(other, args))
+            .or_else(|| crate::unix::probe(other, args))
             .or_else(|| crate::deputy::probe(other, args))
             .unwrap_or_else(|| {
                 println!("{{\"attempt\":{other:?},\"ok\":false,\"errno\":\"unknown attempt\",\"detail\":\"\"}}");

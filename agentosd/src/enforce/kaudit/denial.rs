@@ -144,6 +144,8 @@ fn landlock_op(blocker: &str) -> (&'static str, &'static str, i32) {
         "fs.make_sym" => ("symlink", "EACCES"),
         "fs.refer" => ("rename", "EXDEV"),
         "fs.ioctl_dev" => ("ioctl", "EACCES"),
+        // ABI 9: connect (stream) or sendto (datagram) to a host's pathname Unix socket.
+        "fs.resolve_unix" => ("connect", "EACCES"),
         "net.bind_tcp" => ("bind", "EACCES"),
         "net.connect_tcp" => ("connect", "EACCES"),
         "scope.signal" => ("kill", "EPERM"),
