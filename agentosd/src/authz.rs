@@ -216,6 +216,9 @@ impl Policy {
         if caller.uid == 0 {
             return true;
         }
+        if is_agent(caller.uid) {
+            return false;
+        }
         self.rules.iter().any(|r| {
             Self::matches(&r.who, caller)
                 && r.actions.contains(&action)
@@ -227,6 +230,13 @@ impl Policy {
                 }
         })
     }
+}
+
+/// Whether `uid` is an agent's (`--agent-uids`): an agent holds no action on the daemon's API,
+/// whatever a rule or polkit would say of its uid (an agent reaches the system bus wherever
+/// the kernel lacks Landlock's `RESOLVE_UNIX`).
+pub fn is_agent(uid: u32) -> bool {
+    crate::sandbox::identity::range().contains(uid)
 }
 
 /// A D-Bus caller as the bus and the kernel describe it.
@@ -350,6 +360,22 @@ mod tests {
         assert!(!p.allows(&op, Action::ManageAgents, Scope::Tenant("other")));
         assert!(!p.allows(&op, Action::ManageAgents, Scope::Global));
         assert!(p.allows(&op, Action::Read, Scope::AnyTenant));
+    }
+
+    #[test]
+    fn an_agents_uid_holds_nothing_whatever_the_rules_say() {
+        let agent = crate::sandbox::identity::range().first + 6;
+        let p = Policy {
+            rules: vec![
+                format!("uid:{agent}=all").parse().unwrap(),
+                "uid:9=read".parse().unwrap(),
+            ],
+        };
+        for a in ALL_ACTIONS {
+            assert!(!p.allows(&caller(agent, &[]), a, Scope::AnyTenant), "{a}");
+        }
+        // The same kind of rule for a uid outside the range holds.
+        assert!(p.allows(&caller(9, &[]), Action::Read, Scope::AnyTenant));
     }
 
     #[test]

@@ -779,3 +779,71 @@ fn signals_reach_only_subscribers_who_may_read_the_agent() {
         "a signal of the daemon was broadcast:\n{seen}"
     );
 }
+
+/// A caller looping over calls it may not make (a local user, or an agent: below Landlock ABI 9
+/// every agent reaches the system bus) is refused every time, but writes a bounded number of
+/// records: the first `burst` one by one, then summaries ("refused-calls-suppressed") that
+/// count the rest, never silently. (That an agent's uid holds no action whatever a rule says
+/// is `authz::tests::an_agents_uid_holds_nothing_whatever_the_rules_say`: a bus refuses a uid
+/// without a passwd entry before the daemon sees it.)
+#[test]
+fn refused_calls_are_recorded_at_a_bounded_rate() {
+    skip_unless_capable!();
+    let bus = Bus::start_open();
+    let cg = TestCgroup::new("authz-flood");
+    let dir = tempfile::tempdir().unwrap();
+    let r = rules();
+    let mut extra: Vec<&str> = r.iter().map(String::as_str).collect();
+    extra.extend([
+        "--denial-records-per-sec",
+        "1",
+        "--denial-records-burst",
+        "5",
+    ]);
+    let d = Daemon::start_with(&bus, &cg.path, dir.path(), &extra);
+    let b = d.bus.clone();
+    const CALLS: u64 = 60;
+    for i in 0..CALLS {
+        assert_eq!(
+            call(&b, STRANGER, "ListAgents", &[]),
+            Err(DENIED.into()),
+            "call {i}"
+        );
+    }
+    // The allowed still pass.
+    assert!(call(&b, MEMBER, "ListAgents", &[]).is_ok());
+    // The 2 s report writes the summary.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let recs = audit_records(dir.path());
+        let of_stranger = |r: &&serde_json::Value| r["detail"]["caller"]["uid"] == STRANGER.uid;
+        let singles = recs
+            .iter()
+            .filter(|r| r["detail"]["event"] == "refused-call")
+            .filter(of_stranger)
+            .count() as u64;
+        let summaries: Vec<&serde_json::Value> = recs
+            .iter()
+            .filter(|r| r["detail"]["event"] == "refused-calls-suppressed")
+            .filter(of_stranger)
+            .collect();
+        let counted: u64 = summaries
+            .iter()
+            .map(|r| r["detail"]["count"].as_u64().unwrap())
+            .sum();
+        if singles + counted == CALLS {
+            // Bounded: the burst plus about one a second of the run, not one per call.
+            assert!(singles < CALLS / 2, "{singles} single records of {CALLS}");
+            let s = summaries[0];
+            assert_eq!(s["decision"], "deny", "{s}");
+            assert!(s["detail"]["by"]["ListAgents"].as_u64().unwrap() > 0, "{s}");
+            assert_eq!(s["detail"]["limit"]["burst"], 5, "{s}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{singles} refused-call records + {counted} counted in summaries != {CALLS} calls: {summaries:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}

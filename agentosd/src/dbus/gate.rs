@@ -37,6 +37,9 @@ impl Gate {
         let Some(t) = self.sup.audit_trail() else {
             return;
         };
+        if !self.sup.admit_refused_call(caller.uid, method) {
+            return;
+        }
         let (tenant, name) = target.unwrap_or(("", ""));
         t.submit(t.lifecycle(
             tenant,
@@ -105,6 +108,11 @@ impl Gate {
     pub async fn allows(&self, caller: &Caller, action: Action, scope: Scope<'_>) -> bool {
         if caller.uid == 0 {
             return true;
+        }
+        // An agent holds no action, whatever a rule or polkit would say of its uid: refused
+        // without asking polkit (an agent looping over calls costs no polkit round trip).
+        if crate::authz::is_agent(caller.uid) {
+            return false;
         }
         let Some(polkit) = &self.polkit else {
             return self.policy.allows(caller, action, scope);

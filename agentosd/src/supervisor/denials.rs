@@ -130,9 +130,52 @@ impl Supervisor {
         lock(&self.record_limit).admit(&agent, hook, std::time::Instant::now())
     }
 
+    /// Whether a D-Bus call refused to `uid` gets a `refused-call` record of its own, or is
+    /// counted for that uid's next "refused-calls-suppressed" summary. A local user or an agent
+    /// looping over calls it may not make (every agent can reach the system bus below Landlock
+    /// ABI 9) writes a bounded number of records a second, like an agent's kernel denials.
+    pub fn admit_refused_call(&self, uid: u32, method: &str) -> bool {
+        lock(&self.call_limit).admit(&format!("uid {uid}"), method, std::time::Instant::now())
+    }
+
+    /// One record per caller whose refused D-Bus calls were over the record rate since the
+    /// last report: how many, by method, over how long.
+    fn report_suppressed_calls(&self) {
+        let summaries = lock(&self.call_limit).summaries(std::time::Instant::now());
+        let limits = self.config().denial_records;
+        for s in summaries {
+            tracing::warn!(
+                caller = %s.agent,
+                "{} refused D-Bus call(s) over the record rate ({}/s, burst {}) in {} ms: counted, not recorded one by one",
+                s.suppressed, limits.per_sec, limits.burst, s.window.as_millis()
+            );
+            let Some(t) = self.audit_trail() else {
+                continue;
+            };
+            let uid = s
+                .agent
+                .strip_prefix("uid ")
+                .and_then(|u| u.parse::<u32>().ok());
+            t.submit_or_count(t.lifecycle(
+                "",
+                "",
+                "refused-calls-suppressed",
+                Some(Decision::Deny),
+                json!({
+                    "count": s.suppressed,
+                    "by": s.by,
+                    "window_ms": s.window.as_millis() as u64,
+                    "caller": {"uid": uid},
+                    "limit": {"per_sec": limits.per_sec, "burst": limits.burst},
+                }),
+            ));
+        }
+    }
+
     /// One record per agent whose denials were over its rate since the last report: how many,
     /// by hook, over how long. The suppressed denials are counted, never silently lost.
     pub(super) fn report_suppressed(&self) {
+        self.report_suppressed_calls();
         let summaries = lock(&self.record_limit).summaries(std::time::Instant::now());
         let limits = self.config().denial_records;
         for s in summaries {

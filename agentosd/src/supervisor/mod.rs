@@ -198,6 +198,9 @@ pub struct Supervisor {
     denials: Mutex<BTreeMap<String, u64>>,
     /// Which denials get a record of their own (per-agent rate limit); see denials.rs.
     record_limit: Mutex<crate::enforce::limit::RecordLimiter>,
+    /// Which refused D-Bus calls get a record of their own (per caller uid, the same rate);
+    /// see denials.rs.
+    call_limit: Mutex<crate::enforce::limit::RecordLimiter>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -278,6 +281,7 @@ impl Supervisor {
             models: std::sync::OnceLock::new(),
             denials: Mutex::default(),
             record_limit: Mutex::new(crate::enforce::limit::RecordLimiter::new(limits)),
+            call_limit: Mutex::new(crate::enforce::limit::RecordLimiter::new(limits)),
         })
     }
 
