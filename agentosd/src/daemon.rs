@@ -348,6 +348,7 @@ fn setup_models(
         Some(&opts.state_dir),
         sup.telemetry().clone(),
     );
+    gateway.set_agent_rate(opts.ipc.agent_rate);
     tokio::spawn(gateway.clone().keep_ledger());
     tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {

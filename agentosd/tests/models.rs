@@ -1213,3 +1213,57 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
     );
     mem.finish(Duration::from_secs(1), 64);
 }
+
+/// The per-agent rate holds on the model gateway as on the MCP socket: an agent sending large
+/// requests on 4 connections as fast as it can is read at its rate (`--ipc-agent-rate`, 2 MiB/s
+/// here), not at whatever the daemon could parse; without a rate the same agent is read many
+/// times faster (the figure the rate takes away).
+#[test]
+fn the_gateway_reads_an_agent_at_its_rate() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let rate = 2u64 << 20;
+    let rate_arg = rate.to_string();
+    let mut got = Vec::new();
+    for args in [
+        vec!["--ipc-agent-rate", rate_arg.as_str()],
+        vec!["--ipc-agent-rate", "0"],
+    ] {
+        let s = setup_with(
+            &format!("models-rate-{}", args[1]),
+            &server,
+            None,
+            ONE_BACKEND,
+            &args,
+        );
+        run_agent(
+            &s,
+            "bigflood",
+            "\"bigflood\"",
+            "modelPolicy: { allow: [chat] }\n",
+        );
+        let all = steps(&s, "bigflood", 90);
+        let r = step(&all, "bigflood");
+        let mib = r["mib_per_s"].as_f64().unwrap();
+        // Every request was answered (refused: the model is not granted), none dropped.
+        let statuses = r["statuses"].as_object().unwrap();
+        assert!(
+            statuses.keys().all(|k| k.starts_with('4')),
+            "statuses {statuses:?}"
+        );
+        println!("gateway read the agent at {mib:.1} MiB/s with {args:?}");
+        got.push(mib);
+    }
+    let (limited, free) = (got[0], got[1]);
+    let want = rate as f64 / f64::from(1 << 20);
+    assert!(
+        limited <= want * 1.5 && limited >= want * 0.4,
+        "read at {limited:.1} MiB/s with a rate of {want} MiB/s"
+    );
+    assert!(
+        free > limited * 3.0,
+        "without the rate {free:.1} MiB/s, with it {limited:.1} MiB/s"
+    );
+}

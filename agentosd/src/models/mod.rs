@@ -17,6 +17,7 @@ pub mod budget;
 pub mod config;
 pub mod http;
 mod peer_tcp;
+pub mod rate;
 mod serve;
 pub mod tcp;
 pub mod tls;
@@ -82,6 +83,8 @@ pub struct AgentModels {
     tenant_meter: Arc<Meter>,
     inflight: Arc<tokio::sync::Semaphore>,
     stats: Arc<Stats>,
+    /// What the daemon reads from it a second over all its gateway connections (rate.rs).
+    rate: rate::AgentRate,
 }
 
 /// An agent's budget and figures.
@@ -113,6 +116,8 @@ pub struct Gateway {
     /// Connections refused at the agents' model sockets and ports: a record each within the
     /// denial records' default rate per agent, the rest counted ([`Gateway::report_refusals`]).
     refusals: Mutex<crate::enforce::limit::RecordLimiter>,
+    /// Bytes a second per agent over its gateway connections (`--ipc-agent-rate`; 0: none).
+    agent_rate: std::sync::atomic::AtomicU64,
 }
 
 /// See [`Gateway::host_port`].
@@ -166,7 +171,15 @@ impl Gateway {
                 pending: HashMap::new(),
             }),
             refusals: Mutex::new(crate::enforce::limit::RecordLimiter::new(Default::default())),
+            agent_rate: crate::ipc::rate::DEFAULT_AGENT_RATE.into(),
         })
+    }
+
+    /// The per-agent rate for agents served from now on (`--ipc-agent-rate`: the same figure
+    /// as on the MCP socket, a bucket of its own; 0: none).
+    pub fn set_agent_rate(&self, rate: u64) {
+        self.agent_rate
+            .store(rate, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A connection refused at `agent`'s model socket or port: the log line and a
@@ -307,6 +320,7 @@ impl Gateway {
             tenant_meter,
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
             stats,
+            rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed)),
         });
         let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
         let task = tokio::spawn(serve::accept_unix(

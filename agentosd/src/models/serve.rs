@@ -37,8 +37,11 @@ where
 {
     tokio::spawn(async move {
         let _permit = permit;
-        let svc =
-            hyper::service::service_fn(move |req| http::handle(gw.clone(), agent.clone(), req));
+        let io = agent.rate.reader(io);
+        let svc = hyper::service::service_fn(move |req| {
+            agent.rate.request();
+            http::handle(gw.clone(), agent.clone(), req)
+        });
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30))
@@ -60,6 +63,7 @@ pub(super) async fn accept_unix(
         let Ok(permit) = conns.clone().acquire_owned().await else {
             return;
         };
+        agent.rate.accept().await;
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
@@ -106,6 +110,7 @@ pub(super) async fn accept_tcp(
         let Ok(permit) = conns.clone().acquire_owned().await else {
             return;
         };
+        agent.rate.accept().await;
         let (s, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {

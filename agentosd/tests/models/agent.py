@@ -215,6 +215,48 @@ def flood():
     time.sleep(40)
 
 
+def bigflood():
+    """Large requests on 4 connections (the calls in flight an agent may have), each sent again
+    as soon as it is answered, for 6 s: how many
+    MiB a second the gateway reads from this agent (its rate, when it has one)."""
+    import threading
+    import time
+    body = {"model": "not-granted", "messages": [{"role": "user", "content": "x" * (1 << 20)}]}
+    data = json.dumps(body).encode()
+    sent = [0]
+    statuses = {}
+    lock = threading.Lock()
+    stop = time.monotonic() + 6
+
+    def one():
+        c = httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=60)
+        while time.monotonic() < stop:
+            try:
+                r = c.post("http://agentos/v1/chat/completions", content=data,
+                           headers={"content-type": "application/json"})
+                code = r.status_code
+            except httpx.HTTPError as e:
+                code = type(e).__name__
+            with lock:
+                sent[0] += len(data)
+                statuses[str(code)] = statuses.get(str(code), 0) + 1
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    with lock:
+        a = sent[0]
+    t0 = time.monotonic()
+    time.sleep(3)
+    with lock:
+        b = sent[0]
+    secs = time.monotonic() - t0
+    for t in threads:
+        t.join()
+    emit("bigflood", mib_per_s=(b - a) / secs / (1 << 20), statuses=statuses)
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -246,6 +288,8 @@ if mode == "tour":
     tour(sys.argv[2])
 elif mode == "flood":
     flood()
+elif mode == "bigflood":
+    bigflood()
 elif mode == "inflight":
     inflight()
 elif mode == "tls":
