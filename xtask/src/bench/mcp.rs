@@ -99,6 +99,13 @@ pub struct ClientArgs {
     /// CLOCK_MONOTONIC), then run each mode for one phase.
     #[arg(long)]
     pub flood: Option<PathBuf>,
+    /// With `--flood`: run the modes this many times, one phase each (files PREFIX-MODE-N.bin
+    /// when more than one).
+    #[arg(long, default_value_t = 1)]
+    pub phases: u64,
+    /// With `--flood`: one request every this many µs (0: back to back).
+    #[arg(long, default_value_t = 0)]
+    pub interval_us: u64,
 }
 
 /// The tool the agents call: the echo server's `echo`, behind the `bench` manifest.
@@ -355,12 +362,21 @@ fn round_trip(c: &mut Conn, mode: Mode, tool: &str, buf: &mut String) -> Result<
     Ok(dt.min(u32::MAX as u64) as u32)
 }
 
-fn write_samples(prefix: &Path, mode: Mode, samples: &[u32]) -> Result<()> {
+/// Sleep until `CLOCK_MONOTONIC` reaches `at_ns`.
+fn sleep_until(at_ns: u64) {
+    while mono_ns() < at_ns {
+        std::thread::sleep(Duration::from_micros(
+            (at_ns.saturating_sub(mono_ns()) / 1000).clamp(1, 10_000),
+        ));
+    }
+}
+
+fn write_samples(prefix: &Path, name: &str, samples: &[u32]) -> Result<()> {
     let mut bytes = Vec::with_capacity(samples.len() * 4);
     for s in samples {
         bytes.extend_from_slice(&s.to_le_bytes());
     }
-    let p = PathBuf::from(format!("{}-{}.bin", prefix.display(), mode_name(mode)));
+    let p = PathBuf::from(format!("{}-{name}.bin", prefix.display()));
     let tmp = p.with_extension("tmp");
     std::fs::write(&tmp, bytes).with_context(|| format!("{}", tmp.display()))?;
     std::fs::rename(&tmp, &p)?;
@@ -392,7 +408,7 @@ pub fn client(a: ClientArgs) -> Result<()> {
                 for _ in 0..a.calls {
                     samples.push(round_trip(&mut c, m, &a.tool, &mut buf)?);
                 }
-                write_samples(&a.out, m, &samples)?;
+                write_samples(&a.out, mode_name(m), &samples)?;
             }
         }
         Some(dir) => {
@@ -414,19 +430,26 @@ pub fn client(a: ClientArgs) -> Result<()> {
             let [start, phase, gap] = v[..] else {
                 bail!("go file: {text:?}");
             };
-            for (i, &m) in modes.iter().enumerate() {
+            let runs = (0..a.phases).flat_map(|p| modes.iter().map(move |m| (p, *m)));
+            for (i, (p, m)) in runs.enumerate() {
                 let begin = start + i as u64 * (phase + gap);
                 let end = begin + phase;
-                while mono_ns() < begin {
-                    std::thread::sleep(Duration::from_micros(
-                        ((begin - mono_ns()) / 1000).clamp(1, 10_000),
-                    ));
-                }
+                sleep_until(begin);
                 let mut samples = Vec::with_capacity(1 << 16);
+                let mut next = begin;
                 while mono_ns() < end {
                     samples.push(round_trip(&mut c, m, &a.tool, &mut buf)?);
+                    if a.interval_us > 0 {
+                        next += a.interval_us * 1000;
+                        sleep_until(next);
+                    }
                 }
-                write_samples(&a.out, m, &samples)?;
+                let name = if a.phases > 1 {
+                    format!("{}-{p}", mode_name(m))
+                } else {
+                    mode_name(m).to_string()
+                };
+                write_samples(&a.out, &name, &samples)?;
             }
         }
     }
@@ -462,6 +485,13 @@ fn floor_server(path: &Path) -> Result<()> {
         }
     });
     Ok(())
+}
+
+/// The `bench` tool's manifest: this binary's echo server, from the layout's bin/.
+pub(super) fn echo_manifest(l: &Layout) -> String {
+    ECHO_MANIFEST
+        .replace("EXE", &l.exe.display().to_string())
+        .replace("BIN", &l.bin.display().to_string())
 }
 
 const ECHO_MANIFEST: &str = r#"apiVersion: agentos/v0.2
@@ -547,12 +577,7 @@ fn bench(
     std::fs::create_dir_all(&tools)?;
     chmod(&tools, 0o755)?;
     let (exe, out, state) = (l.exe.clone(), l.out.clone(), l.state.clone());
-    std::fs::write(
-        tools.join("bench.yaml"),
-        ECHO_MANIFEST
-            .replace("EXE", &exe.display().to_string())
-            .replace("BIN", &l.bin.display().to_string()),
-    )?;
+    std::fs::write(tools.join("bench.yaml"), echo_manifest(&l))?;
     std::fs::write(
         tools.join("benchw.yaml"),
         ECHO_MANIFEST

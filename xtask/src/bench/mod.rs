@@ -6,6 +6,7 @@ use clap::Subcommand;
 pub mod dns;
 mod harness;
 pub mod hrt;
+pub mod isolation;
 pub mod mcp;
 pub mod models;
 mod models_http;
@@ -37,6 +38,13 @@ pub enum BenchCmd {
     /// connect latency with 1 000 learnt names vs one static rule vs no BPF (p50/p99), in a
     /// network namespace of its own. Root.
     Dns(dns::DnsArgs),
+    /// What one hostile agent costs another agent's tool calls and `agentctl list`: p50/p99
+    /// in a quiet window and under each attack (large requests, pipelined pings, a connect
+    /// loop, a denial flood), the daemon's CPU and memory. Root.
+    Isolation(isolation::IsolationArgs),
+    /// (internal) the hostile agent of `bench isolation`.
+    #[command(hide = true)]
+    Attack(isolation::AttackArgs),
     /// (internal) the measured lookups and connects of `bench dns`.
     #[command(hide = true)]
     DnsClient(dns::ClientArgs),
@@ -75,6 +83,7 @@ impl BenchCmd {
                 | BenchCmd::McpEchoServer
                 | BenchCmd::ModelClient(_)
                 | BenchCmd::Burn { .. }
+                | BenchCmd::Attack(_)
         )
     }
 }
@@ -89,6 +98,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::McpEchoServer => mcp::echo_server(),
         BenchCmd::Models(a) => models::run(a),
         BenchCmd::Dns(a) => dns::run(a),
+        BenchCmd::Isolation(a) => isolation::run(a),
+        BenchCmd::Attack(a) => isolation::attack(a),
         BenchCmd::DnsClient(a) => dns::client(a),
         BenchCmd::ModelClient(a) => models::client(a),
         BenchCmd::RtLoop(a) => hrt::rtloop(a),

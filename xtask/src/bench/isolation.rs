@@ -1,0 +1,467 @@
+//! `cargo xtask bench isolation`: what one hostile agent costs the others and the operator
+//! (issue 15, "Isolation measured"). For each attack, one run: a polite agent calls a tool
+//! (`bench.echo`, the gate and a durable audit record) every `--interval-ms` through a quiet
+//! window and then a window under attack, while the bench times `agentctl list` (a process, as
+//! an operator types it) and `ListAgents` (in process) every 100 ms and reads the daemon's CPU
+//! time and memory. The attacker is an agent with no more rights than the polite one, running
+//! this binary (`bench attack --kind K`):
+//!
+//! | attack | what it does |
+//! |---|---|
+//! | `large` | 16 connections (all it may have) sending 1 MiB requests, reading nothing |
+//! | `pipeline` | 16 connections pipelining pings with long ids, reading nothing |
+//! | `connect` | connect and close on its socket in a loop, 4 threads |
+//! | `denials` | UDP datagrams to a port it is not granted, in a loop (cgroup BPF refusals, each an event the daemon reads and records at the denial rate) |
+//!
+//! Goal: the polite agent's and `agentctl list`'s p99 under attack within 2× of the quiet
+//! window's. The windows are back to back in one run, so the host's load falls on both alike.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::harness::{
+    Dist, Env, Layout, Procs, TENANT, build_bins, chmod, loadavg, mono_ns, read_samples, teardown,
+};
+
+#[derive(Args)]
+pub struct IsolationArgs {
+    /// Seconds of each window (quiet, then under attack).
+    #[arg(long, default_value_t = 8)]
+    pub secs: u64,
+    /// Comma-separated attacks: large, pipeline, connect, denials.
+    #[arg(long, default_value = "large,pipeline,connect,denials")]
+    pub attacks: String,
+    /// The polite agent's interval between tool calls, ms.
+    #[arg(long, default_value_t = 20)]
+    pub interval_ms: u64,
+    /// Directory with release agentosd and agentctl [default: build them].
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Working directory [default: /var/tmp/agentos-bench-iso-PID].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the working directory.
+    #[arg(long)]
+    pub keep: bool,
+    /// One more agentosd argument (repeatable), e.g. `--daemon-arg=--ipc-agent-rate=0` to see
+    /// an attack without the rate.
+    #[arg(long = "daemon-arg", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct AttackArgs {
+    /// large, pipeline, connect or denials.
+    #[arg(long)]
+    pub kind: String,
+    /// denials: the ungranted UDP port.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+}
+
+const ATTACKS: &[&str] = &["large", "pipeline", "connect", "denials"];
+
+pub fn run(a: IsolationArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench isolation needs root (cgroups, agents with their own uids)");
+    }
+    let attacks: Vec<String> = a.attacks.split(',').map(str::to_string).collect();
+    if let Some(bad) = attacks.iter().find(|k| !ATTACKS.contains(&k.as_str())) {
+        bail!("unknown attack {bad:?}: one of {ATTACKS:?}");
+    }
+    let mount = agentosd::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
+    let bin_dir = match &a.bin_dir {
+        Some(d) => d.clone(),
+        None => build_bins()?,
+    };
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("/var/tmp/agentos-bench-iso-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let dir = std::fs::canonicalize(&dir)?;
+    chmod(&dir, 0o755)?;
+    let cgroup_root = mount.join(format!("agentos-bench-iso-{}", std::process::id()));
+    let mut procs = Procs(Vec::new());
+    let result = bench(&a, &attacks, &dir, &bin_dir, &cgroup_root, &mut procs);
+    teardown(procs, &cgroup_root);
+    if a.keep {
+        eprintln!("bench isolation: kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn bench(
+    a: &IsolationArgs,
+    attacks: &[String],
+    dir: &Path,
+    bin_dir: &Path,
+    cgroup_root: &Path,
+    procs: &mut Procs,
+) -> Result<()> {
+    let l = Layout::new(dir)?;
+    let tools = dir.join("tools.d");
+    std::fs::create_dir_all(&tools)?;
+    chmod(&tools, 0o755)?;
+    std::fs::write(tools.join("bench.yaml"), super::mcp::echo_manifest(&l))?;
+    let mut extra: Vec<OsString> = vec!["--tools-dir".into(), tools.into_os_string()];
+    extra.extend(a.daemon_args.iter().map(OsString::from));
+    let audit_dir = l.state.join("audit");
+    std::fs::create_dir_all(&audit_dir)?;
+    let env = Env::launch(&l, bin_dir, cgroup_root, &audit_dir, &extra, procs)?;
+    let controllers = std::fs::read_to_string(cgroup_root.join("cgroup.subtree_control"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    eprintln!(
+        "bench isolation: agentosd pid {}, load {}, agents' controllers [{controllers}], daemon args {:?}",
+        env.daemon_pid,
+        loadavg(),
+        a.daemon_args
+    );
+    let mut rows = Vec::new();
+    for (i, kind) in attacks.iter().enumerate() {
+        let row = one_attack(a, &env, kind, i)?;
+        print_row(&row);
+        rows.push(row);
+    }
+    let doc = json!({
+        "date": chrono_now(),
+        "load_after": loadavg(),
+        "controllers": controllers,
+        "daemon_args": a.daemon_args,
+        "secs": a.secs,
+        "interval_ms": a.interval_ms,
+        "attacks": rows,
+    });
+    println!("\n{}", table(&rows));
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+fn chrono_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The daemon's CPU time in clock ticks and its `VmRSS` / `VmHWM` in KiB.
+fn daemon_cpu(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    num(11) + num(12)
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Value> {
+    let polite = format!("polite{i}");
+    let attacker = format!("attack-{kind}");
+    // Readable by the agent: ctl/ is in its contract.
+    let go_dir = env.ctl_dir.join(format!("go{i}"));
+    std::fs::create_dir_all(&go_dir)?;
+    chmod(&go_dir, 0o755)?;
+    // The agent writes its samples into its own home (the only place it may write).
+    let prefix = env.home(&polite).join("out");
+    let args: Vec<String> = [
+        "bench",
+        "mcp-client",
+        "--modes",
+        "call",
+        "--warmup",
+        "50",
+        "--phases",
+        "2",
+        "--interval-us",
+        &(a.interval_ms * 1000).to_string(),
+        "--flood",
+        &go_dir.display().to_string(),
+        "--out",
+        &prefix.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    env.start_agent(&polite, &args)?;
+    let ready = PathBuf::from(format!("{}.ready", prefix.display()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        if Instant::now() > deadline {
+            bail!(
+                "the polite agent is not ready; its log:\n{}\ndaemon log:\n{}",
+                env.agent_log(&polite),
+                env.daemon_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let phase = a.secs * 1_000_000_000;
+    let gap = 1_000_000_000;
+    let start = mono_ns() + 500_000_000;
+    std::fs::write(go_dir.join("go"), format!("{start} {phase} {gap}\n"))?;
+    let pid = env.daemon_pid;
+    let tck = super::harness::clk_tck();
+    let mut list = [Vec::new(), Vec::new()];
+    let mut dbus = [Vec::new(), Vec::new()];
+    let mut cpu = [0u64; 2];
+    let mut attack_started = false;
+    let rss_before = status_kib(pid, "VmRSS:");
+    let windows = [
+        (start, start + phase),
+        (start + phase + gap, start + 2 * phase + gap),
+    ];
+    let end = windows[1].1;
+    let mut cpu_at_begin = [None, None];
+    while mono_ns() < end {
+        let now = mono_ns();
+        if !attack_started && now >= start + phase {
+            attack_started = true;
+            // The peak of the attack window from here (clear_refs 5 resets VmHWM).
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+            start_attacker(env, &attacker, kind)?;
+        }
+        for (w, (b, e)) in windows.iter().enumerate() {
+            if now >= *b && now < *e {
+                if cpu_at_begin[w].is_none() {
+                    cpu_at_begin[w] = Some(daemon_cpu(pid));
+                }
+                list[w].push(env.agentctl_list_timed()?);
+                dbus[w].push(env.list_timed()?);
+            } else if now >= *e
+                && let Some(c0) = cpu_at_begin[w]
+                && cpu[w] == 0
+            {
+                cpu[w] = daemon_cpu(pid).saturating_sub(c0).max(1);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let Some(c0) = cpu_at_begin[1] {
+        cpu[1] = daemon_cpu(pid).saturating_sub(c0).max(1);
+    }
+    let rss_peak = status_kib(pid, "VmHWM:");
+    let attacker_log = env.agent_log(&attacker);
+    let _ = env.agentctl(&["stop", &attacker]);
+    let done = PathBuf::from(format!("{}.done", prefix.display()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done.exists() {
+        if Instant::now() > deadline {
+            bail!(
+                "the polite agent did not finish; its log:\n{}{}\ndaemon log:\n{}",
+                env.agent_log(&polite),
+                std::fs::read_to_string(env.state.join(format!("logs/{TENANT}/{polite}.err")))
+                    .unwrap_or_default(),
+                env.daemon_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = env.agentctl(&["stop", &polite]);
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_after = status_kib(pid, "VmRSS:");
+    let calls: Vec<Dist> = (0..2)
+        .map(|w| {
+            let p = PathBuf::from(format!("{}-call-{w}.bin", prefix.display()));
+            read_samples(&p).map(|v| Dist::new(v.into_iter().map(u64::from).collect()))
+        })
+        .collect::<Result<_>>()?;
+    let secs = a.secs as f64;
+    let window = |w: usize| {
+        let l = Dist::new(list[w].clone());
+        let d = Dist::new(dbus[w].clone());
+        json!({
+            "call": calls[w].json(),
+            "agentctl_list": l.json(),
+            "list_agents": d.json(),
+            "daemon_cpu_pct": cpu[w] as f64 / tck / secs * 100.0,
+        })
+    };
+    let ratio = |w0: &Dist, w1: &Dist, p: usize| w1.p(p) as f64 / w0.p(p).max(1) as f64;
+    let (l0, l1) = (Dist::new(list[0].clone()), Dist::new(list[1].clone()));
+    Ok(json!({
+        "attack": kind,
+        "quiet": window(0),
+        "attack_window": window(1),
+        "ratio": {
+            "call_p50": ratio(&calls[0], &calls[1], 500),
+            "call_p99": ratio(&calls[0], &calls[1], 990),
+            "agentctl_list_p50": ratio(&l0, &l1, 500),
+            "agentctl_list_p99": ratio(&l0, &l1, 990),
+        },
+        "rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
+        "attacker_log_tail": attacker_log.lines().rev().take(3).collect::<Vec<_>>(),
+    }))
+}
+
+fn start_attacker(env: &Env, name: &str, kind: &str) -> Result<()> {
+    let mut args = vec![
+        "bench".into(),
+        "attack".into(),
+        "--kind".into(),
+        kind.into(),
+    ];
+    let mut caps: Vec<String> = Vec::new();
+    if kind == "denials" {
+        // Granted one port (nothing listens there); its datagrams go to the next one.
+        let l = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        drop(l);
+        caps.push(format!("net.connect: [\"127.0.0.1:{port}\"]"));
+        args.extend(["--port".into(), (port.wrapping_add(1)).to_string()]);
+    }
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    env.start_agent_with(name, &args, &caps, "")
+}
+
+fn print_row(r: &Value) {
+    let ms = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1e6;
+    let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
+    eprintln!(
+        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}%",
+        r["attack"].as_str().unwrap_or(""),
+        ms(&q["call"]["p99_ns"]),
+        ms(&t["call"]["p99_ns"]),
+        x["call_p99"].as_f64().unwrap_or(0.0),
+        ms(&q["agentctl_list"]["p99_ns"]),
+        ms(&t["agentctl_list"]["p99_ns"]),
+        x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
+        q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+        t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+    );
+}
+
+/// The Markdown table of docs/benchmarks.md.
+fn table(rows: &[Value]) -> String {
+    let ms = |v: &Value| format!("{:.1}", v.as_u64().unwrap_or(0) as f64 / 1e6);
+    let mut s = String::from(
+        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | daemon CPU quiet → attack | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
+        let mib = |k: &str| r["rss_kib"][k].as_u64().unwrap_or(0) as f64 / 1024.0;
+        s.push_str(&format!(
+            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {:.0} → {:.0}% | {:.1} / {:.1} / {:.1} |\n",
+            r["attack"].as_str().unwrap_or(""),
+            ms(&q["call"]["p50_ns"]),
+            ms(&q["call"]["p99_ns"]),
+            ms(&t["call"]["p50_ns"]),
+            ms(&t["call"]["p99_ns"]),
+            x["call_p50"].as_f64().unwrap_or(0.0),
+            x["call_p99"].as_f64().unwrap_or(0.0),
+            ms(&q["agentctl_list"]["p50_ns"]),
+            ms(&q["agentctl_list"]["p99_ns"]),
+            ms(&t["agentctl_list"]["p50_ns"]),
+            ms(&t["agentctl_list"]["p99_ns"]),
+            x["agentctl_list_p50"].as_f64().unwrap_or(0.0),
+            x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
+            q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+            t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+            mib("before"),
+            mib("peak"),
+            mib("after"),
+        ));
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attacker (runs as an agent).
+
+/// `bench attack`: runs until the agent is stopped.
+pub fn attack(a: AttackArgs) -> Result<()> {
+    let sock = std::env::var_os("AGENTOS_SOCKET")
+        .map(PathBuf::from)
+        .context("no AGENTOS_SOCKET")?;
+    match a.kind.as_str() {
+        "large" => flood(&sock, 16, |id| {
+            let mut l = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":""#).into_bytes();
+            l.resize(l.len() + (1 << 20), b'x');
+            l.extend_from_slice(b"\"}\n");
+            l
+        }),
+        "pipeline" => flood(&sock, 16, |id| {
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":\"{id:0>247}\",\"method\":\"ping\"}}\n")
+                .into_bytes()
+        }),
+        "connect" => {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let sock = sock.clone();
+                    std::thread::spawn(move || {
+                        loop {
+                            let _ = UnixStream::connect(&sock);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                let _ = t.join();
+            }
+            Ok(())
+        }
+        "denials" => {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").context("udp socket")?;
+            loop {
+                let _ = s.send_to(b"x", ("127.0.0.1", a.port));
+            }
+        }
+        other => bail!("unknown attack {other:?}"),
+    }
+}
+
+/// `conns` connections, each initialized, then sending `line(id)` without reading; a connection
+/// the daemon closed (stalled) is made again.
+fn flood(sock: &Path, conns: usize, line: fn(u64) -> Vec<u8>) -> Result<()> {
+    let threads: Vec<_> = (0..conns)
+        .map(|t| {
+            let sock = sock.to_path_buf();
+            std::thread::spawn(move || {
+                let mut id = (t as u64) << 40;
+                loop {
+                    let Ok(mut s) = UnixStream::connect(&sock) else {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    };
+                    let init = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"attack\",\"version\":\"0\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n";
+                    if s.write_all(init).is_err() {
+                        continue;
+                    }
+                    loop {
+                        id += 1;
+                        if s.write_all(&line(id)).is_err() {
+                            break;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
