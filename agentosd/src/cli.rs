@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// agent cannot take the daemon's CPU from the others and the operator. 0: no rate
     #[arg(long, global = true, default_value_t = crate::ipc::rate::DEFAULT_AGENT_RATE, value_name = "BYTES_PER_SEC")]
     pub ipc_agent_rate: u64,
+    /// Open files all agents' connections may hold together (MCP connections beyond the ring's
+    /// registered table, model gateway connections); past it new ones are refused, so agents
+    /// never take the files the daemon needs. 0: a quarter of the open-file limit
+    #[arg(long, global = true, default_value_t = 0, value_name = "N")]
+    pub agent_conn_files: usize,
     /// Nice steps below the daemon's own priority at which it serves agents (their sockets and
     /// MCP sessions, on threads of their own), so that D-Bus and the operator's commands come
     /// first when the CPU is short. 0: same priority, one runtime

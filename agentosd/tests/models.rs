@@ -1267,3 +1267,42 @@ fn the_gateway_reads_an_agent_at_its_rate() {
         "without the rate {free:.1} MiB/s, with it {limited:.1} MiB/s"
     );
 }
+
+/// The open files all agents' connections may hold together (`--agent-conn-files`, ipc/files.rs):
+/// with a bound of 2, an agent holding four model-gateway connections at once is served on two;
+/// the others are closed at once and recorded; the budget comes back when they close.
+#[test]
+fn agents_connections_share_a_bounded_number_of_open_files() {
+    skip_unless_capable!();
+    let Some(server) = ModelServer::chat() else {
+        return;
+    };
+    let s = setup_with(
+        "models-conn-files",
+        &server,
+        None,
+        ONE_BACKEND,
+        &["--agent-conn-files", "2"],
+    );
+    for name in ["holder", "again"] {
+        run_agent(&s, name, "\"conns\"", "modelPolicy: { allow: [chat] }\n");
+        let all = steps(&s, name, 60);
+        let r = step(&all, "conns");
+        assert_eq!(
+            (r["served"].as_u64(), r["refused"].as_u64()),
+            (Some(2), Some(2)),
+            "{name}: {r}"
+        );
+    }
+    let recs = audit_until(
+        &s,
+        "a socket-refused record naming --agent-conn-files",
+        |r| {
+            r["detail"]["event"] == "socket-refused"
+                && r["detail"]["reason"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("--agent-conn-files"))
+        },
+    );
+    assert!(!recs.is_empty());
+}

@@ -149,6 +149,7 @@ fn main() -> anyhow::Result<()> {
                 None => tracing::info!("malloc: arenas as the environment or libc sets them"),
             }
             let r = cli.run;
+            agentosd::ipc::files::AGENT_CONN_FILES.set_max(r.agent_conn_files);
             let opts = agentosd::daemon::Options {
                 state_dir: r.state_dir,
                 agents_dir: r.agents_dir,

@@ -11,6 +11,7 @@
 //! ```
 
 pub mod budget;
+pub mod files;
 mod halves;
 mod lines;
 mod peer;

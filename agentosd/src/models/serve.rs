@@ -30,13 +30,26 @@ impl Serving {
     }
 }
 
-/// Serves one accepted connection until it closes.
+/// Serves one accepted connection until it closes: if the open-file budget of all agents'
+/// connections has room (ipc/files.rs), else it is closed at once and recorded.
 fn serve_conn<S>(gw: Arc<Gateway>, agent: Arc<AgentModels>, permit: OwnedSemaphorePermit, io: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let files = &crate::ipc::files::AGENT_CONN_FILES;
+    let Some(file) = files.take() else {
+        drop(io);
+        let why = files.refusal();
+        gw.refused_conn(
+            &agent,
+            &format!("model gateway: refused a connection: {why}"),
+            json!({"event": "socket-refused", "socket": "models", "reason": why}),
+        );
+        return;
+    };
     tokio::spawn(async move {
         let _permit = permit;
+        let _file = file;
         let io = agent.rate.reader(io);
         let svc = hyper::service::service_fn(move |req| {
             agent.rate.request();

@@ -257,6 +257,27 @@ def bigflood():
     emit("bigflood", mib_per_s=(b - a) / secs / (1 << 20), statuses=statuses)
 
 
+def conns():
+    """Four connections held open at once, each asking GET /v1/models: how many are served."""
+    held, served, refused = [], 0, 0
+    for _ in range(4):
+        c = socket.socket(socket.AF_UNIX)
+        c.settimeout(10)
+        c.connect(sock)
+        held.append(c)
+    for c in held:
+        try:
+            c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = c.recv(4096)
+            if head.startswith(b"HTTP/1.1 200"):
+                served += 1
+            else:
+                refused += 1
+        except OSError:
+            refused += 1
+    emit("conns", served=served, refused=refused)
+
+
 def budget():
     ok = 0
     while ok < 50:
@@ -290,6 +311,8 @@ elif mode == "flood":
     flood()
 elif mode == "bigflood":
     bigflood()
+elif mode == "conns":
+    conns()
 elif mode == "inflight":
     inflight()
 elif mode == "tls":

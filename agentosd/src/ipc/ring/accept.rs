@@ -196,6 +196,27 @@ impl Ring {
                 },
             );
         }
+        // A connection without a registered slot is an ordinary fd: from the budget all agents
+        // share (ipc/files.rs), or refused.
+        let sock = self.park(fd);
+        let file = match &sock {
+            Sock::Fixed(_) => None,
+            Sock::Fd(_) => match crate::ipc::files::AGENT_CONN_FILES.take() {
+                Some(p) => Some(p),
+                None => {
+                    drop(sock);
+                    return self.refuse(
+                        agent,
+                        Refused {
+                            pid: ident.pid,
+                            uid: ident.uid,
+                            cgroup: Some(ident.cgroup),
+                            reason: crate::ipc::files::AGENT_CONN_FILES.refusal(),
+                        },
+                    );
+                }
+            },
+        };
         let id = self.new_id();
         let (in_tx, rx) = mpsc::channel(self.limits.inbound_queue);
         let (out_tx, out_rx) = mpsc::channel(self.limits.outbound_queue);
@@ -225,7 +246,7 @@ impl Ring {
             shared: self.shared.clone(),
         };
         if let Err(e) = self.conns_tx.try_send(Connection { peer, rx, tx }) {
-            drop(fd);
+            self.release(sock);
             let why = match e {
                 mpsc::error::TrySendError::Full(_) => "agentosd's connection queue is full",
                 mpsc::error::TrySendError::Closed(_) => "agentosd is not taking connections",
@@ -245,14 +266,14 @@ impl Ring {
         if let Some(e) = self.agents.get_mut(agent) {
             e.conns.insert(id);
         }
-        let fd = self.park(fd);
         self.conns.insert(
             id,
             Conn {
                 agent: agent.to_string(),
                 pid: ident.pid,
                 uid: ident.uid,
-                fd,
+                fd: sock,
+                _file: file,
                 bytes,
                 over_since: None,
                 rbuf: None,

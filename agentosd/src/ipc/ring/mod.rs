@@ -197,6 +197,9 @@ struct Conn {
     pid: Option<u32>,
     uid: u32,
     fd: Sock,
+    /// Its place in the open-file budget of all agents' connections when `fd` is an ordinary
+    /// fd (ipc/files.rs); given back when the connection is dropped.
+    _file: Option<crate::ipc::files::Permit<'static>>,
     /// Byte counts shared with the connection's Inbox and Outbox (budget.rs).
     bytes: Arc<ConnBytes>,
     /// Since when the agent has not kept up with its replies (over the outbound bound).
