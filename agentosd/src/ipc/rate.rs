@@ -15,7 +15,11 @@ pub const LINE_COST: u64 = 1024;
 /// What accepting a connection on an agent's socket costs: the accept, the peer's identity
 /// (`SO_PEERCRED`, a pidfd, `/proc/PID/cgroup`) and its queues, whether it is admitted or
 /// refused. An agent connecting and closing in a loop is held to its rate like one sending.
-pub const ACCEPT_COST: u64 = 4096;
+/// Measured with `cargo xtask bench isolation` (release build, 2026-11-26): a connect loop at
+/// 4 KiB a connection made the daemon spend 27-34% of a CPU (≈ 75 µs per connection, ≈ 4 000
+/// a second), a 1 MiB-request flood at the same rate 6% (≈ 4 ns a byte): a connection costs
+/// about as much as 20 KiB of requests. 64 KiB leaves a margin (a client connects once).
+pub const ACCEPT_COST: u64 = 64 << 10;
 
 /// The default `--ipc-agent-rate`, bytes a second per agent.
 pub const DEFAULT_AGENT_RATE: u64 = 16 << 20;
