@@ -8,6 +8,7 @@
 pub mod identity;
 pub mod landlock;
 pub mod netns_pool;
+pub mod path_cache;
 pub mod seccomp;
 pub mod sockets;
 
