@@ -380,6 +380,44 @@ mod tests {
     }
 
     #[test]
+    fn the_remembered_table_is_read_again_when_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = uid_for(dir.path(), "t/a").unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), a);
+        // The operator moves t/a to another uid (a new file, as an editor writes it).
+        let other = if a == UID_MIN { UID_MIN + 1 } else { UID_MIN };
+        let tmp = dir.path().join("edited");
+        std::fs::write(&tmp, format!("{{\"t/a\": {other}}}")).unwrap();
+        std::fs::rename(&tmp, table_path(dir.path())).unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), other);
+        // Written in place, same size: the mtime tells.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(table_path(dir.path()), format!("{{\"t/a\": {a}}}")).unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), a);
+    }
+
+    #[test]
+    fn make_home_restores_owner_and_mode() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let state = tempfile::tempdir().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let home = make_home(state.path(), "t", "a", me).unwrap();
+        for (p, mode) in [
+            (home.path().to_path_buf(), 0o755),
+            (home.path().join("tmp"), 0o777),
+            (state.path().join("home/t"), 0o755),
+        ] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        make_home(state.path(), "t", "a", me).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(home.path()), 0o700);
+        assert_eq!(mode(&home.path().join("tmp")), 0o700);
+        assert_eq!(mode(&state.path().join("home/t")), 0o711);
+        assert_eq!(mode(&state.path().join("home")), 0o711);
+    }
+
+    #[test]
     fn uid_table_persists() {
         let dir = tempfile::tempdir().unwrap();
         let a = uid_for(dir.path(), "t/a").unwrap();
