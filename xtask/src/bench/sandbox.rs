@@ -38,6 +38,11 @@ pub struct SandboxArgs {
     /// Leave out bwrap.
     #[arg(long)]
     pub no_bwrap: bool,
+    /// Pause after each start (µs), so that what a start leaves to the kernel's workers (a
+    /// namespace's teardown, the pool's refill, the cgroup's removal) is done before the next
+    /// mode's start is timed instead of landing on it.
+    #[arg(long, default_value_t = 200)]
+    pub settle_us: u64,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -153,7 +158,7 @@ impl Bench {
         let sandbox = if sandboxed {
             // `agentos -pathcache`: every host path resolved afresh, as before the cache.
             let cache = agentosd::sandbox::path_cache::PathCache::global();
-            cache.set_enabled(without != Some("pathcache"));
+            cache.set_enabled(!without.is_some_and(|w| w.split('+').any(|p| p == "pathcache")));
             let mut sb = agentosd::sandbox::prepare(
                 &self.state,
                 "bench",
@@ -331,6 +336,9 @@ pub fn run(a: SandboxArgs) -> Result<()> {
                 .with_context(|| format!("mode {mode}, run {i}"))?;
                 if i >= a.warmup {
                     samples[m].push(t);
+                }
+                if a.settle_us > 200 {
+                    std::thread::sleep(Duration::from_micros(a.settle_us));
                 }
             }
             std::thread::sleep(Duration::from_micros(200));

@@ -17,7 +17,8 @@ use anyhow::Result;
 use super::sandbox::{Bench, pct};
 
 /// The extra modes: `agentos` without one part.
-pub const MODES: [&str; 8] = [
+pub const MODES: [&str; 9] = [
+    "agentos -pathcache+nspool",
     "agentos -pathcache",
     "agentos -nspool",
     "agentos -landlock",
@@ -33,9 +34,16 @@ pub fn part_of(mode: &str) -> Option<&str> {
     mode.strip_prefix("agentos -")
 }
 
+/// Leave `parts` (`a+b`) out of a prepared sandbox.
+pub fn strip(sb: &mut PreparedSandbox, parts: &str) {
+    for p in parts.split('+') {
+        strip_one(sb, p);
+    }
+}
+
 /// Leave `part` out of a prepared sandbox (`pathcache` is left out of `prepare` itself:
 /// sandbox.rs switches the daemon's path cache off for that start).
-pub fn strip(sb: &mut PreparedSandbox, part: &str) {
+fn strip_one(sb: &mut PreparedSandbox, part: &str) {
     let all = part == "all4";
     if all || part == "landlock" {
         sb.landlock = None;
