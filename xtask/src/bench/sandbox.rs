@@ -105,6 +105,10 @@ pub(super) struct Bench {
     /// empty: the namespace was made in `clone3`, ≈ 0.45 ms more).
     pub(super) sandboxed: usize,
     pub(super) pool_empty: usize,
+    /// Start request → just before `clone3` (cgroup made, sandbox prepared), for
+    /// `clone3+cgroup`, `agentos` and `agentos -all4`: the rest of a start is the clone, the
+    /// child's setup and the exec.
+    pub(super) before_clone: [Vec<u64>; 3],
 }
 
 impl Bench {
@@ -181,6 +185,8 @@ impl Bench {
             None
         };
         let fd = cg.open_dir()?;
+        // Up to the clone: the cgroup (and the sandbox's preparation), by mode.
+        let before_clone = mono_ns().saturating_sub(t0);
         let cmd = agentosd::spawn::Command {
             program: self.stamp.clone(),
             args: vec![],
@@ -202,6 +208,15 @@ impl Bench {
         cg.remove()?;
         if status != 0 {
             bail!("stamp exited with status {status:#x}");
+        }
+        let key = match (sandboxed, net, without) {
+            (false, _, _) => Some(0),
+            (true, false, None) => Some(1),
+            (true, false, Some("all4")) => Some(2),
+            _ => None,
+        };
+        if let Some(k) = key {
+            self.before_clone[k].push(before_clone);
         }
         Ok(t?.saturating_sub(t0))
     }
@@ -313,6 +328,7 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         n: 0,
         sandboxed: 0,
         pool_empty: 0,
+        before_clone: Default::default(),
     };
     let mut modes: Vec<&str> = vec!["fork+exec", "clone3+cgroup", "agentos", "agentos+net"];
     if a.breakdown {
@@ -404,6 +420,9 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         "\nsandboxed starts that found no network namespace made ahead (made in clone3): {} of {}",
         b.pool_empty, b.sandboxed
     );
+    if a.breakdown {
+        super::sandbox_parts::print_split(&b.before_clone, &samples, &modes);
+    }
     if let Some(parts) = parts {
         super::sandbox_parts::print(&parts?);
     }

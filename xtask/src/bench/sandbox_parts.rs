@@ -152,3 +152,29 @@ pub fn print(p: &Parts) {
         );
     }
 }
+
+/// Each start split at the clone: request → just before `clone3` (cgroup, `prepare`) and
+/// the rest (clone, the child's setup, exec, the first instruction), p50 of each.
+pub fn print_split(before: &[Vec<u64>; 3], samples: &[Vec<u64>], modes: &[&str]) {
+    println!("\nstarts split at the clone (p50 of each half; the halves' p50s need not add up)\n");
+    println!("| mode | request → clone3 µs | whole start p50 µs |");
+    println!("|---|---:|---:|");
+    for (k, mode) in ["clone3+cgroup", "agentos", "agentos -all4"]
+        .iter()
+        .enumerate()
+    {
+        let Some(m) = modes.iter().position(|x| x == mode) else {
+            continue;
+        };
+        let p50 = |v: &[u64]| {
+            let mut v = v.to_vec();
+            v.sort_unstable();
+            if v.is_empty() { 0 } else { pct(&v, 50) }
+        };
+        println!(
+            "| {mode} | {:.1} | {:.1} |",
+            p50(&before[k]) as f64 / 1e3,
+            p50(&samples[m]) as f64 / 1e3
+        );
+    }
+}
