@@ -159,6 +159,7 @@ impl Bench {
         let cg = self.parent.child(&format!("run-{}", self.n));
         let t0 = mono_ns();
         cg.create()?;
+        let mut kept = Vec::new();
         let sandbox = if sandboxed {
             // `agentos -pathcache`: every host path resolved afresh, as before the cache.
             let cache = agentosd::sandbox::path_cache::PathCache::global();
@@ -178,7 +179,7 @@ impl Bench {
                 self.pool_empty += 1;
             }
             if let Some(part) = without {
-                super::sandbox_parts::strip(&mut sb, part);
+                kept = super::sandbox_parts::strip(&mut sb, part);
             }
             Some(sb)
         } else {
@@ -218,6 +219,7 @@ impl Bench {
         if let Some(k) = key {
             self.before_clone[k].push(before_clone);
         }
+        drop(kept);
         Ok(t?.saturating_sub(t0))
     }
 

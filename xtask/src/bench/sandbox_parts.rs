@@ -17,7 +17,7 @@ use anyhow::Result;
 use super::sandbox::{Bench, pct};
 
 /// The extra modes: `agentos` without one part.
-pub const MODES: [&str; 9] = [
+pub const MODES: [&str; 11] = [
     "agentos -pathcache+nspool",
     "agentos -pathcache",
     "agentos -nspool",
@@ -27,6 +27,8 @@ pub const MODES: [&str; 9] = [
     "agentos -ipcns",
     "agentos -capbset",
     "agentos -all4",
+    "agentos -ids",
+    "agentos -all",
 ];
 
 /// The part a mode leaves out (`agentos -PART`).
@@ -34,39 +36,44 @@ pub fn part_of(mode: &str) -> Option<&str> {
     mode.strip_prefix("agentos -")
 }
 
-/// Leave `parts` (`a+b`) out of a prepared sandbox.
-pub fn strip(sb: &mut PreparedSandbox, parts: &str) {
+/// Leave `parts` (`a+b`) out of a prepared sandbox. The namespaces taken out are returned, to
+/// be dropped after the start: dropped before it, their teardown by the kernel's workers would
+/// run during the start timed.
+pub fn strip(sb: &mut PreparedSandbox, parts: &str) -> Vec<std::os::fd::OwnedFd> {
+    let mut out = Vec::new();
     for p in parts.split('+') {
-        strip_one(sb, p);
+        strip_one(sb, p, &mut out);
     }
+    out
 }
 
 /// Leave `part` out of a prepared sandbox (`pathcache` is left out of `prepare` itself:
 /// sandbox.rs switches the daemon's path cache off for that start).
-fn strip_one(sb: &mut PreparedSandbox, part: &str) {
-    let all = part == "all4";
+fn strip_one(sb: &mut PreparedSandbox, part: &str, out: &mut Vec<std::os::fd::OwnedFd>) {
+    let all = part == "all4" || part == "all";
     if all || part == "landlock" {
         sb.landlock = None;
     }
     if all || part == "seccomp" {
         sb.seccomp.clear();
     }
-    if all || part == "netns" {
-        sb.namespaces.net = false;
-        sb.netns = None;
+    if all || part == "netns" || part == "nspool" {
+        out.extend(sb.netns.take());
+        // `nspool`: made by clone3, as when the pool is empty.
+        sb.namespaces.net = part == "nspool";
     }
-    if all || part == "ipcns" {
-        sb.namespaces.ipc = false;
-        sb.ipcns = None;
+    if all || part == "ipcns" || part == "nspool" {
+        out.extend(sb.ipcns.take());
+        sb.namespaces.ipc = part == "nspool";
     }
-    if part == "nspool" {
-        // Both namespaces made by clone3, as when the pools are empty.
-        sb.netns = None;
-        sb.ipcns = None;
-    }
-    if part == "capbset" {
+    if part == "all" || part == "capbset" {
         // The loop drops capability 0 only (one prctl instead of cap_last_cap + 1).
         sb.last_cap = 0;
+    }
+    if part == "all" || part == "ids" {
+        // No uid/gid switch: the child stays root (capabilities still cleared by capset).
+        sb.uid = 0;
+        sb.gid = 0;
     }
 }
 
