@@ -390,10 +390,108 @@ fn trusted_dir(st: &Stat) -> bool {
     st.st_uid == 0 && st.st_mode & 0o022 == 0
 }
 
+/// What a path's resolution walked through: every directory it looked a name up in, every link
+/// it followed and what it ended on, each by its link-free absolute path and inode. The cache
+/// of root-only host paths (sandbox/path_cache.rs) keeps it to check, on each use, that the path
+/// still resolves to the same inode through the same root-only directories.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Walk {
+    pub seen: Vec<Seen>,
+    /// A `..` was walked (the walk is not a plain list of prefixes then): never cached.
+    pub dotdot: bool,
+}
+
+/// One object a resolution walked through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Its absolute path, no link in it (every prefix is itself a directory in the walk).
+    pub path: PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+    /// `S_IFMT` of its mode.
+    pub kind: u32,
+    /// For a directory: root's and writable by root alone (see [`trusted_dir`]).
+    pub root_only: bool,
+}
+
+impl Seen {
+    pub fn of(path: &Path, st: &Stat) -> Seen {
+        Seen {
+            path: path.to_path_buf(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            kind: st.st_mode & libc::S_IFMT,
+            root_only: trusted_dir(st),
+        }
+    }
+
+    /// Whether `st` (a fresh `lstat` of [`Seen::path`]) is still this object, and a directory
+    /// still root's alone.
+    pub fn still(&self, st: &Stat) -> bool {
+        st.st_dev == self.dev
+            && st.st_ino == self.ino
+            && st.st_mode & libc::S_IFMT == self.kind
+            && (self.kind != libc::S_IFDIR || trusted_dir(st))
+    }
+}
+
+impl Walk {
+    /// Whether only root could change what the path resolves to: no `..`, and every directory
+    /// walked (the last component too, when it is one) root's and writable by root alone.
+    pub fn root_only(&self) -> bool {
+        !self.dotdot
+            && !self.seen.is_empty()
+            && self
+                .seen
+                .iter()
+                .all(|s| s.kind != libc::S_IFDIR || s.root_only)
+    }
+
+    fn push(&mut self, path: &Path, st: &Stat) {
+        if self.seen.last().is_none_or(|l| l.path != path) {
+            self.seen.push(Seen::of(path, st));
+        }
+    }
+}
+
+/// `lstat` of an absolute path (no link followed at its end).
+pub fn lstat(path: &Path) -> Result<Stat, SafeFsError> {
+    rustix::fs::statat(rustix::fs::CWD, path, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| io_err("stat", path, e))
+}
+
+/// The [`Walk`] of an absolute path opened with [`open_no_links`] as `fd`: an `lstat` of each
+/// prefix. `None` when it does not end on the inode of `fd` (it changed in between) or a
+/// prefix is not a directory.
+pub fn walk_of(path: &Path, fd: &OwnedFd) -> Option<Walk> {
+    let end = rustix::fs::fstat(fd).ok()?;
+    let mut w = Walk::default();
+    let mut p = PathBuf::from("/");
+    w.push(&p, &lstat(&p).ok()?);
+    for c in path.components().skip(1) {
+        let Component::Normal(n) = c else {
+            return None;
+        };
+        if w.seen.last().is_some_and(|l| l.kind != libc::S_IFDIR) {
+            return None;
+        }
+        p.push(n);
+        w.push(&p, &lstat(&p).ok()?);
+    }
+    let last = w.seen.last()?;
+    (last.dev == end.st_dev && last.ino == end.st_ino).then_some(w)
+}
+
 /// Resolve the absolute host `path` the way the kernel would, but follow a symbolic link only
 /// when every directory walked to reach it is root's and writable by root alone (so only root
 /// could have made or moved it: `/bin` → `usr/bin`). Returns an `O_PATH` fd and the real path.
 pub fn resolve_trusted(path: &Path) -> Result<(OwnedFd, PathBuf), SafeFsError> {
+    resolve_trusted_walk(path).map(|(fd, real, _)| (fd, real))
+}
+
+/// [`resolve_trusted`], and what it walked through.
+pub fn resolve_trusted_walk(path: &Path) -> Result<(OwnedFd, PathBuf, Walk), SafeFsError> {
+    let mut walk = Walk::default();
     if !path.is_absolute() {
         return Err(SafeFsError::Refused {
             path: path.to_path_buf(),
@@ -423,7 +521,9 @@ pub fn resolve_trusted(path: &Path) -> Result<(OwnedFd, PathBuf), SafeFsError> {
     while let Some(c) = todo.pop_front() {
         let dir_st = rustix::fs::fstat(&cur).map_err(|e| io_err("fstat", &real, e))?;
         trusted &= trusted_dir(&dir_st);
+        walk.push(&real, &dir_st);
         if c == ".." {
+            walk.dotdot = true;
             real.pop();
             // Re-walk the (link-free) real path: `..` of a link target is the real parent.
             cur = rustix::fs::openat2(
@@ -460,6 +560,7 @@ pub fn resolve_trusted(path: &Path) -> Result<(OwnedFd, PathBuf), SafeFsError> {
                     component: here,
                 });
             }
+            walk.push(&here, &st);
             links += 1;
             if links > 40 {
                 return Err(io_err("resolve", path, rustix::io::Errno::LOOP));
@@ -487,7 +588,9 @@ pub fn resolve_trusted(path: &Path) -> Result<(OwnedFd, PathBuf), SafeFsError> {
         real.push(&c);
         cur = next;
     }
-    Ok((cur, real))
+    let end = rustix::fs::fstat(&cur).map_err(|e| io_err("fstat", &real, e))?;
+    walk.push(&real, &end);
+    Ok((cur, real, walk))
 }
 
 #[cfg(test)]

@@ -185,15 +185,17 @@ pub fn spawn_with_stdio(
     let mut pidfd: libc::c_int = -1;
     // The agent's own namespaces (IPC always, network without a network grant) are made by
     // the same clone3: the daemon is root, the child has them before it drops anything.
-    // A network namespace made for it beforehand (the model gateway's port) is joined with
-    // setns in the child instead (sandbox.rs).
+    // A network or IPC namespace made for it beforehand (the model gateway's, or one of
+    // netns_pool's) is joined with setns in the child instead (sandbox.rs).
     let ns_flags = sandbox.map_or(0, |sb| {
-        let f = namespace_flags(sb.namespaces);
+        let mut f = namespace_flags(sb.namespaces);
         if sb.netns.is_some() {
-            f & !(libc::CLONE_NEWNET as u64)
-        } else {
-            f
+            f &= !(libc::CLONE_NEWNET as u64);
         }
+        if sb.ipcns.is_some() {
+            f &= !(libc::CLONE_NEWIPC as u64);
+        }
+        f
     });
     let mut args = CloneArgs {
         flags: CLONE_PIDFD | CLONE_INTO_CGROUP | ns_flags,

@@ -14,7 +14,22 @@ use crate::safe_fs;
 pub const UID_MIN: u32 = 61184;
 pub const UID_MAX: u32 = 65519;
 
-static ALLOC: Mutex<()> = Mutex::new(());
+/// Held while a uid is chosen and recorded; holds the table as last read or written, with the
+/// file's identity then, so a start reads and parses `uids.json` only when it changed.
+static ALLOC: Mutex<Option<Memo>> = Mutex::new(None);
+
+struct Memo {
+    path: PathBuf,
+    /// dev, ino, size, mtime (s, ns) of the file the map was read from or written to.
+    file: (u64, u64, u64, i64, i64),
+    map: BTreeMap<String, u32>,
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
 
 /// The range this daemon hands out (`--agent-uids`), set once at start; the default range when
 /// never set.
@@ -165,15 +180,32 @@ pub fn choose(
 
 /// The agent's uid (= gid), allocating and recording one on first use.
 pub fn uid_for(state_dir: &Path, id: &str) -> Result<u32, IdentityError> {
-    let _g = ALLOC.lock().unwrap_or_else(|p| p.into_inner());
+    let mut memo = ALLOC.lock().unwrap_or_else(|p| p.into_inner());
     let path = table_path(state_dir);
-    let mut used: BTreeMap<String, u32> = match std::fs::read(&path) {
-        Ok(d) => serde_json::from_slice(&d).unwrap_or_default(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-        Err(e) => return Err(io_err("read", &path)(e)),
-    };
-    if let Some(u) = used.get(id) {
+    // The daemon's own file in its own directory (no agent writes there): unchanged when its
+    // inode, size and mtime are (a write replaces it by rename).
+    let id_now = file_id(&path);
+    let fresh = memo
+        .as_ref()
+        .filter(|m| m.path == path && id_now.is_some_and(|f| f == m.file));
+    if let Some(u) = fresh.and_then(|m| m.map.get(id)) {
         return Ok(*u);
+    }
+    let mut used: BTreeMap<String, u32> = match fresh {
+        Some(m) => m.map.clone(),
+        None => match std::fs::read(&path) {
+            Ok(d) => serde_json::from_slice(&d).unwrap_or_default(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(io_err("read", &path)(e)),
+        },
+    };
+    if let Some(u) = used.get(id).copied() {
+        *memo = id_now.map(|file| Memo {
+            path,
+            file,
+            map: used,
+        });
+        return Ok(u);
     }
     let r = range();
     let uid = choose(id, r, &used, uid_in_passwd).ok_or(IdentityError::Exhausted {
@@ -186,6 +218,11 @@ pub fn uid_for(state_dir: &Path, id: &str) -> Result<u32, IdentityError> {
     let data = serde_json::to_vec_pretty(&used).unwrap_or_default();
     std::fs::write(&tmp, data).map_err(io_err("write", &tmp))?;
     std::fs::rename(&tmp, &path).map_err(io_err("rename", &path))?;
+    *memo = file_id(&path).map(|file| Memo {
+        path,
+        file,
+        map: used,
+    });
     Ok(uid)
 }
 
@@ -211,11 +248,11 @@ pub fn make_home(
     uid: u32,
 ) -> Result<safe_fs::Dir, IdentityError> {
     let root = safe_fs::Dir::open_root(state_dir)?;
-    root.chmod(0o711)?;
+    traversable(&root)?;
     let mut d = root.mkdir("home", 0o711)?;
-    d.chmod(0o711)?;
+    traversable(&d)?;
     d = d.mkdir(tenant, 0o711)?;
-    d.chmod(0o711)?;
+    traversable(&d)?;
     let home = d.mkdir(name, 0o700)?;
     own(&home, uid)?;
     let tmp = match home.mkdir("tmp", 0o700) {
@@ -231,7 +268,17 @@ pub fn make_home(
     Ok(home)
 }
 
+/// Mode 0711 on the directory opened as `d` (a `fchmod` only when it differs: an unchanged
+/// mode is not written again on every start).
+fn traversable(d: &safe_fs::Dir) -> Result<(), IdentityError> {
+    if d.stat()?.st_mode & 0o7777 != 0o711 {
+        d.chmod(0o711)?;
+    }
+    Ok(())
+}
+
 /// Give the directory opened as `d` to `uid` (mode 0700), unless it belongs to someone else.
+/// Owner and mode are set on the fd, and only where they differ.
 fn own(d: &safe_fs::Dir, uid: u32) -> Result<(), IdentityError> {
     let st = d.stat()?;
     if st.st_uid != 0 && st.st_uid != uid {
@@ -241,8 +288,13 @@ fn own(d: &safe_fs::Dir, uid: u32) -> Result<(), IdentityError> {
             uid,
         });
     }
-    d.chown(uid, uid)?;
-    d.chmod(0o700)?;
+    if st.st_uid != uid || st.st_gid != uid {
+        d.chown(uid, uid)?;
+    }
+    // After a chown too: it clears set-id bits.
+    if st.st_uid != uid || st.st_gid != uid || st.st_mode & 0o7777 != 0o700 {
+        d.chmod(0o700)?;
+    }
     Ok(())
 }
 
@@ -325,6 +377,44 @@ mod tests {
         let e = make_home(state.path(), "t", "a", me).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         assert!(!decoy.path().join("a").exists());
+    }
+
+    #[test]
+    fn the_remembered_table_is_read_again_when_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = uid_for(dir.path(), "t/a").unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), a);
+        // The operator moves t/a to another uid (a new file, as an editor writes it).
+        let other = if a == UID_MIN { UID_MIN + 1 } else { UID_MIN };
+        let tmp = dir.path().join("edited");
+        std::fs::write(&tmp, format!("{{\"t/a\": {other}}}")).unwrap();
+        std::fs::rename(&tmp, table_path(dir.path())).unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), other);
+        // Written in place, same size: the mtime tells.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(table_path(dir.path()), format!("{{\"t/a\": {a}}}")).unwrap();
+        assert_eq!(uid_for(dir.path(), "t/a").unwrap(), a);
+    }
+
+    #[test]
+    fn make_home_restores_owner_and_mode() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let state = tempfile::tempdir().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let home = make_home(state.path(), "t", "a", me).unwrap();
+        for (p, mode) in [
+            (home.path().to_path_buf(), 0o755),
+            (home.path().join("tmp"), 0o777),
+            (state.path().join("home/t"), 0o755),
+        ] {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        make_home(state.path(), "t", "a", me).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(home.path()), 0o700);
+        assert_eq!(mode(&home.path().join("tmp")), 0o700);
+        assert_eq!(mode(&state.path().join("home/t")), 0o711);
+        assert_eq!(mode(&state.path().join("home")), 0o711);
     }
 
     #[test]

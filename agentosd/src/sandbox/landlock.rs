@@ -9,6 +9,7 @@ use ::landlock::{
     Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
+use super::path_cache::{Checked, PathCache, Resolve, RuleFd};
 use crate::safe_fs::{self, SafeFsError};
 
 /// The newest ABI whose rights this module asks for; older kernels get what they support
@@ -154,15 +155,21 @@ pub fn ports(scopes: &[String]) -> Result<Option<Vec<u16>>, LandlockError> {
 ///   ([`safe_fs::open_no_links`]); a scope with a link in it is an error naming it.
 ///
 /// A path that does not exist grants nothing and is skipped.
+///
+/// For a ruleset ([`build_with`]) the host paths (not those `beneath`) go through `cache`: a
+/// path only root could make resolve elsewhere is kept open between starts and checked on each
+/// use ([`path_cache`], docs/security.md).
 #[derive(Default)]
 pub struct Opener<'a> {
     pub beneath: Vec<&'a safe_fs::Dir>,
     pub system: Vec<PathBuf>,
+    /// `None`: every path resolved afresh.
+    pub cache: Option<&'a PathCache>,
 }
 
 impl<'a> Opener<'a> {
     /// The agents' opener: the baseline paths may follow root's links; `beneath` are the
-    /// directories the daemon opened itself (the agent's home).
+    /// directories the daemon opened itself (the agent's home); the daemon's path cache.
     pub fn new(beneath: Vec<&'a safe_fs::Dir>) -> Opener<'a> {
         let system = BASE_READ_EXEC
             .iter()
@@ -170,7 +177,41 @@ impl<'a> Opener<'a> {
             .chain(BASE_READ_WRITE_FILES)
             .map(PathBuf::from)
             .collect();
-        Opener { beneath, system }
+        Opener {
+            beneath,
+            system,
+            cache: Some(PathCache::global()),
+        }
+    }
+
+    /// An fd of `path` for a rule and whether it is a directory, `Ok(None)` when it does not
+    /// exist: [`Opener::open`]'s resolution, through the cache for host paths.
+    pub fn open_rule(
+        &self,
+        path: &Path,
+        checked: &mut Checked,
+    ) -> Result<Option<(RuleFd, bool)>, LandlockError> {
+        let cache = self.cache.filter(|c| c.enabled());
+        let under_beneath = self.beneath.iter().any(|d| path.starts_with(d.path()));
+        let Some(cache) = cache.filter(|_| !under_beneath) else {
+            return Ok(self.open(path)?.map(|(fd, _)| {
+                let dir = is_dir(&fd);
+                (RuleFd::Own(fd), dir)
+            }));
+        };
+        let how = if self.system.iter().any(|s| s == path) {
+            Resolve::RootLinks
+        } else {
+            Resolve::NoLinks
+        };
+        match cache.open(path, how, checked) {
+            Ok(x) => Ok(Some(x)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(source) => Err(LandlockError::Path {
+                scope: path.to_path_buf(),
+                source,
+            }),
+        }
     }
 
     /// An `O_PATH` fd of `path` and its real path; `Ok(None)` when it does not exist.
@@ -222,11 +263,12 @@ fn rules(
     paths: &[PathBuf],
     access: BitFlags<AccessFs>,
     abi: ABI,
-) -> Result<Vec<PathBeneath<OwnedFd>>, LandlockError> {
+    checked: &mut Checked,
+) -> Result<Vec<PathBeneath<RuleFd>>, LandlockError> {
     let mut out = Vec::new();
     for p in paths {
-        if let Some((fd, _)) = opener.open(p)? {
-            let a = if is_dir(&fd) {
+        if let Some((fd, dir)) = opener.open_rule(p, checked)? {
+            let a = if dir {
                 access
             } else {
                 // `ResolveUnix` applies to a socket file too (it is only in `access` where
@@ -293,12 +335,25 @@ pub fn build_with(
     }
     // Open every path before the ruleset exists: a scope that does not resolve safely fails
     // the start with its name.
-    let mut fs_rules = rules(opener, &plan.read_exec, read | AccessFs::Execute, abi)?;
-    fs_rules.extend(rules(opener, &plan.read, read, abi)?);
-    fs_rules.extend(rules(opener, &plan.read_write, read | write, abi)?);
+    let mut checked = Checked::default();
+    let mut fs_rules = rules(
+        opener,
+        &plan.read_exec,
+        read | AccessFs::Execute,
+        abi,
+        &mut checked,
+    )?;
+    fs_rules.extend(rules(opener, &plan.read, read, abi, &mut checked)?);
+    fs_rules.extend(rules(
+        opener,
+        &plan.read_write,
+        read | write,
+        abi,
+        &mut checked,
+    )?);
     if unix {
         let to_sockets = BitFlags::from(AccessFs::ResolveUnix);
-        fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi)?);
+        fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi, &mut checked)?);
     }
     let mut created = rs.create()?;
     for r in fs_rules {

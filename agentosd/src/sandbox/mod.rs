@@ -8,6 +8,7 @@
 pub mod identity;
 pub mod landlock;
 pub mod netns_pool;
+pub mod path_cache;
 pub mod seccomp;
 pub mod sockets;
 
@@ -29,6 +30,7 @@ pub const STAGE_NO_NEW_PRIVS: i32 = 15;
 pub const STAGE_LANDLOCK: i32 = 16;
 pub const STAGE_SECCOMP: i32 = 17;
 pub const STAGE_NETNS: i32 = 18;
+pub const STAGE_IPCNS: i32 = 20;
 
 /// What a child stage number means, for the error that reaches `agentctl`.
 pub fn stage_name(stage: i32) -> Option<&'static str> {
@@ -42,6 +44,7 @@ pub fn stage_name(stage: i32) -> Option<&'static str> {
         STAGE_LANDLOCK => "sandbox: landlock_restrict_self for",
         STAGE_SECCOMP => "sandbox: seccomp(SECCOMP_SET_MODE_FILTER) for",
         STAGE_NETNS => "sandbox: setns(CLONE_NEWNET) into the network namespace made ahead for",
+        STAGE_IPCNS => "sandbox: setns(CLONE_NEWIPC) into the IPC namespace made ahead for",
         sockets::STAGE_BROKER => "sandbox: seccomp user notification (the socket broker) for",
         _ => return None,
     })
@@ -141,6 +144,9 @@ pub struct PreparedSandbox {
     /// daemon made for it with the model gateway's port on its loopback (models/tcp.rs), or a
     /// fresh one made ahead of the start ([`netns_pool`]).
     pub netns: Option<OwnedFd>,
+    /// The IPC namespace made for it ahead of the start ([`netns_pool`]), joined with `setns`
+    /// instead of `CLONE_NEWIPC` in `clone3`; `None`: made by `clone3`.
+    pub ipcns: Option<OwnedFd>,
     /// The socket broker's notifying filter ([`sockets::notify_filter`]), installed last, when
     /// `namespaces.brokered()`.
     pub notify: Vec<libc::sock_filter>,
@@ -335,6 +341,11 @@ pub fn prepare_with(
                 None
             }
         }),
+        ipcns: if namespaces.ipc {
+            netns_pool::take_ipc()
+        } else {
+            None
+        },
         notify: if namespaces.brokered() {
             sockets::notify_filter()
         } else {
@@ -368,6 +379,12 @@ impl PreparedSandbox {
                 && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
             {
                 return Err(STAGE_NETNS);
+            }
+            if self.namespaces.ipc
+                && let Some(ns) = &self.ipcns
+                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWIPC) != 0
+            {
+                return Err(STAGE_IPCNS);
             }
             if creds::drop_groups() != 0 {
                 return Err(STAGE_SETGROUPS);

@@ -1,4 +1,4 @@
-//! Network namespaces made ahead of agent starts.
+//! Network and IPC namespaces made ahead of agent starts.
 //!
 //! Every agent gets a network namespace of its own ([`super::Namespaces::net`]). Making one is
 //! the kernel's most expensive part of a start: `CLONE_NEWNET` runs every network subsystem's
@@ -14,32 +14,96 @@
 //! namespace, its only interface the loopback, down; nobody but the daemon has held it. The fds
 //! are close-on-exec (agents never inherit them; the socket broker closes every fd above its
 //! listener).
+//!
+//! IPC namespaces likewise (every agent has its own, [`super::Namespaces::ipc`]): `CLONE_NEWIPC`
+//! sets up SysV IPC limits and mounts an mqueue instance, tens of µs of a start. A pooled one is
+//! what `CLONE_NEWIPC` gives: made by root, no object in it (the pool's thread makes none),
+//! nobody but the daemon has held it. The same thread keeps both pools, sleeping while they are
+//! full.
 
 use std::os::fd::OwnedFd;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 
 /// Namespaces kept ready: enough for a few starts in a row, small enough to cost nothing
 /// (each is a few tens of KiB of kernel memory).
 const READY: usize = 4;
 
-static POOL: Mutex<Vec<OwnedFd>> = Mutex::new(Vec::new());
-static FILLING: AtomicBool = AtomicBool::new(false);
+/// The same for IPC namespaces (`CLONE_NEWIPC` mounts an mqueue instance: ≈ 30 µs of a start,
+/// docs/benchmarks.md), joined with `setns` by the child like the network namespace.
+#[derive(Default)]
+struct Pools {
+    net: Vec<OwnedFd>,
+    ipc: Vec<OwnedFd>,
+    /// The refill thread runs (it waits on [`WAKE`] while both pools are full).
+    thread: bool,
+    /// Making one failed since the last take (no privilege, a namespace limit): not tried again
+    /// until the next take, so a failing host does not spin.
+    net_failed: bool,
+    ipc_failed: bool,
+}
 
-/// A fresh network namespace for a start, if one is ready; starts refilling either way.
+static POOLS: Mutex<Pools> = Mutex::new(Pools {
+    net: Vec::new(),
+    ipc: Vec::new(),
+    thread: false,
+    net_failed: false,
+    ipc_failed: false,
+});
+static WAKE: Condvar = Condvar::new();
+
+fn pools() -> std::sync::MutexGuard<'static, Pools> {
+    POOLS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A fresh network namespace for a start, if one is ready; wakes the refill either way.
 pub fn take() -> Option<OwnedFd> {
-    let ns = POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let ns = {
+        let mut p = pools();
+        p.net_failed = false;
+        p.net.pop()
+    };
     fill();
     ns
 }
 
-/// Makes namespaces until [`READY`] are waiting, on a thread of its own (an `unshare` changes
-/// only the calling thread's namespace, and this one ends when the pool is full). At most one
-/// such thread runs; a failure (no privilege, a namespace limit) leaves the pool as it is, and
-/// starts make their namespaces in `clone3`, which reports the error where it matters.
+/// A fresh IPC namespace for a start, if one is ready; wakes the refill either way.
+pub fn take_ipc() -> Option<OwnedFd> {
+    let ns = {
+        let mut p = pools();
+        p.ipc_failed = false;
+        p.ipc.pop()
+    };
+    fill();
+    ns
+}
+
+impl Pools {
+    /// The kind to make next: `Some(true)` network, `Some(false)` IPC.
+    fn short(&self) -> Option<bool> {
+        if self.net.len() < READY && !self.net_failed {
+            Some(true)
+        } else if self.ipc.len() < READY && !self.ipc_failed {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
+/// Makes namespaces until [`READY`] of each kind are waiting, on a thread of its own that
+/// stays (an `unshare` changes only the calling thread's namespaces) and sleeps while the pools
+/// are full: a start only wakes it (no thread is made on the start path). A failure (no
+/// privilege, a namespace limit) leaves that pool as it is until the next take, and starts
+/// make their namespaces in `clone3`, which reports the error where it matters.
 pub fn fill() {
-    if FILLING.swap(true, Ordering::AcqRel) {
-        return;
+    {
+        let mut p = pools();
+        if p.thread {
+            drop(p);
+            WAKE.notify_one();
+            return;
+        }
+        p.thread = true;
     }
     let spawned = std::thread::Builder::new()
         .name("agentos-nspool".into())
@@ -49,38 +113,58 @@ pub fn fill() {
             // may lag; starts then make their namespaces in clone3.
             // SAFETY: setpriority(2) on this thread (tid 0 = the caller) with a constant.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+            let mut p = pools();
             loop {
-                let n = POOL.lock().unwrap_or_else(|p| p.into_inner()).len();
-                if n >= READY {
-                    break;
-                }
-                match make() {
-                    Ok(ns) => POOL.lock().unwrap_or_else(|p| p.into_inner()).push(ns),
-                    Err(_) => break,
+                let Some(net) = p.short() else {
+                    p = WAKE.wait(p).unwrap_or_else(|e| e.into_inner());
+                    continue;
+                };
+                drop(p);
+                let made = make(if net {
+                    libc::CLONE_NEWNET
+                } else {
+                    libc::CLONE_NEWIPC
+                });
+                p = pools();
+                match (made, net) {
+                    (Ok(ns), true) => p.net.push(ns),
+                    (Ok(ns), false) => p.ipc.push(ns),
+                    (Err(_), true) => p.net_failed = true,
+                    (Err(_), false) => p.ipc_failed = true,
                 }
             }
-            FILLING.store(false, Ordering::Release);
         });
     if spawned.is_err() {
-        FILLING.store(false, Ordering::Release);
+        pools().thread = false;
     }
 }
 
-/// One new network namespace: this thread moves into it and keeps an fd of it.
-fn make() -> std::io::Result<OwnedFd> {
-    // SAFETY: unshare(2) with a constant flag; it changes only this thread's network namespace
-    // (the pool's own thread, which does nothing else).
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+/// One new namespace of `kind` (`CLONE_NEWNET` or `CLONE_NEWIPC`): this thread moves into it
+/// and keeps an fd of it.
+fn make(kind: libc::c_int) -> std::io::Result<OwnedFd> {
+    // SAFETY: unshare(2) with a constant flag; it changes only this thread's namespace of that
+    // kind (the pool's own thread, which does nothing else).
+    if unsafe { libc::unshare(kind) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(OwnedFd::from(std::fs::File::open(
-        "/proc/thread-self/ns/net",
-    )?))
+    let name = if kind == libc::CLONE_NEWNET {
+        "net"
+    } else {
+        "ipc"
+    };
+    Ok(OwnedFd::from(std::fs::File::open(format!(
+        "/proc/thread-self/ns/{name}"
+    ))?))
 }
 
-/// How many namespaces are ready (for tests and `status` notes).
+/// How many network namespaces are ready (for tests and `status` notes).
 pub fn ready() -> usize {
-    POOL.lock().unwrap_or_else(|p| p.into_inner()).len()
+    pools().net.len()
+}
+
+/// How many IPC namespaces are ready.
+pub fn ready_ipc() -> usize {
+    pools().ipc.len()
 }
 
 #[cfg(test)]
@@ -120,6 +204,29 @@ mod tests {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the pool was not refilled"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // IPC namespaces the same way: new, distinct, refilled.
+        while ready_ipc() < READY {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the IPC pool did not fill"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let host_ipc = std::fs::metadata("/proc/self/ns/ipc").unwrap().ino();
+        let (i, j) = (take_ipc().expect("ready"), take_ipc().expect("ready"));
+        assert_ne!(
+            ino(&i),
+            host_ipc,
+            "a pooled IPC namespace is not the host's"
+        );
+        assert_ne!(ino(&i), ino(&j), "each start gets its own IPC namespace");
+        while ready_ipc() < READY {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the IPC pool was not refilled"
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

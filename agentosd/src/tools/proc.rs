@@ -239,6 +239,7 @@ fn prepare_sandbox(
         last_cap: sandbox::cap_last_cap(),
         namespaces: Default::default(),
         netns: None,
+        ipcns: None,
         notify: Vec::new(),
     })
 }

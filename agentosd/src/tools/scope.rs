@@ -81,6 +81,7 @@ pub fn effective(needs: &Needs, caller: &Caller) -> Effective {
                 .filter(|p| !p.starts_with(&caller.home))
                 .cloned()
                 .collect(),
+            cache: None,
         };
         resolve_all(paths, &opener)
     };

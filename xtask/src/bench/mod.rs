@@ -12,6 +12,7 @@ pub mod models;
 mod models_http;
 mod models_report;
 pub mod sandbox;
+mod sandbox_parts;
 pub mod scale;
 
 #[derive(Subcommand)]

@@ -38,9 +38,19 @@ pub struct SandboxArgs {
     /// Leave out bwrap.
     #[arg(long)]
     pub no_bwrap: bool,
+    /// Pause after each start (µs), so that what a start leaves to the kernel's workers (a
+    /// namespace's teardown, the pool's refill, the cgroup's removal) is done before the next
+    /// mode's start is timed instead of landing on it.
+    #[arg(long, default_value_t = 200)]
+    pub settle_us: u64,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also time where `agentos` spends its time over the floor: the parts of
+    /// `sandbox::prepare` one by one, and starts with one part of the child's sandbox left out
+    /// (sandbox_parts.rs).
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 fn mono_ns() -> u64 {
@@ -70,15 +80,23 @@ fn wait_pid(pid: u32) -> Result<i32> {
     Ok(status)
 }
 
-struct Bench {
+pub(super) struct Bench {
     dir: PathBuf,
     stamp: PathBuf,
     parent: Cgroup,
-    state: PathBuf,
-    contract: contracts::Contract,
+    pub(super) state: PathBuf,
+    pub(super) contract: contracts::Contract,
     /// The same contract with a `net.connect` grant (the socket broker).
     net_contract: contracts::Contract,
     n: usize,
+    /// Sandboxed starts, and those that found no network namespace made ahead (the pool
+    /// empty: the namespace was made in `clone3`, ≈ 0.45 ms more).
+    pub(super) sandboxed: usize,
+    pub(super) pool_empty: usize,
+    /// Start request → just before `clone3` (cgroup made, sandbox prepared), for
+    /// `clone3+cgroup`, `agentos` and `agentos -all4`: the rest of a start is the clone, the
+    /// child's setup and the exec.
+    pub(super) before_clone: [Vec<u64>; 3],
 }
 
 impl Bench {
@@ -114,12 +132,27 @@ impl Bench {
     }
 
     fn clone3_with(&mut self, sandboxed: bool, net: bool) -> Result<u64> {
+        self.clone3_without(sandboxed, net, None)
+    }
+
+    /// A start with `without` (a part of the child's sandbox, [`super::sandbox_parts::strip`])
+    /// left out after `prepare`.
+    pub(super) fn clone3_without(
+        &mut self,
+        sandboxed: bool,
+        net: bool,
+        without: Option<&str>,
+    ) -> Result<u64> {
         let log = self.log();
         let cg = self.parent.child(&format!("run-{}", self.n));
         let t0 = mono_ns();
         cg.create()?;
+        let mut kept = Vec::new();
         let sandbox = if sandboxed {
-            Some(agentosd::sandbox::prepare(
+            // `agentos -pathcache`: every host path resolved afresh, as before the cache.
+            let cache = agentosd::sandbox::path_cache::PathCache::global();
+            cache.set_enabled(!without.is_some_and(|w| w.split('+').any(|p| p == "pathcache")));
+            let mut sb = agentosd::sandbox::prepare(
                 &self.state,
                 "bench",
                 "agent",
@@ -128,11 +161,21 @@ impl Bench {
                 } else {
                     &self.contract
                 }),
-            )?)
+            )?;
+            self.sandboxed += 1;
+            if sb.namespaces.net && sb.netns.is_none() {
+                self.pool_empty += 1;
+            }
+            if let Some(part) = without {
+                kept = super::sandbox_parts::strip(&mut sb, part);
+            }
+            Some(sb)
         } else {
             None
         };
         let fd = cg.open_dir()?;
+        // Up to the clone: the cgroup (and the sandbox's preparation), by mode.
+        let before_clone = mono_ns().saturating_sub(t0);
         let cmd = agentosd::spawn::Command {
             program: self.stamp.clone(),
             args: vec![],
@@ -155,6 +198,16 @@ impl Bench {
         if status != 0 {
             bail!("stamp exited with status {status:#x}");
         }
+        let key = match (sandboxed, net, without) {
+            (false, _, _) => Some(0),
+            (true, false, None) => Some(1),
+            (true, false, Some("all4")) => Some(2),
+            _ => None,
+        };
+        if let Some(k) = key {
+            self.before_clone[k].push(before_clone);
+        }
+        drop(kept);
         Ok(t?.saturating_sub(t0))
     }
 
@@ -207,7 +260,7 @@ fn ensure_bwrap() -> Result<()> {
     Ok(())
 }
 
-fn pct(sorted: &[u64], p: usize) -> u64 {
+pub(super) fn pct(sorted: &[u64], p: usize) -> u64 {
     sorted[((sorted.len() - 1) * p / 100).min(sorted.len() - 1)]
 }
 
@@ -268,18 +321,17 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         contract,
         net_contract,
         n: 0,
+        sandboxed: 0,
+        pool_empty: 0,
+        before_clone: Default::default(),
     };
-    let modes: Vec<&str> = if a.no_bwrap {
-        vec!["fork+exec", "clone3+cgroup", "agentos", "agentos+net"]
-    } else {
-        vec![
-            "fork+exec",
-            "clone3+cgroup",
-            "agentos",
-            "agentos+net",
-            "bwrap",
-        ]
-    };
+    let mut modes: Vec<&str> = vec!["fork+exec", "clone3+cgroup", "agentos", "agentos+net"];
+    if a.breakdown {
+        modes.extend(super::sandbox_parts::MODES);
+    }
+    if !a.no_bwrap {
+        modes.push("bwrap");
+    }
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(a.runs); modes.len()];
     let result = (|| -> Result<()> {
         for i in 0..a.warmup + a.runs {
@@ -289,17 +341,26 @@ pub fn run(a: SandboxArgs) -> Result<()> {
                     "clone3+cgroup" => b.clone3(false),
                     "agentos" => b.clone3(true),
                     "agentos+net" => b.clone3_with(true, true),
-                    _ => b.bwrap(),
+                    "bwrap" => b.bwrap(),
+                    m => b.clone3_without(true, false, super::sandbox_parts::part_of(m)),
                 }
                 .with_context(|| format!("mode {mode}, run {i}"))?;
                 if i >= a.warmup {
                     samples[m].push(t);
+                }
+                if a.settle_us > 200 {
+                    std::thread::sleep(Duration::from_micros(a.settle_us));
                 }
             }
             std::thread::sleep(Duration::from_micros(200));
         }
         Ok(())
     })();
+    let parts = if a.breakdown && result.is_ok() {
+        Some(super::sandbox_parts::time_prepare(&b, a.runs))
+    } else {
+        None
+    };
     let _ = b.parent.remove();
     let _ = std::fs::remove_dir_all(&dir);
     result?;
@@ -349,6 +410,16 @@ pub fn run(a: SandboxArgs) -> Result<()> {
             "\nbwrap p50 ÷ agentos p50 = {:.1}×",
             bw as f64 / ag.max(1) as f64
         );
+    }
+    println!(
+        "\nsandboxed starts that found no network namespace made ahead (made in clone3): {} of {}",
+        b.pool_empty, b.sandboxed
+    );
+    if a.breakdown {
+        super::sandbox_parts::print_split(&b.before_clone, &samples, &modes);
+    }
+    if let Some(parts) = parts {
+        super::sandbox_parts::print(&parts?);
     }
     if let Some(p) = a.json {
         std::fs::write(
