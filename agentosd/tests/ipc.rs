@@ -147,16 +147,7 @@ fn agent_in(cg: &TestCgroup, name: &str) -> AgentBed {
     }
 }
 
-/// An AgentRef for `pair()` only (no cgroup needed).
-fn paired_agent(name: &str) -> AgentRef {
-    AgentRef {
-        id: format!("t/{name}"),
-        cgroup: PathBuf::from(format!("/nowhere/agents/t/{name}")),
-        cgroup_dir: PathBuf::from(format!("/nonexistent/agents/t/{name}")),
-        uid: 65534,
-        gid: 65534,
-    }
-}
+use common::paired_agent;
 
 /// Run `cmd` with its process moved into `cgroup_dir` before exec.
 fn spawn_in_cgroup(cmd: &mut Command, cgroup_dir: &Path) -> Child {

@@ -11,21 +11,10 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use agentosd::ipc::Limits;
 use agentosd::ipc::files::AGENT_CONN_FILES;
-use agentosd::ipc::{AgentRef, Connection, Inbound, Limits};
-
-fn agent(name: &str) -> AgentRef {
-    AgentRef {
-        id: format!("t/{name}"),
-        cgroup: PathBuf::from(format!("/nowhere/agents/t/{name}")),
-        cgroup_dir: PathBuf::from(format!("/nonexistent/agents/t/{name}")),
-        uid: 65534,
-        gid: 65534,
-    }
-}
 
 /// A line there and back: `Ok` with the echo, `Err` when the daemon closed the connection.
 fn echo(fd: &OwnedFd, line: &str) -> Result<String, String> {
@@ -57,19 +46,7 @@ fn connections_beyond_the_registered_table_share_a_bounded_number_of_files() {
     let Some((ipc, incoming)) = common::start_ipc(&rt, limits, module_path!()) else {
         return;
     };
-    let mut conns = incoming.conns;
-    rt.spawn(async move {
-        while let Some(c) = conns.recv().await {
-            tokio::spawn(async move {
-                let Connection { mut rx, tx, .. } = c;
-                while let Some(Inbound::Line(l)) = rx.recv().await {
-                    if tx.send(l).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    common::echo_lines(&rt, incoming);
     let wait = |what: &str, ok: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !ok() {
@@ -83,7 +60,10 @@ fn connections_beyond_the_registered_table_share_a_bounded_number_of_files() {
     };
     // Five agents, one connection each: three get a file of the budget, two are refused.
     let ends: Vec<OwnedFd> = (0..5)
-        .map(|i| ipc.pair(&agent(&format!("a{i}"))).expect("pair"))
+        .map(|i| {
+            ipc.pair(&common::paired_agent(&format!("a{i}")))
+                .expect("pair")
+        })
         .collect();
     wait("5 connections decided", &|| {
         let s = ipc.stats();
@@ -102,7 +82,7 @@ fn connections_beyond_the_registered_table_share_a_bounded_number_of_files() {
     wait("the closed connection's file given back", &|| {
         AGENT_CONN_FILES.used() == 2
     });
-    let again = ipc.pair(&agent("b")).expect("pair");
+    let again = ipc.pair(&common::paired_agent("b")).expect("pair");
     assert_eq!(echo(&again, "{\"y\":2}"), Ok("{\"y\":2}\n".to_string()));
     assert_eq!(AGENT_CONN_FILES.used(), 3);
     ipc.shutdown();

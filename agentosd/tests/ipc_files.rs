@@ -11,11 +11,10 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentosd::ipc::{AgentRef, Connection, Inbound, IpcServer, IpcStats, Limits};
+use agentosd::ipc::{AgentRef, IpcServer, IpcStats, Limits};
 
 /// The ipc server on its own runtime, echoing every line back.
 struct Echo {
@@ -32,19 +31,7 @@ impl Echo {
             .build()
             .expect("tokio runtime");
         let (ipc, incoming) = common::start_ipc(&rt, limits, module_path!())?;
-        let mut conns = incoming.conns;
-        rt.spawn(async move {
-            while let Some(c) = conns.recv().await {
-                tokio::spawn(async move {
-                    let Connection { mut rx, tx, .. } = c;
-                    while let Some(Inbound::Line(l)) = rx.recv().await {
-                        if tx.send(l).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
+        common::echo_lines(&rt, incoming);
         Some(Echo { _rt: rt, ipc })
     }
 
@@ -69,13 +56,7 @@ impl Drop for Echo {
 }
 
 fn agent(name: &str) -> AgentRef {
-    AgentRef {
-        id: format!("t/{name}"),
-        cgroup: PathBuf::from(format!("/nowhere/agents/t/{name}")),
-        cgroup_dir: PathBuf::from(format!("/nonexistent/agents/t/{name}")),
-        uid: 65534,
-        gid: 65534,
-    }
+    common::paired_agent(name)
 }
 
 fn open_fds() -> usize {

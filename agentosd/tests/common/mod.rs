@@ -332,6 +332,36 @@ pub fn bridge_bin() -> &'static str {
     })
 }
 
+/// An agent `t/NAME` for the ipc server's `pair()` (no cgroup needed: the connection is
+/// inherited, not accepted).
+pub fn paired_agent(name: &str) -> agentosd::ipc::AgentRef {
+    agentosd::ipc::AgentRef {
+        id: format!("t/{name}"),
+        cgroup: PathBuf::from(format!("/nowhere/agents/t/{name}")),
+        cgroup_dir: PathBuf::from(format!("/nonexistent/agents/t/{name}")),
+        uid: 65534,
+        gid: 65534,
+    }
+}
+
+/// Echo every line of every connection the ipc server hands over, on `rt`.
+pub fn echo_lines(rt: &tokio::runtime::Runtime, incoming: agentosd::ipc::Incoming) {
+    use agentosd::ipc::{Connection, Inbound};
+    let mut conns = incoming.conns;
+    rt.spawn(async move {
+        while let Some(c) = conns.recv().await {
+            tokio::spawn(async move {
+                let Connection { mut rx, tx, .. } = c;
+                while let Some(Inbound::Line(l)) = rx.recv().await {
+                    if tx.send(l).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// `IpcServer::start` inside `rt` (the ring waits on the runtime); `None`, reported as a skip of
 /// `test`, when this kernel gives no usable io_uring.
 pub fn start_ipc(
