@@ -11,6 +11,7 @@ pub mod models;
 mod models_http;
 mod models_report;
 pub mod sandbox;
+mod sandbox_peers;
 pub mod scale;
 
 #[derive(Subcommand)]
