@@ -55,6 +55,10 @@ pub struct McpArgs {
     /// Seconds per flood phase (ping, then tools/call).
     #[arg(long, default_value_t = 10)]
     pub flood_secs: u64,
+    /// A CPU budget for each flooding agent (`compute: { cpu: CPU }` in its contract, e.g.
+    /// `0.01`: `cpu.max` where the cpu controller exists, as in the VM) [default: none].
+    #[arg(long, value_name = "CPU")]
+    pub agent_cpu: Option<String>,
     /// Working directory (state directory, audit log, copies of the binary) [default:
     /// /var/tmp/agentos-bench-mcp-PID]: put it on the file system you want the audit log on.
     #[arg(long)]
@@ -727,9 +731,19 @@ fn bench(
             ]
             .map(String::from)
             .to_vec();
-            env.start_agent(n, &args)?;
+            match &a.agent_cpu {
+                Some(cpu) => env.start_agent_with(
+                    n,
+                    &args,
+                    &["bench"],
+                    &format!("compute: {{ cpu: {cpu:?} }}\n"),
+                )?,
+                None => env.start_agent(n, &args)?,
+            }
         }
         env.wait_for(&names, "ready", 300)?;
+        let agent_cpu = agent_cgroup_cpu(&env.cgroup_root, &names[0]);
+        eprintln!("bench mcp: {agent_cpu}");
         // Idle baseline: every agent started, connected, its tool server up, waiting.
         let mut idle = (Vec::new(), Vec::new());
         for _ in 0..20 {
@@ -835,8 +849,8 @@ fn bench(
             ));
             rj.push(json!({"while": label, "list_agents": l.json(), "agentctl_list": c.json()}));
         }
-        flood_json =
-            json!({"agents": a.agents, "secs": a.flood_secs, "phases": pj, "responsiveness": rj});
+        flood_json = json!({"agents": a.agents, "secs": a.flood_secs, "phases": pj, "responsiveness": rj,
+                "agent_cpu": a.agent_cpu, "agent_cgroup_cpu": agent_cpu});
     }
     let load_after = loadavg();
 
@@ -988,4 +1002,44 @@ fn bench(
         )?;
     }
     Ok(())
+}
+
+/// What the cpu controller does for agent `name`: its cgroup (found below `root`), its
+/// `cpu.max` and `cpu.weight`, and the controllers its parent enables (none of these files exist
+/// without the cpu controller, as on a host without it).
+fn agent_cgroup_cpu(root: &Path, name: &str) -> String {
+    fn find(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+        let rd = std::fs::read_dir(dir).ok()?;
+        let subdirs: Vec<PathBuf> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        if let Some(p) = subdirs
+            .iter()
+            .find(|p| p.file_name().is_some_and(|f| f == name))
+        {
+            return Some(p.clone());
+        }
+        if depth == 0 {
+            return None;
+        }
+        subdirs.iter().find_map(|p| find(p, name, depth - 1))
+    }
+    let Some(cg) = find(root, name, 4) else {
+        return format!("agent {name}: no cgroup named so below {}", root.display());
+    };
+    let read = |p: &Path, f: &str| {
+        std::fs::read_to_string(p.join(f))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "(absent)".into())
+    };
+    format!(
+        "agent {name}: cgroup {}: cpu.max={}, cpu.weight={}; parent's subtree_control: {}",
+        cg.display(),
+        read(&cg, "cpu.max"),
+        read(&cg, "cpu.weight"),
+        cg.parent()
+            .map_or("?".into(), |p| read(p, "cgroup.subtree_control"))
+    )
 }

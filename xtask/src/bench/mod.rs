@@ -13,6 +13,7 @@ mod models_http;
 mod models_report;
 pub mod sandbox;
 mod sandbox_parts;
+mod sandbox_peers;
 pub mod scale;
 
 #[derive(Subcommand)]

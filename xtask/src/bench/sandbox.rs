@@ -5,7 +5,8 @@
 //! The started program is the same tiny static binary in every mode (`stamp`, compiled here with
 //! `cc -static`, or prebuilt: `AGENTOS_BENCH_STAMP`, xtask/src/stamp.rs): its `main` reads
 //! `CLOCK_MONOTONIC` and prints it. The latency of one start is that stamp minus the clock read
-//! just before the start request; every mode waits for its process to exit before the next start. Modes are interleaved run by run, so drifting load on
+//! just before the start request; every mode waits for its process to exit before the next start.
+//! Modes are interleaved run by run, so drifting load on
 //! the machine hits them alike.
 //!
 //! | mode | what one start does |
@@ -15,6 +16,10 @@
 //! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, Landlock ruleset built from the contract, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec |
 //! | `agentos+net` | `agentos` with a `net.connect` grant: its own network namespace plus its socket broker (a second clone3 of the daemon into the agent's cgroup, sandbox/sockets.rs), timed to the agent's first instruction (the broker starts after the agent's exec) |
 //! | `bwrap` | `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --cap-drop ALL --new-session --die-with-parent` |
+//! | `systemd-run (service)`, `systemd-run (bare service)`, `systemd-run --scope`, `agentosd (D-Bus)` | where systemd is PID 1 (the VM): see sandbox_peers.rs; elsewhere reported as unavailable, with the reason |
+//!
+//! With systemd the working directory (stamp, logs) is in /run, not /tmp: a transient service
+//! with `PrivateTmp=` would not see /tmp's.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -23,6 +28,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use agentosd::cgroup::Cgroup;
+
+use super::sandbox_peers::{self, DbusAgents};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
@@ -43,6 +50,10 @@ pub struct SandboxArgs {
     /// mode's start is timed instead of landing on it.
     #[arg(long, default_value_t = 200)]
     pub settle_us: u64,
+    /// Leave out the systemd peers and agentosd over D-Bus (they run only where systemd is PID
+    /// 1 and agentosd is installed: the VM; elsewhere they are reported as unavailable).
+    #[arg(long)]
+    pub no_systemd: bool,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -53,7 +64,7 @@ pub struct SandboxArgs {
     pub breakdown: bool,
 }
 
-fn mono_ns() -> u64 {
+pub(super) fn mono_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -63,7 +74,7 @@ fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn parse_stamp(text: &str) -> Result<u64> {
+pub(super) fn parse_stamp(text: &str) -> Result<u64> {
     text.lines()
         .last()
         .and_then(|l| l.trim().parse().ok())
@@ -268,6 +279,66 @@ fn ms(ns: u64) -> String {
     format!("{:.3}", ns as f64 / 1e6)
 }
 
+/// A mode of one run: its name, and why it cannot run here (then it is reported, not timed).
+struct Mode {
+    name: &'static str,
+    unavailable: Option<String>,
+}
+
+fn modes(a: &SandboxArgs, dbus: &Result<DbusAgents>) -> Vec<Mode> {
+    let on = |name| Mode {
+        name,
+        unavailable: None,
+    };
+    let mut v = vec![
+        on("fork+exec"),
+        on("clone3+cgroup"),
+        on("agentos"),
+        on("agentos+net"),
+    ];
+    if a.breakdown {
+        v.extend(super::sandbox_parts::MODES.into_iter().map(on));
+    }
+    v.push(Mode {
+        name: "bwrap",
+        unavailable: a.no_bwrap.then(|| "left out (--no-bwrap)".to_string()),
+    });
+    let systemd = if a.no_systemd {
+        Some("left out (--no-systemd)".to_string())
+    } else {
+        sandbox_peers::systemd_unavailable()
+    };
+    for name in [
+        "systemd-run (service)",
+        "systemd-run (bare service)",
+        "systemd-run --scope",
+    ] {
+        v.push(Mode {
+            name,
+            unavailable: systemd.clone(),
+        });
+    }
+    v.push(Mode {
+        name: "agentosd (D-Bus)",
+        unavailable: if a.no_systemd {
+            Some("left out (--no-systemd)".to_string())
+        } else {
+            dbus.as_ref().err().map(|e| format!("{e:#}"))
+        },
+    });
+    v
+}
+
+/// The contract of the `agentos` modes (and of `agentosd (D-Bus)`, under `name`).
+fn contract_yaml(name: &str, dir: &Path, stamp: &Path) -> String {
+    format!(
+        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: bench\n\
+         exec: {{ command: {stamp:?} }}\ncapabilities:\n  - fs.exec: [{}]\n  - fs.read: [/srv]\n",
+        dir.display(),
+        stamp = stamp.display().to_string()
+    )
+}
+
 pub fn run(a: SandboxArgs) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -277,9 +348,22 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         ensure_bwrap()?;
     }
     let mount = agentosd::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
-    let dir = std::env::temp_dir().join(format!("agentos-bench-sandbox-{}", std::process::id()));
+    // A transient service gets a private /tmp (PrivateTmp=, implied by DynamicUser=): with
+    // systemd the stamp lives in /run, which it sees read-only.
+    let base = if sandbox_peers::systemd_pid1() {
+        PathBuf::from("/run")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("agentos-bench-sandbox-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let result = run_in(&a, &mount, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
     // A prebuilt stamp (`cargo xtask vm bench`: the guest has no compiler) is copied in, so
     // every mode runs it from the same directory the contract grants.
     let stamp = match std::env::var_os(crate::stamp::STAMP_ENV).filter(|v| !v.is_empty()) {
@@ -295,14 +379,9 @@ pub fn run(a: SandboxArgs) -> Result<()> {
             std::fs::set_permissions(&stamp, std::fs::Permissions::from_mode(0o755))?;
             stamp
         }
-        None => crate::stamp::compile(&dir)?,
+        None => crate::stamp::compile(dir)?,
     };
-    let contract_text = format!(
-        "apiVersion: agentos/v0.2\nkind: AgentContract\nname: agent\ntenant: bench\n\
-         exec: {{ command: {stamp:?} }}\ncapabilities:\n  - fs.exec: [{}]\n  - fs.read: [/srv]\n",
-        dir.display(),
-        stamp = stamp.display().to_string()
-    );
+    let contract_text = contract_yaml("agent", dir, &stamp);
     let contract = contracts::parse_contract(&contract_text, "bench.yaml")
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let net_contract = contracts::parse_contract(
@@ -310,14 +389,20 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         "bench-net.yaml",
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut dbus = if a.no_systemd {
+        Err(anyhow::anyhow!("left out"))
+    } else {
+        let (d, s) = (dir.to_path_buf(), stamp.clone());
+        DbusAgents::connect(Box::new(move |name| contract_yaml(name, &d, &s)))
+    };
+    let modes = modes(a, &dbus);
     let parent = Cgroup::new(mount.join(format!("agentos-bench-{}", std::process::id())));
     parent.create()?;
-    let state = dir.join("state");
     let mut b = Bench {
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         stamp,
         parent,
-        state,
+        state: dir.join("state"),
         contract,
         net_contract,
         n: 0,
@@ -325,26 +410,30 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         pool_empty: 0,
         before_clone: Default::default(),
     };
-    let mut modes: Vec<&str> = vec!["fork+exec", "clone3+cgroup", "agentos", "agentos+net"];
-    if a.breakdown {
-        modes.extend(super::sandbox_parts::MODES);
-    }
-    if !a.no_bwrap {
-        modes.push("bwrap");
-    }
+    let load_before = loadavg();
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(a.runs); modes.len()];
     let result = (|| -> Result<()> {
         for i in 0..a.warmup + a.runs {
             for (m, mode) in modes.iter().enumerate() {
-                let t = match *mode {
+                if mode.unavailable.is_some() {
+                    continue;
+                }
+                let t = match mode.name {
                     "fork+exec" => b.fork_exec(),
                     "clone3+cgroup" => b.clone3(false),
                     "agentos" => b.clone3(true),
                     "agentos+net" => b.clone3_with(true, true),
                     "bwrap" => b.bwrap(),
+                    "systemd-run (service)" => sandbox_peers::systemd_service(&b.stamp, true),
+                    "systemd-run (bare service)" => sandbox_peers::systemd_service(&b.stamp, false),
+                    "systemd-run --scope" => sandbox_peers::systemd_scope(&b.stamp),
+                    "agentosd (D-Bus)" => match &mut dbus {
+                        Ok(d) => d.start(),
+                        Err(_) => unreachable!("an unavailable mode is not run"),
+                    },
                     m => b.clone3_without(true, false, super::sandbox_parts::part_of(m)),
                 }
-                .with_context(|| format!("mode {mode}, run {i}"))?;
+                .with_context(|| format!("mode {}, run {i}", mode.name))?;
                 if i >= a.warmup {
                     samples[m].push(t);
                 }
@@ -362,22 +451,52 @@ pub fn run(a: SandboxArgs) -> Result<()> {
         None
     };
     let _ = b.parent.remove();
-    let _ = std::fs::remove_dir_all(&dir);
     result?;
-
-    let floor = {
-        let mut v = samples[1].clone();
-        v.sort_unstable();
-        pct(&v, 50)
-    };
+    report(a, &modes, &samples, &load_before)?;
     println!(
-        "\nstart request → first instruction of a static binary, {} starts per mode (interleaved), after {} warm-up starts\n",
-        a.runs, a.warmup
+        "\nsandboxed starts that found no network namespace made ahead (made in clone3): {} of {}",
+        b.pool_empty, b.sandboxed
+    );
+    if a.breakdown {
+        let names: Vec<&str> = modes.iter().map(|m| m.name).collect();
+        super::sandbox_parts::print_split(&b.before_clone, &samples, &names);
+    }
+    if let Some(parts) = parts {
+        super::sandbox_parts::print(&parts?);
+    }
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn p50(samples: &[u64]) -> u64 {
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    if v.is_empty() { 0 } else { pct(&v, 50) }
+}
+
+fn report(a: &SandboxArgs, modes: &[Mode], samples: &[Vec<u64>], load_before: &str) -> Result<()> {
+    let floor = p50(&samples[1]);
+    println!(
+        "\nstart request → first instruction of a static binary, {} starts per mode (interleaved), \
+         after {} warm-up starts; load average before {load_before}, after {}\n",
+        a.runs,
+        a.warmup,
+        loadavg()
     );
     println!("| mode | p50 ms | p90 ms | p99 ms | max ms | mean ms | p50 ÷ clone3+cgroup p50 |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for (m, mode) in modes.iter().enumerate() {
+        if let Some(why) = &mode.unavailable {
+            println!("| {} | unavailable: {why} | | | | | |", mode.name);
+            rows.push(json!({"mode": mode.name, "unavailable": why}));
+            continue;
+        }
         let mut v = samples[m].clone();
         v.sort_unstable();
         let mean = v.iter().sum::<u64>() / v.len().max(1) as u64;
@@ -388,7 +507,8 @@ pub fn run(a: SandboxArgs) -> Result<()> {
             *v.last().unwrap_or(&0),
         );
         println!(
-            "| {mode} | {} | {} | {} | {} | {} | {:.2}× |",
+            "| {} | {} | {} | {} | {} | {} | {:.2}× |",
+            mode.name,
             ms(p50),
             ms(p90),
             ms(p99),
@@ -396,35 +516,44 @@ pub fn run(a: SandboxArgs) -> Result<()> {
             ms(mean),
             p50 as f64 / floor.max(1) as f64
         );
-        rows.push(json!({"mode": mode, "p50_ns": p50, "p90_ns": p90, "p99_ns": p99, "max_ns": max, "mean_ns": mean}));
+        rows.push(json!({"mode": mode.name, "p50_ns": p50, "p90_ns": p90, "p99_ns": p99, "max_ns": max, "mean_ns": mean}));
     }
-    if let (Some(bw), Some(ag)) = (
-        rows.iter().find(|r| r["mode"] == "bwrap"),
-        rows.iter().find(|r| r["mode"] == "agentos"),
-    ) {
-        let (bw, ag) = (
-            bw["p50_ns"].as_u64().unwrap_or(0),
-            ag["p50_ns"].as_u64().unwrap_or(1),
-        );
-        println!(
-            "\nbwrap p50 ÷ agentos p50 = {:.1}×",
-            bw as f64 / ag.max(1) as f64
-        );
+    let p50_of = |name: &str| {
+        modes
+            .iter()
+            .position(|m| m.name == name && m.unavailable.is_none())
+            .map(|i| p50(&samples[i]))
+    };
+    let mut ratios = Vec::new();
+    println!();
+    for (peer, base) in [
+        ("bwrap", "agentos"),
+        ("systemd-run (service)", "agentos"),
+        ("systemd-run (bare service)", "agentos"),
+        ("systemd-run --scope", "agentos"),
+        ("agentosd (D-Bus)", "agentos"),
+        ("systemd-run (service)", "agentosd (D-Bus)"),
+        ("systemd-run (bare service)", "agentosd (D-Bus)"),
+        ("systemd-run --scope", "agentosd (D-Bus)"),
+    ] {
+        match (p50_of(peer), p50_of(base)) {
+            (Some(p), Some(q)) => {
+                let r = p as f64 / q.max(1) as f64;
+                println!("{peer} p50 ÷ {base} p50 = {r:.2}×");
+                ratios.push(json!({"peer": peer, "base": base, "p50_ratio": r}));
+            }
+            _ => println!("{peer} p50 ÷ {base} p50: unavailable (a mode did not run)"),
+        }
     }
-    println!(
-        "\nsandboxed starts that found no network namespace made ahead (made in clone3): {} of {}",
-        b.pool_empty, b.sandboxed
-    );
-    if a.breakdown {
-        super::sandbox_parts::print_split(&b.before_clone, &samples, &modes);
-    }
-    if let Some(parts) = parts {
-        super::sandbox_parts::print(&parts?);
-    }
-    if let Some(p) = a.json {
+    if let Some(p) = &a.json {
         std::fs::write(
-            &p,
-            serde_json::to_vec_pretty(&json!({"runs": a.runs, "modes": rows}))?,
+            p,
+            serde_json::to_vec_pretty(&json!({
+                "runs": a.runs, "warmup": a.warmup, "modes": rows, "ratios": ratios,
+                "load_before": load_before, "load_after": loadavg(),
+                "systemd_service_properties": sandbox_peers::SERVICE_PROPS,
+                "systemd_scope_properties": sandbox_peers::SCOPE_PROPS,
+            }))?,
         )?;
     }
     Ok(())

@@ -96,6 +96,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         |line| {
             let (done, show) = c.feed(line);
             if show && (a.verbose || c.begun) {
+                // The console's reset sequences land before the runner's first line.
+                let line = line.find(BEGIN).map_or(line, |at| &line[at..]);
                 println!("{line}");
             }
             done
