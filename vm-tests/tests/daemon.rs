@@ -112,6 +112,7 @@ fn check_reports_the_vm_mechanisms_available() {
         "sched_deadline",
         "sched_ext",
         "landlock",
+        "landlock_unix",
         "seccomp",
         "btf",
         "bpf_lsm",
