@@ -1166,6 +1166,16 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
             .map(|d| d.count())
             .unwrap_or(0)
     };
+    // An agent with the same paths first: the daemon keeps the root-only host paths of a
+    // Landlock ruleset open between starts (sandbox/path_cache.rs), files that are its own and
+    // not the flood's.
+    run_agent(
+        &s,
+        "warmup",
+        "\"fallback\"",
+        "modelPolicy: { allow: [primary, chat] }\nallow_fallbacks:\n  - { when: model_unavailable, substitute: { model: chat } }\n",
+    );
+    steps(&s, "warmup", 60);
     let before = daemon_fds();
     let mem =
         common::mem::MemWatch::start(s.d.pid(), "slowloris on the model gateway (64 connections)");
