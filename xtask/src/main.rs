@@ -14,6 +14,7 @@ mod install;
 mod model_peers;
 mod mutants;
 mod peers;
+mod stamp;
 mod tools;
 mod vm;
 

@@ -400,7 +400,22 @@ pub(super) fn destroy_cgroup_tree(path: &Path) {
     rm(path);
 }
 
+/// The environment variable naming a directory with prebuilt release agentosd and agentctl
+/// (`cargo xtask vm bench` sets it to /usr/local/bin in the guest, which has no compiler): the
+/// benchmarks' default for `--bin-dir`, and nothing is built.
+pub const BIN_DIR_ENV: &str = "AGENTOS_BENCH_BIN_DIR";
+
+/// The prebuilt binaries' directory from [`BIN_DIR_ENV`], if set.
+pub fn prebuilt_bin_dir() -> Option<PathBuf> {
+    std::env::var_os(BIN_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 pub(super) fn build_bins() -> Result<PathBuf> {
+    if let Some(d) = prebuilt_bin_dir() {
+        return Ok(d);
+    }
     let here = std::env::current_exe()?
         .parent()
         .context("exe dir")?

@@ -66,18 +66,21 @@ pub enum BenchCmd {
 }
 
 impl BenchCmd {
-    /// The hidden helpers a benchmark runs (often as an agent, under its own uid and sandbox):
-    /// they build nothing and must not look for build packages.
+    /// The hidden helpers a benchmark runs (often as an agent, under its own uid and sandbox),
+    /// and any benchmark given prebuilt binaries (`AGENTOS_BENCH_BIN_DIR`: `cargo xtask vm
+    /// bench` in the guest, which has no compiler): they build nothing and must not look for
+    /// build packages.
     pub fn is_internal(&self) -> bool {
-        matches!(
-            self,
-            BenchCmd::DnsClient(_)
-                | BenchCmd::RtLoop(_)
-                | BenchCmd::McpClient(_)
-                | BenchCmd::McpEchoServer
-                | BenchCmd::ModelClient(_)
-                | BenchCmd::Burn { .. }
-        )
+        harness::prebuilt_bin_dir().is_some()
+            || matches!(
+                self,
+                BenchCmd::DnsClient(_)
+                    | BenchCmd::RtLoop(_)
+                    | BenchCmd::McpClient(_)
+                    | BenchCmd::McpEchoServer
+                    | BenchCmd::ModelClient(_)
+                    | BenchCmd::Burn { .. }
+            )
     }
 }
 

@@ -3,9 +3,9 @@
 //! cgroup, no sandbox), plain fork+exec and `bwrap`.
 //!
 //! The started program is the same tiny static binary in every mode (`stamp`, compiled here with
-//! `cc -static`): its `main` reads `CLOCK_MONOTONIC` and prints it. The latency of one start is
-//! that stamp minus the clock read just before the start request; every mode waits for its
-//! process to exit before the next start. Modes are interleaved run by run, so drifting load on
+//! `cc -static`, or prebuilt: `AGENTOS_BENCH_STAMP`, xtask/src/stamp.rs): its `main` reads
+//! `CLOCK_MONOTONIC` and prints it. The latency of one start is that stamp minus the clock read
+//! just before the start request; every mode waits for its process to exit before the next start. Modes are interleaved run by run, so drifting load on
 //! the machine hits them alike.
 //!
 //! | mode | what one start does |
@@ -42,18 +42,6 @@ pub struct SandboxArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
 }
-
-const STAMP_C: &str = r#"#include <stdio.h>
-#include <time.h>
-#include <unistd.h>
-int main(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    char b[32];
-    int n = snprintf(b, sizeof b, "%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
-    return write(1, b, n) == n ? 0 : 1;
-}
-"#;
 
 fn mono_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -239,18 +227,23 @@ pub fn run(a: SandboxArgs) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("agentos-bench-sandbox-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-    let src = dir.join("stamp.c");
-    std::fs::write(&src, STAMP_C)?;
-    let stamp = dir.join("stamp");
-    let ok = Command::new("cc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&stamp)
-        .arg(&src)
-        .status()
-        .context("cc (install gcc)")?;
-    if !ok.success() {
-        bail!("cc -static failed (libc6-dev provides libc.a)");
-    }
+    // A prebuilt stamp (`cargo xtask vm bench`: the guest has no compiler) is copied in, so
+    // every mode runs it from the same directory the contract grants.
+    let stamp = match std::env::var_os(crate::stamp::STAMP_ENV).filter(|v| !v.is_empty()) {
+        Some(pre) => {
+            let stamp = dir.join("stamp");
+            std::fs::copy(&pre, &stamp).with_context(|| {
+                format!(
+                    "copying the prebuilt stamp {} (${})",
+                    Path::new(&pre).display(),
+                    crate::stamp::STAMP_ENV
+                )
+            })?;
+            std::fs::set_permissions(&stamp, std::fs::Permissions::from_mode(0o755))?;
+            stamp
+        }
+        None => crate::stamp::compile(&dir)?,
+    };
     let contract_text = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: agent\ntenant: bench\n\
          exec: {{ command: {stamp:?} }}\ncapabilities:\n  - fs.exec: [{}]\n  - fs.read: [/srv]\n",

@@ -46,6 +46,12 @@ const GUEST_PACKAGES: &[&str] = &[
     // agentosd's tests/sni.rs (run in the guest too) makes its test server's certificate with
     // `openssl req`.
     "openssl",
+    // `cargo xtask vm bench -- sandbox` starts the same program under bwrap, a peer of agentosd's
+    // sandbox (xtask/src/bench/sandbox.rs).
+    "bubblewrap",
+    // `cargo xtask vm bench -- hrt`: the kernel's floor, cyclicdeadline and cyclictest
+    // (xtask/src/bench/hrt.rs).
+    "rt-tests",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
 /// the io.max test a block device; `virtio_net` the guest's one link to the host, QEMU's user

@@ -4,8 +4,10 @@
 //! with controllers) booted under QEMU software emulation, its root file system an uncompressed
 //! initramfs. `setup` builds the image once (cached by a hash of its inputs); `test` appends a
 //! second cpio with the freshly built binaries, boots, installs agentosd the way a user would and
-//! runs the `vm-tests` suite; `shell` boots the same guest interactively. See docs/vm-tests.md.
+//! runs the `vm-tests` suite; `shell` boots the same guest interactively; `bench` runs one of
+//! `cargo xtask bench`'s benchmarks there. See docs/vm-tests.md.
 
+mod bench;
 mod examples;
 pub mod host;
 mod image;
@@ -25,6 +27,10 @@ pub enum VmCmd {
     Setup(SetupArgs),
     /// Build agentosd, agentctl and the vm-tests suite, boot the guest and run the suite in it.
     Test(TestArgs),
+    /// Run a benchmark of `cargo xtask bench` in the guest (systemd PID 1, cgroup controllers):
+    /// `cargo xtask vm bench -- sandbox --runs 200`. Builds release binaries and xtask with its
+    /// bench feature, streams the bench's output, copies its JSON results back to --out.
+    Bench(bench::BenchArgs),
     /// Boot the guest with agentosd installed and started, and give an interactive root shell
     /// on the serial console (leave with `poweroff`, or Ctrl-A X).
     Shell(ShellArgs),
@@ -97,6 +103,7 @@ pub fn run(cmd: VmCmd) -> Result<()> {
         }
         VmCmd::Test(a) => test(&a),
         VmCmd::Shell(a) => shell(&a),
+        VmCmd::Bench(a) => bench::run(&a),
         VmCmd::Relay { addr } => model::relay(&addr),
     }
 }

@@ -19,8 +19,15 @@ const HOST_SUITES: &[&str] = &["escape", "dns", "dns_rest", "sni"];
 pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
 
 pub enum Mode {
-    Test { filter: Option<String> },
+    Test {
+        filter: Option<String>,
+    },
     Shell,
+    /// `cargo xtask vm bench`: run `xtask bench ARGS…` (one argument per line of `bench-args`)
+    /// with the staged binaries, print the result files between markers, power off.
+    Bench {
+        args: Vec<String>,
+    },
 }
 
 /// The host-built binaries to put into the guest.
@@ -32,6 +39,13 @@ pub struct Build {
     tests: Vec<(String, PathBuf)>,
     /// (name, path) of the helper programs of `vm-tests` (memory hog, fork loop, …).
     helpers: Vec<(String, PathBuf)>,
+}
+
+impl Build {
+    /// Adds a program to the guest's harness `bin/` directory (GUEST_DIR/bin/NAME).
+    pub fn add_helper(&mut self, name: &str, path: PathBuf) {
+        self.helpers.push((name.to_string(), path));
+    }
 }
 
 fn cargo() -> Command {
@@ -162,6 +176,7 @@ pub fn stage(
     }
     write_exec(&harness.join("install.sh"), INSTALL_SH)?;
     write_exec(&harness.join("run-tests.sh"), RUN_TESTS_SH)?;
+    write_exec(&harness.join("run-bench.sh"), super::bench::RUN_BENCH_SH)?;
 
     let units = root.join("etc/systemd/system");
     let wants = units.join("multi-user.target.wants");
@@ -173,6 +188,17 @@ pub fn stage(
             std::os::unix::fs::symlink(
                 "../agentos-vmtest.service",
                 wants.join("agentos-vmtest.service"),
+            )?;
+        }
+        Mode::Bench { args } => {
+            fs::write(harness.join("bench-args"), super::bench::args_file(&args)?)?;
+            fs::write(
+                units.join("agentos-vmbench.service"),
+                super::bench::BENCH_UNIT,
+            )?;
+            std::os::unix::fs::symlink(
+                "../agentos-vmbench.service",
+                wants.join("agentos-vmbench.service"),
             )?;
         }
         Mode::Shell => {

@@ -65,6 +65,97 @@ pub fn boot_test(
     timeout: Duration,
     verbose: bool,
 ) -> Result<Outcome> {
+    let mut in_tests = false;
+    let mut rc: Option<i32> = None;
+    // Tests that passed, from libtest's `test result: ok. N passed; …` lines.
+    let mut passed: u64 = 0;
+    let started = Instant::now();
+    let end = boot_console(image, initrd, nic, log_path, mem, timeout, |line| {
+        if line.contains(BEGIN) {
+            in_tests = true;
+            eprintln!(
+                "vm: guest up after {:.0} s; running the suite",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if verbose || in_tests {
+            eprintln!("{line}");
+        }
+        // The escape suite (its own harness) ends with `escape suite: N attempts, …`.
+        if let Some(rest) = line.split("escape suite: ").nth(1) {
+            passed += rest
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        if let Some(rest) = line.split("test result: ").nth(1) {
+            passed += rest
+                .split(". ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        if let Some(v) = marker_rc(line, MARKER) {
+            rc = Some(v);
+            in_tests = false;
+            return true;
+        }
+        false
+    })?;
+    let secs = end.secs;
+    Ok(match rc {
+        Some(0) if passed == 0 => Outcome::NoMarker {
+            why: "the suite ran no test (a FILTER that matches nothing?)".into(),
+            log: log_path.to_path_buf(),
+        },
+        Some(0) => Outcome::Passed {
+            secs,
+            tests: passed,
+        },
+        Some(rc) => Outcome::Failed {
+            rc,
+            log: log_path.to_path_buf(),
+        },
+        None => Outcome::NoMarker {
+            why: end.why,
+            log: log_path.to_path_buf(),
+        },
+    })
+}
+
+/// The number after `marker` in `line` (`VMTEST RC=3 …` → 3; a garbled number → -1).
+pub fn marker_rc(line: &str, marker: &str) -> Option<i32> {
+    let pos = line.find(marker)?;
+    let v = line[pos + marker.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or("");
+    Some(v.parse().unwrap_or(-1))
+}
+
+/// How a console run ended.
+pub struct ConsoleEnd {
+    /// Seconds from QEMU's start to its exit.
+    pub secs: f64,
+    /// Why the loop stopped when `on_line` never said it was done: a time-out or QEMU's exit
+    /// (with its status).
+    pub why: String,
+}
+
+/// Boots the guest with `initrd`, writes every serial console line to `log_path` and hands it
+/// to `on_line` (without its `\r`) until that returns true (the guest printed its result; it
+/// powers itself off, given 20 s), QEMU exits, or `timeout` passes (QEMU is killed).
+pub fn boot_console(
+    image: &Image,
+    initrd: &Path,
+    nic: &str,
+    log_path: &Path,
+    mem: u32,
+    timeout: Duration,
+    mut on_line: impl FnMut(&str) -> bool,
+) -> Result<ConsoleEnd> {
     let mut cmd = qemu(image, initrd, nic, mem, CMDLINE);
     cmd.args(["-monitor", "none", "-serial", "stdio"])
         .stdin(Stdio::null())
@@ -106,10 +197,7 @@ pub fn boot_test(
     let mut log =
         fs::File::create(log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let deadline = started + timeout;
-    let mut in_tests = false;
-    let mut rc: Option<i32> = None;
-    // Tests that passed, from libtest's `test result: ok. N passed; …` lines.
-    let mut passed: u64 = 0;
+    let mut done = false;
     let why = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -118,39 +206,9 @@ pub fn boot_test(
         match rx.recv_timeout(left) {
             Ok(Some(line)) => {
                 writeln!(log, "{line}")?;
-                if line.contains(BEGIN) {
-                    in_tests = true;
-                    eprintln!(
-                        "vm: guest up after {:.0} s; running the suite",
-                        started.elapsed().as_secs_f64()
-                    );
-                }
-                if verbose || in_tests {
-                    eprintln!("{line}");
-                }
-                // The escape suite (its own harness) ends with `escape suite: N attempts, …`.
-                if let Some(rest) = line.split("escape suite: ").nth(1) {
-                    passed += rest
-                        .split(' ')
-                        .next()
-                        .and_then(|n| n.parse::<u64>().ok())
-                        .unwrap_or(0);
-                }
-                if let Some(rest) = line.split("test result: ").nth(1) {
-                    passed += rest
-                        .split(". ")
-                        .nth(1)
-                        .and_then(|r| r.split(' ').next())
-                        .and_then(|n| n.parse::<u64>().ok())
-                        .unwrap_or(0);
-                }
-                if let Some(pos) = line.find(MARKER) {
-                    let v = line[pos + MARKER.len()..]
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or("");
-                    rc = Some(v.parse().unwrap_or(-1));
-                    in_tests = false;
+                if on_line(&line) {
+                    done = true;
+                    break String::new();
                 }
             }
             Ok(None) => break "QEMU exited".to_string(),
@@ -160,30 +218,23 @@ pub fn boot_test(
             Err(mpsc::RecvTimeoutError::Disconnected) => break "QEMU exited".to_string(),
         }
     };
-    // After the marker the guest powers itself off; give it a moment, then make sure.
-    let waited = wait_or_kill(
-        guard.0,
-        Duration::from_secs(if rc.is_some() { 20 } else { 0 }),
-    );
+    // After the marker the guest powers itself off; give it a moment, then make sure. The
+    // console is still logged meanwhile (the power-off messages).
+    let grace = Duration::from_secs(if done { 20 } else { 0 });
+    let until = Instant::now() + grace;
+    while let Ok(Some(line)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        writeln!(log, "{line}")?;
+    }
+    let waited = wait_or_kill(guard.0, Duration::from_secs(if done { 5 } else { 0 }));
     let status = waited.map(|s| s.to_string()).unwrap_or_default();
     let secs = started.elapsed().as_secs_f64();
     eprintln!("vm: guest finished after {secs:.0} s");
-    Ok(match rc {
-        Some(0) if passed == 0 => Outcome::NoMarker {
-            why: "the suite ran no test (a FILTER that matches nothing?)".into(),
-            log: log_path.to_path_buf(),
-        },
-        Some(0) => Outcome::Passed {
-            secs,
-            tests: passed,
-        },
-        Some(rc) => Outcome::Failed {
-            rc,
-            log: log_path.to_path_buf(),
-        },
-        None => Outcome::NoMarker {
-            why: format!("{why}; qemu {status}"),
-            log: log_path.to_path_buf(),
+    Ok(ConsoleEnd {
+        secs,
+        why: if done {
+            why
+        } else {
+            format!("{why}; qemu {status}")
         },
     })
 }
