@@ -449,14 +449,18 @@ fn p50_p99(d: &Dist) -> String {
     format!("{} / {}", ms(d.p(500)), ms(d.p(990)))
 }
 
-fn per_unit(p: &SidePoint, base: &SidePoint) -> String {
-    if p.n == 0 {
-        return "—".into();
+/// The manager's RSS growth per unit from `from` to `p` (signed: a daemon may return start-up
+/// memory after its first starts), in KB.
+fn growth_kb(p: &SidePoint, from: &SidePoint) -> Option<f64> {
+    (p.n > from.n).then(|| (p.rss_kb as f64 - from.rss_kb as f64) / (p.n - from.n) as f64)
+}
+
+/// Growth per unit over the idle manager, and since the previous checkpoint.
+fn per_unit(p: &SidePoint, base: &SidePoint, prev: &SidePoint) -> String {
+    match (growth_kb(p, base), growth_kb(p, prev)) {
+        (Some(a), Some(b)) => format!("{a:+.1} / {b:+.1} KB"),
+        _ => "—".into(),
     }
-    format!(
-        "{:.1} KB",
-        p.rss_kb.saturating_sub(base.rss_kb) as f64 / p.n as f64
-    )
 }
 
 fn cg_per_unit(p: &SidePoint, base: &SidePoint) -> String {
@@ -494,21 +498,22 @@ pub(super) fn render(sides: &[Side]) -> String {
         .collect();
     let _ = writeln!(
         s,
-        "\n| N | side | manager RSS | per unit | cgroup memory per unit | D-Bus list p50 / p99 ms | list command p50 / p99 ms |"
+        "\n| N | side | manager RSS | its growth per unit: over idle / since the previous N | cgroup memory per unit | D-Bus list p50 / p99 ms | list command p50 / p99 ms |"
     );
     let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|");
     for side in sides {
         let Some(base) = side.points.first() else {
             continue;
         };
-        for p in &side.points {
+        for (i, p) in side.points.iter().enumerate() {
+            let prev = &side.points[i.saturating_sub(1)];
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.1} MB | {} | {} | {} | {} |",
                 p.n,
                 side.label,
                 p.rss_kb as f64 / 1024.0,
-                per_unit(p, base),
+                per_unit(p, base, prev),
                 cg_per_unit(p, base),
                 p50_p99(&p.list),
                 p50_p99(&p.ctl),
@@ -542,14 +547,18 @@ pub(super) fn render(sides: &[Side]) -> String {
     );
     let _ = writeln!(
         s,
-        "| peer | N | manager memory per unit | D-Bus list p50 | list command p50 | start rate (agentosd / peer) | stop all |"
+        "| peer | N | manager memory per unit (since the previous N) | D-Bus list p50 | list command p50 | start rate (agentosd / peer) | stop all |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
-    let (fb, f_rate) = (&first.points[0], rate(first));
+    let f_rate = rate(first);
+    // Memory: the growth per unit since the previous checkpoint (the idle figures are not
+    // comparable: agentosd frees start-up memory after its first starts).
+    let marginal = |x: &Side, n: usize| {
+        let i = x.points.iter().position(|p| p.n == n)?;
+        let g = growth_kb(&x.points[i], &x.points[i.checked_sub(1)?])?;
+        (g > 0.0).then_some(g)
+    };
     for peer in &sides[1..] {
-        let Some(pb) = peer.points.first() else {
-            continue;
-        };
         for n in &ns {
             let (Some(a), Some(b)) = (
                 first.points.iter().find(|p| p.n == *n),
@@ -557,12 +566,14 @@ pub(super) fn render(sides: &[Side]) -> String {
             ) else {
                 continue;
             };
-            let mem = |p: &SidePoint, base: &SidePoint| p.rss_kb.saturating_sub(base.rss_kb) as f64;
             let _ = writeln!(
                 s,
                 "| {} | {n} | {} | {} | {} | {} | {} |",
                 peer.label,
-                ratio(mem(b, pb), mem(a, fb)),
+                match (marginal(peer, *n), marginal(first, *n)) {
+                    (Some(x), Some(y)) => ratio(x, y),
+                    _ => "—".into(),
+                },
                 ratio(b.list.p(500) as f64, a.list.p(500) as f64),
                 ratio(b.ctl.p(500) as f64, a.ctl.p(500) as f64),
                 ratio(f_rate, rate(peer)),
@@ -679,6 +690,7 @@ init.scope                   loaded active running System and Service Manager
             label: "agentosd".into(),
             points: vec![
                 point(0, 40_000, Some(0), 1, 4),
+                point(100, 39_000, Some(51_200), 1, 5),
                 point(1000, 42_048, Some(512_000), 2, 10),
             ],
             start: Dist::new(vec![1; 1000]),
@@ -690,6 +702,7 @@ init.scope                   loaded active running System and Service Manager
             label: UnitKind::Scope.label().into(),
             points: vec![
                 point(0, 10_000, None, 1, 20),
+                point(100, 12_000, None, 2, 30),
                 point(1000, 18_192, None, 8, 50),
             ],
             start: Dist::new(vec![1; 1000]),
@@ -699,12 +712,14 @@ init.scope                   loaded active running System and Service Manager
         };
         let t = render(&[agentos, scope]);
         assert!(
-            t.contains("| 1000 | agentosd | 41.1 MB | 2.0 KB | 512 KB | 2.0 / 2.0 | 10.0 / 10.0 |"),
+            t.contains(
+                "| 1000 | agentosd | 41.1 MB | +2.0 / +3.4 KB | 512 KB | 2.0 / 2.0 | 10.0 / 10.0 |"
+            ),
             "{t}"
         );
         assert!(
             t.contains(
-                "| 1000 | systemd-run --scope | 17.8 MB | 8.2 KB | — | 8.0 / 8.0 | 50.0 / 50.0 |"
+                "| 1000 | systemd-run --scope | 17.8 MB | +8.2 / +6.9 KB | — | 8.0 / 8.0 | 50.0 / 50.0 |"
             ),
             "{t}"
         );
@@ -713,10 +728,19 @@ init.scope                   loaded active running System and Service Manager
             "{t}"
         );
         assert!(t.contains("| systemd-run --scope | 50 |"), "{t}");
-        // memory 8 192 / 2 048 KB, ListUnits 8 / 2 ms, systemctl 50 / 10 ms, rate 100 / 50,
-        // stop 15 / 5 s.
+        // An agentosd that shrank after its first starts: signed growth, no memory ratio.
         assert!(
-            t.contains("| systemd-run --scope | 1000 | 4.00× | 4.00× | 5.00× | 2.00× | 3.00× |"),
+            t.contains("| 100 | agentosd | 38.1 MB | -10.0 / -10.0 KB |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| systemd-run --scope | 100 | — | 2.00× |"),
+            "{t}"
+        );
+        // Memory since the previous N 6 192 / 3 048 KB per 900 units, ListUnits 8 / 2 ms,
+        // systemctl 50 / 10 ms, rate 100 / 50, stop 15 / 5 s.
+        assert!(
+            t.contains("| systemd-run --scope | 1000 | 2.03× | 4.00× | 5.00× | 2.00× | 3.00× |"),
             "{t}"
         );
         // The empty daemon has no per-unit figures and no ratio row.
