@@ -15,6 +15,7 @@ pub mod sandbox;
 mod sandbox_parts;
 mod sandbox_peers;
 pub mod scale;
+mod scale_systemd;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -25,8 +26,9 @@ pub enum BenchCmd {
     /// bwrap (start request → first instruction; p50/p99). Root.
     Sandbox(sandbox::SandboxArgs),
     /// Many small agents under one daemon: start rate, the daemon's memory per agent,
-    /// `ListAgents` and `agentctl list` at 100, 1 000, 10 000 agents, stop-all time; with
-    /// `--systemd` (the VM) the same as `systemd-run --scope` units. Root.
+    /// `ListAgents` and `agentctl list` at 100, 1 000, 10 000 agents, stop-all time; where
+    /// systemd is PID 1 (the VM) side by side with the same number of `systemd-run --scope` and
+    /// transient service units (`--peer`). Root.
     Scale(scale::ScaleArgs),
     /// MCP tool calls over the agent socket: ping and tools/call (gate + durable audit) round
     /// trips vs a Unix-socket echo floor, the tool over a pipe and a D-Bus call; then calls/s

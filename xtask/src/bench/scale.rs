@@ -5,13 +5,14 @@
 //! kernel's memory (MemAvailable), `ListAgents` over D-Bus and `agentctl list` as a process
 //! (p50/p99); then stops them all and reports how long that took.
 //!
-//! The peer (the same number of processes as transient systemd scopes, `systemd-run --scope`)
-//! needs systemd as PID 1: where it is (the VM), `--systemd` runs it side by side; elsewhere the
-//! table says it was not run.
+//! The peer (scale_systemd.rs: the same number of processes as transient systemd units,
+//! `systemd-run --scope` and a transient service) needs systemd as PID 1: where it is (the VM)
+//! it runs by default (`--peer`), the scopes interleaved with the agents checkpoint by
+//! checkpoint (both populations alive at once, list calls alternating), the services after both
+//! are stopped (so each `list-units` sees N of ours); elsewhere the report says why not.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,6 +20,9 @@ use clap::Args;
 use serde_json::json;
 
 use super::harness::{Dist, Env, Layout, Procs, build_bins, chmod, mono_ns, teardown};
+use super::scale_systemd::{
+    Peer, PeerMode, Side, SidePoint, UnitKind, memory_current_kb, status_kb,
+};
 
 #[derive(Args)]
 pub struct ScaleArgs {
@@ -34,10 +38,19 @@ pub struct ScaleArgs {
     /// `ListAgents` samples per checkpoint (`agentctl list` gets a third as many).
     #[arg(long, default_value_t = 30)]
     pub samples: usize,
-    /// Also start the same number of processes as `systemd-run --scope` units (systemd as
-    /// PID 1 only).
-    #[arg(long)]
-    pub systemd: bool,
+    /// The systemd peer: the same number of processes as transient units (systemd as PID 1:
+    /// the VM). `auto` runs it where systemd is PID 1 and says why not elsewhere.
+    #[arg(long, value_enum, default_value_t = PeerMode::Auto)]
+    pub peer: PeerMode,
+    /// The peer's unit kinds, comma-separated: `scope` (`systemd-run --scope`, interleaved with
+    /// the agents), `service` (`systemd-run -p Type=exec`, after the agents and scopes).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "scope,service"
+    )]
+    pub peer_units: Vec<UnitKind>,
     /// Use agentosd and agentctl from this directory instead of building release binaries.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
@@ -64,17 +77,10 @@ struct Point {
     threads: u64,
     fds: usize,
     mem_available_kb: u64,
+    /// memory.current of the daemon's cgroup root (its agents' cgroups).
+    cg_kb: Option<u64>,
     list: Dist,
     ctl_list: Dist,
-}
-
-fn status_field(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn mem_available_kb() -> u64 {
@@ -86,27 +92,114 @@ fn mem_available_kb() -> u64 {
         .unwrap_or(0)
 }
 
-fn measure(env: &Env, agents: usize, samples: usize) -> Result<Point> {
+/// The peer's `ListUnits` and `systemctl list-units`, each checked to show every unit started.
+fn sample_peer(
+    p: &Peer,
+    rt: &tokio::runtime::Runtime,
+    list: Option<&mut Vec<u64>>,
+    ctl: Option<&mut Vec<u64>>,
+) -> Result<()> {
+    if let Some(list) = list {
+        let (t, n) = p.list_units_timed(rt)?;
+        p.check_count("ListUnits", n)?;
+        list.push(t);
+    }
+    if let Some(ctl) = ctl {
+        let (t, n) = p.systemctl_list_timed()?;
+        p.check_count("systemctl list-units", n)?;
+        ctl.push(t);
+    }
+    Ok(())
+}
+
+/// A checkpoint: the daemon's figures, and the peer's (when one runs alongside) with their
+/// list calls alternating with the daemon's, sample by sample.
+fn measure(
+    env: &Env,
+    agents: usize,
+    samples: usize,
+    mut peer: Option<&mut Peer>,
+    mount: &Path,
+) -> Result<Point> {
     let pid = env.daemon_pid;
-    let mut list = Vec::with_capacity(samples);
+    let (mut list, mut ulist) = (Vec::with_capacity(samples), Vec::new());
     for _ in 0..samples {
         list.push(env.list_timed()?);
+        if let Some(p) = &peer {
+            sample_peer(p, &env.rt, Some(&mut ulist), None)?;
+        }
     }
-    let mut ctl = Vec::new();
+    let (mut ctl, mut uctl) = (Vec::new(), Vec::new());
     for _ in 0..samples.div_ceil(3) {
         ctl.push(env.agentctl_list_timed()?);
+        if let Some(p) = &peer {
+            sample_peer(p, &env.rt, None, Some(&mut uctl))?;
+        }
+    }
+    if let Some(p) = peer.as_mut() {
+        let point = SidePoint {
+            n: agents,
+            rss_kb: status_kb(1, "VmRSS:"),
+            cg_kb: p.slice_memory_kb(mount),
+            list: Dist::new(ulist),
+            ctl: Dist::new(uctl),
+        };
+        p.points.push(point);
     }
     Ok(Point {
         agents,
-        rss_kb: status_field(pid, "VmRSS:"),
-        threads: status_field(pid, "Threads:"),
+        rss_kb: status_kb(pid, "VmRSS:"),
+        threads: status_kb(pid, "Threads:"),
         fds: std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| d.count())
             .unwrap_or(0),
         mem_available_kb: mem_available_kb(),
+        cg_kb: memory_current_kb(&env.cgroup_root),
         list: Dist::new(list),
         ctl_list: Dist::new(ctl),
     })
+}
+
+/// The peer alone (the transient services, after the agents are gone): the same checkpoints.
+fn peer_alone(
+    a: &ScaleArgs,
+    kind: UnitKind,
+    at: &[usize],
+    env: &Env,
+    dir: &Path,
+    mount: &Path,
+) -> Result<Side> {
+    let mut p = Peer::new(kind, &env.rt, dir)?;
+    let t0 = Instant::now();
+    for &k in std::iter::once(&0).chain(at) {
+        p.start_to(k, a.parallel)?;
+        if k > 0 {
+            eprintln!(
+                "bench scale: {k} {} units started ({:.1} s)",
+                kind.label(),
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        let (mut list, mut ctl) = (Vec::new(), Vec::new());
+        for i in 0..a.samples {
+            sample_peer(
+                &p,
+                &env.rt,
+                Some(&mut list),
+                (i % 3 == 0).then_some(&mut ctl),
+            )?;
+        }
+        let point = SidePoint {
+            n: k,
+            rss_kb: status_kb(1, "VmRSS:"),
+            cg_kb: p.slice_memory_kb(mount),
+            list: Dist::new(list),
+            ctl: Dist::new(ctl),
+        };
+        p.points.push(point);
+    }
+    let stop = p.stop_all()?;
+    Ok(p.into_side(stop))
 }
 
 /// Start (or stop) `names` over D-Bus, `parallel` calls in flight; the per-call latencies.
@@ -164,72 +257,6 @@ fn contract(name: &str) -> String {
     )
 }
 
-/// The same number of `sleep` processes as transient scopes (`systemd-run --scope`), started
-/// with the same parallelism; (start wall time, `systemctl list-units` p50/p99, stop time).
-fn systemd_peer(n: usize, parallel: usize, samples: usize) -> Result<(Duration, Dist, Duration)> {
-    if std::fs::read_to_string("/proc/1/comm")
-        .unwrap_or_default()
-        .trim()
-        != "systemd"
-    {
-        bail!("--systemd needs systemd as PID 1 (run it in the VM)");
-    }
-    let t0 = Instant::now();
-    let mut children = Vec::new();
-    for i in 0..n {
-        children.push(
-            Command::new("systemd-run")
-                .args([
-                    "--scope",
-                    "--quiet",
-                    "--collect",
-                    "--slice",
-                    "agentos-bench-scale.slice",
-                ])
-                .arg(format!("--unit=agentos-bench-scale-{i}"))
-                .args(["/bin/sleep", "infinity"])
-                .stdin(std::process::Stdio::null())
-                .spawn()?,
-        );
-        while children.len() >= parallel.max(1) {
-            // A scope's systemd-run stays as the process; wait until the unit exists instead.
-            let i = children.len() - parallel.max(1);
-            let unit = format!("agentos-bench-scale-{i}.scope");
-            let ok = Command::new("systemctl")
-                .args(["is-active", "--quiet", &unit])
-                .status()?
-                .success();
-            if ok {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    let started = t0.elapsed();
-    let mut list = Vec::new();
-    for _ in 0..samples.div_ceil(3) {
-        let t = mono_ns();
-        Command::new("systemctl")
-            .args([
-                "list-units",
-                "--no-pager",
-                "--no-legend",
-                "agentos-bench-scale-*",
-            ])
-            .output()?;
-        list.push(mono_ns() - t);
-    }
-    let t1 = Instant::now();
-    Command::new("systemctl")
-        .args(["stop", "agentos-bench-scale.slice"])
-        .status()?;
-    let stopped = t1.elapsed();
-    for mut c in children {
-        let _ = c.wait();
-    }
-    Ok((started, Dist::new(list), stopped))
-}
-
 pub fn run(a: ScaleArgs) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -261,16 +288,47 @@ pub fn run(a: ScaleArgs) -> Result<()> {
     chmod(&dir, 0o755)?;
     let cgroup_root = mount.join(format!("agentos-bench-scale-{}", std::process::id()));
     let mut procs = Procs(Vec::new());
-    let result = bench(&a, &dir, &bin_dir, &cgroup_root, &mut procs);
+    let result = bench(&a, &dir, &bin_dir, &mount, &cgroup_root, &mut procs);
     teardown(procs, &cgroup_root);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Which peers run, or why none does.
+fn peer_kinds(a: &ScaleArgs) -> Result<(Vec<UnitKind>, Option<String>)> {
+    let why = match a.peer {
+        PeerMode::None => return Ok((Vec::new(), Some("not asked for (--peer none)".into()))),
+        _ => super::scale_systemd::unavailable(),
+    };
+    match (a.peer, why) {
+        (PeerMode::Systemd, Some(why)) => bail!("--peer systemd: {why}"),
+        (_, Some(why)) => Ok((Vec::new(), Some(why))),
+        _ => {
+            let mut kinds = a.peer_units.clone();
+            kinds.dedup();
+            Ok((kinds, None))
+        }
+    }
+}
+
+/// The checkpoints: those of --at not above --agents, and --agents.
+fn checkpoints(a: &ScaleArgs) -> Vec<usize> {
+    let mut at: Vec<usize> =
+        a.at.iter()
+            .copied()
+            .filter(|n| *n > 0 && *n <= a.agents)
+            .collect();
+    at.push(a.agents);
+    at.sort_unstable();
+    at.dedup();
+    at
 }
 
 fn bench(
     a: &ScaleArgs,
     dir: &Path,
     bin_dir: &Path,
+    mount: &Path,
     cgroup_root: &Path,
     procs: &mut Procs,
 ) -> Result<()> {
@@ -286,21 +344,18 @@ fn bench(
         ),
         None => {}
     }
+    let (kinds, no_peer) = peer_kinds(a)?;
     let env = Env::launch(&l, bin_dir, cgroup_root, &audit, &extra, procs)?;
-    let mut points = vec![measure(&env, 0, a.samples)?];
-    let mut at: Vec<usize> =
-        a.at.iter()
-            .copied()
-            .filter(|n| *n > 0 && *n <= a.agents)
-            .collect();
-    if !at.contains(&a.agents) {
-        at.push(a.agents);
-    }
-    at.sort_unstable();
-    at.dedup();
+    let mut scope = match kinds.contains(&UnitKind::Scope) {
+        true => Some(Peer::new(UnitKind::Scope, &env.rt, dir)?),
+        false => None,
+    };
+    let mut points = vec![measure(&env, 0, a.samples, scope.as_mut(), mount)?];
+    let at = checkpoints(a);
     let mut start_lat = Vec::new();
     let mut started = 0;
     let t0 = Instant::now();
+    let mut agents_wall = Duration::ZERO;
     for &k in &at {
         let calls: Vec<(String, String)> = (started..k)
             .map(|i| {
@@ -311,15 +366,24 @@ fn bench(
                 )
             })
             .collect();
+        let t = Instant::now();
         start_lat.extend(in_flight(&env, "StartAgent", calls, a.parallel)?);
+        agents_wall += t.elapsed();
         started = k;
         eprintln!(
             "bench scale: {k} agents started ({:.1} s)",
             t0.elapsed().as_secs_f64()
         );
-        points.push(measure(&env, k, a.samples)?);
+        if let Some(p) = scope.as_mut() {
+            p.start_to(k, a.parallel)?;
+            eprintln!(
+                "bench scale: {k} {} units started ({:.1} s)",
+                p.kind.label(),
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        points.push(measure(&env, k, a.samples, scope.as_mut(), mount)?);
     }
-    let start_wall = t0.elapsed();
     let running = env
         .list_states()?
         .iter()
@@ -341,19 +405,40 @@ fn bench(
         .collect();
     let stop_lat = in_flight(&env, "StopAgent", stops, a.parallel)?;
     let stop_wall = t1.elapsed();
-    let peer = if a.systemd {
-        Some(systemd_peer(a.agents, a.parallel, a.samples)?)
-    } else {
-        None
+    let agentos = Side {
+        label: "agentosd".into(),
+        points: points
+            .iter()
+            .map(|p| SidePoint {
+                n: p.agents,
+                rss_kb: p.rss_kb,
+                cg_kb: p.cg_kb,
+                list: Dist::new(p.list.0.clone()),
+                ctl: Dist::new(p.ctl_list.0.clone()),
+            })
+            .collect(),
+        start: Dist::new(start_lat.clone()),
+        start_wall: agents_wall,
+        stop_wall,
+        rss_after_kb: status_kb(env.daemon_pid, "VmRSS:"),
     };
+    let mut sides = vec![agentos];
+    if let Some(mut p) = scope.take() {
+        let stop = p.stop_all()?;
+        sides.push(p.into_side(stop));
+    }
+    if kinds.contains(&UnitKind::Service) {
+        sides.push(peer_alone(a, UnitKind::Service, &at, &env, dir, mount)?);
+    }
     report(
         a,
         &points,
         Dist::new(start_lat),
-        start_wall,
+        agents_wall,
         Dist::new(stop_lat),
         stop_wall,
-        peer.as_ref(),
+        &sides,
+        no_peer.as_deref(),
     )
 }
 
@@ -365,7 +450,8 @@ fn report(
     start_wall: Duration,
     stop: Dist,
     stop_wall: Duration,
-    peer: Option<&(Duration, Dist, Duration)>,
+    sides: &[Side],
+    no_peer: Option<&str>,
 ) -> Result<()> {
     use super::harness::ms;
     let base = &points[0];
@@ -415,17 +501,15 @@ fn report(
         ms(stop.p(500)),
         ms(stop.p(990))
     );
-    match peer {
-        Some((st, list, sp)) => println!(
-            "systemd-run --scope, same count and parallelism: started in {:.2} s ({:.0}/s), `systemctl list-units` p50 {} / p99 {} ms, stop {:.2} s",
-            st.as_secs_f64(),
-            a.agents as f64 / st.as_secs_f64(),
-            ms(list.p(500)),
-            ms(list.p(990)),
-            sp.as_secs_f64()
-        ),
+    match no_peer {
+        Some(why) => println!("systemd peer: unavailable: {why}"),
         None => {
-            println!("systemd-run --scope peer: not run (--systemd, with systemd as PID 1: the VM)")
+            println!(
+                "\nSide by side (manager: agentosd or PID 1; D-Bus list: `ListAgents` or \
+                 `ListUnits`; list command: `agentctl list` or `systemctl list-units`; the \
+                 MemAvailable drop above counts every population alive at once):"
+            );
+            print!("{}", super::scale_systemd::render(sides));
         }
     }
     if let Some(path) = &a.json {
@@ -434,9 +518,15 @@ fn report(
             .map(|p| json!({"agents": p.agents, "rss_kb": p.rss_kb, "threads": p.threads, "fds": p.fds,
                 "mem_available_kb": p.mem_available_kb, "list_agents": p.list.json(), "agentctl_list": p.ctl_list.json()}))
             .collect();
+        let peers: Vec<_> = sides
+            .iter()
+            .skip(1)
+            .map(super::scale_systemd::side_json)
+            .collect();
         let v = json!({"agents": a.agents, "parallel": a.parallel, "points": rows,
             "start_wall_s": start_wall.as_secs_f64(), "start": start.json(),
-            "stop_wall_s": stop_wall.as_secs_f64(), "stop": stop.json()});
+            "stop_wall_s": stop_wall.as_secs_f64(), "stop": stop.json(),
+            "peers": peers, "peer_unavailable": no_peer});
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
     Ok(())
