@@ -166,22 +166,13 @@ fn chrono_now() -> String {
         .unwrap_or_default()
 }
 
-/// The daemon's CPU time in clock ticks and its `VmRSS` / `VmHWM` in KiB.
+/// The daemon's CPU time in clock ticks.
 fn daemon_cpu(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
     let f: Vec<&str> = after.split_whitespace().collect();
     let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     num(11) + num(12)
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Value> {
@@ -234,7 +225,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     let mut dbus = [Vec::new(), Vec::new()];
     let mut cpu = [0u64; 2];
     let mut attack_started = false;
-    let rss_before = status_kib(pid, "VmRSS:");
+    let rss_before = super::scale_systemd::status_kb(pid, "VmRSS:");
     let windows = [
         (start, start + phase),
         (start + phase + gap, start + 2 * phase + gap),
@@ -268,7 +259,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     if let Some(c0) = cpu_at_begin[1] {
         cpu[1] = daemon_cpu(pid).saturating_sub(c0).max(1);
     }
-    let rss_peak = status_kib(pid, "VmHWM:");
+    let rss_peak = super::scale_systemd::status_kb(pid, "VmHWM:");
     let attacker_log = env.agent_log(&attacker);
     let _ = env.agentctl(&["stop", &attacker]);
     let done = PathBuf::from(format!("{}.done", prefix.display()));
@@ -287,7 +278,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     }
     let _ = env.agentctl(&["stop", &polite]);
     std::thread::sleep(Duration::from_secs(2));
-    let rss_after = status_kib(pid, "VmRSS:");
+    let rss_after = super::scale_systemd::status_kb(pid, "VmRSS:");
     let calls: Vec<Dist> = (0..2)
         .map(|w| {
             let p = PathBuf::from(format!("{}-call-{w}.bin", prefix.display()));
