@@ -41,6 +41,12 @@ pub use crate::sys::sched::{
 pub const SRT_WEIGHT: u32 = 1000;
 /// `cpu.weight` of DT agents.
 pub const DT_WEIGHT: u32 = 1;
+/// The nice value of SRT agents where neither the `cpu` controller nor sched_ext can hold them
+/// to anything: the default `--agent-work-nice`, so an agent that burns CPU sits below the
+/// operator and the daemon's control plane and level with the daemon's work for the other
+/// agents (without it, a nice-0 agent outranks that work 9 to 1; docs/benchmarks.md, "bench
+/// isolation").
+pub const SRT_FALLBACK_NICE: i32 = 10;
 /// How often [`OverrunMonitor`] samples.
 pub const MONITOR_INTERVAL: Duration = agentos_api::DEADLINE_SAMPLE_INTERVAL;
 
@@ -138,6 +144,8 @@ pub enum ChildSched {
     Idle,
     /// `sched_setattr(SCHED_DEADLINE)`.
     Deadline(SchedAttr),
+    /// `setpriority(PRIO_PROCESS, 0, nice)`.
+    Nice(i32),
 }
 
 /// What launching an agent of some class means on this host.
@@ -218,8 +226,12 @@ pub fn plan(
                     "class SRT: cpu.weight={SRT_WEIGHT} (no sched_ext scheduler loaded)"
                 ));
             } else {
+                p.child = ChildSched::Nice(SRT_FALLBACK_NICE);
+                p.notes.push(format!(
+                    "class SRT: nice {SRT_FALLBACK_NICE} (no cpu controller, no sched_ext)"
+                ));
                 p.unenforced.push(format!(
-                    "class SRT: cpu.weight={SRT_WEIGHT} (cpu controller not available, no sched_ext)"
+                    "class SRT: cpu.weight={SRT_WEIGHT} (cpu controller not available, no sched_ext; nice {SRT_FALLBACK_NICE} instead)"
                 ));
             }
         }
@@ -496,6 +508,8 @@ mod tests {
         assert!(p.cgroup_files.is_empty());
         let p = plan("SRT", &s, &[], None, None, false);
         assert_eq!(p.unenforced.len(), 1);
+        // Nothing to hold it: below the operator, level with the daemon's work for agents.
+        assert_eq!(p.child, ChildSched::Nice(SRT_FALLBACK_NICE));
         let p = plan("DT", &s, &cpu, None, None, false);
         assert_eq!(p.child, ChildSched::Idle);
         assert_eq!(

@@ -356,6 +356,10 @@ unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
                 stage = 5;
                 ok = crate::sys::sched::raw_sched_setattr(0, attr) == 0;
             }
+            crate::sched::ChildSched::Nice(n) if ok => {
+                stage = 8;
+                ok = libc::setpriority(libc::PRIO_PROCESS, 0, n) == 0;
+            }
             _ => {}
         }
         if ok {
@@ -430,6 +434,7 @@ fn wait_exec(rd: OwnedFd, child: Child, cmd: &Command) -> Result<Child, SpawnErr
         2 => ("sched_setscheduler(SCHED_IDLE) for", program),
         3 => ("chdir to", cmd.cwd.display().to_string()),
         5 => ("sched_setattr(SCHED_DEADLINE) for", program),
+        8 => ("setpriority(nice) for", program),
         6 => ("close_range(3, ~0, CLOSE_RANGE_CLOEXEC) for", program),
         7 => (
             "setrlimit(RLIMIT_NOFILE) back to the daemon's inherited limit for",

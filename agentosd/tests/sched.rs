@@ -165,3 +165,29 @@ fn dt_agent_runs_sched_idle() {
     assert!(st["deadline_misses"].is_null(), "{st}");
     d.ctl_ok(&["stop", "batch"]);
 }
+
+/// An SRT agent where neither the `cpu` controller nor sched_ext can hold it (this host) runs at
+/// nice 10, below the operator and level with the daemon's work for agents, and its status says
+/// so; where the controller is (the VM), cpu.weight does that and it stays at nice 0.
+#[test]
+fn srt_agent_is_niced_where_nothing_else_holds_it() {
+    let (_bus, cg, dir, d) = setup!("srt");
+    let a = contract(dir.path(), "chat", "SRT", "", "", "sleep 30");
+    d.ctl_ok(&["start", &a]);
+    let st = d.wait_state("chat", "running", 5);
+    let pid = st["main_pid"].as_u64().unwrap() as u32;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    // Field 19 (nice) is the 17th after the command.
+    let nice: i32 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
+    let notes = st["notes"].to_string();
+    let controllers =
+        std::fs::read_to_string(cg.path.join("cgroup.subtree_control")).unwrap_or_default();
+    if controllers.split_whitespace().any(|c| c == "cpu") || notes.contains("scx_agentos") {
+        assert_eq!(nice, 0, "{notes}");
+    } else {
+        assert_eq!(nice, sched::SRT_FALLBACK_NICE, "{notes}");
+        assert!(notes.contains("class SRT: nice 10"), "{notes}");
+    }
+    d.ctl_ok(&["stop", "chat"]);
+}
