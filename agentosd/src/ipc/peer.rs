@@ -42,6 +42,18 @@ pub struct Identity {
     pub cgroup: String,
 }
 
+impl Identity {
+    /// This identified peer refused for `reason` (a limit, not its identity).
+    pub fn refused(self, reason: String) -> Refused {
+        Refused {
+            pid: self.pid,
+            uid: self.uid,
+            cgroup: Some(self.cgroup),
+            reason,
+        }
+    }
+}
+
 /// Why a peer was refused, with what we learnt about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {

@@ -186,14 +186,9 @@ impl Ring {
             drop(fd);
             return self.refuse(
                 agent,
-                Refused {
-                    pid: ident.pid,
-                    uid: ident.uid,
-                    cgroup: Some(ident.cgroup),
-                    reason: format!(
+                ident.refused(format!(
                         "agent already has {max} connections open (max_conns_per_agent); close one first"
-                    ),
-                },
+                    )),
             );
         }
         // A connection without a registered slot is an ordinary fd: from the budget all agents
@@ -207,12 +202,7 @@ impl Ring {
                     drop(sock);
                     return self.refuse(
                         agent,
-                        Refused {
-                            pid: ident.pid,
-                            uid: ident.uid,
-                            cgroup: Some(ident.cgroup),
-                            reason: crate::ipc::files::AGENT_CONN_FILES.refusal(),
-                        },
+                        ident.refused(crate::ipc::files::AGENT_CONN_FILES.refusal()),
                     );
                 }
             },
@@ -251,15 +241,7 @@ impl Ring {
                 mpsc::error::TrySendError::Full(_) => "agentosd's connection queue is full",
                 mpsc::error::TrySendError::Closed(_) => "agentosd is not taking connections",
             };
-            return self.refuse(
-                agent,
-                Refused {
-                    pid: ident.pid,
-                    uid: ident.uid,
-                    cgroup: Some(ident.cgroup),
-                    reason: why.into(),
-                },
-            );
+            return self.refuse(agent, ident.refused(why.into()));
         }
         bump(&self.shared.stats.accepted, 1);
         bump(&self.shared.stats.open, 1);
