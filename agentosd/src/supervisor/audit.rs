@@ -96,8 +96,8 @@ impl Supervisor {
     }
 
     /// Before a run starts: bind the contract (its binding hash goes into this agent's records)
-    /// and make the `start` decision durable. When the trail cannot be written the start is
-    /// refused: nothing runs that the audit trail does not know about (fail closed).
+    /// and write the `start` decision to the log. When the trail cannot be written the start
+    /// is refused: nothing runs that the audit trail does not know about (fail closed).
     pub(super) async fn audit_start(&self, agent: &Agent) -> Result<(), Error> {
         let Some(t) = self.audit_trail() else {
             return Ok(());
@@ -106,10 +106,7 @@ impl Supervisor {
         let mut detail = self.bind_for_audit(t, agent);
         detail["restarts"] = json!(restarts);
         if let Err(why) = t.health() {
-            return Err(Error::Unenforceable(format!(
-                "agent {}: not started: the audit trail cannot be written ({why}); agentosd refuses new starts until the log is writable again (fail closed)",
-                agent.id
-            )));
+            return Err(not_started(agent, &why));
         }
         let rec = t.lifecycle(
             &agent.tenant,
@@ -118,11 +115,44 @@ impl Supervisor {
             Some(Decision::Allow),
             detail,
         );
-        t.commit(rec).await.map(|_| ()).map_err(|e| {
-            Error::Unenforceable(format!(
-                "agent {}: not started: the audit trail cannot be written ({e}); agentosd refuses new starts until the log is writable again (fail closed)",
-                agent.id
-            ))
-        })
+        // Written before the first process exists (a crash of the daemon finds it in the log
+        // file), synced with the `started` record before the start is acknowledged
+        // ([`Self::audit_commit`]): the disk's sync is not on the way to the agent's first
+        // instruction.
+        t.commit_written(rec)
+            .await
+            .map(|_| ())
+            .map_err(|e| not_started(agent, &e.to_string()))
     }
+
+    /// Commits `event` (an `allow`) for `agent` and waits until it, and every record before
+    /// it, is durable.
+    pub(super) async fn audit_commit(
+        &self,
+        agent: &Agent,
+        event: &str,
+        detail: Value,
+    ) -> Result<(), Error> {
+        let Some(t) = self.audit_trail() else {
+            return Ok(());
+        };
+        let rec = t.lifecycle(
+            &agent.tenant,
+            &agent.name,
+            event,
+            Some(Decision::Allow),
+            detail,
+        );
+        t.commit(rec)
+            .await
+            .map(|_| ())
+            .map_err(|e| not_started(agent, &e.to_string()))
+    }
+}
+
+fn not_started(agent: &Agent, why: &str) -> Error {
+    Error::Unenforceable(format!(
+        "agent {}: not started: the audit trail cannot be written ({why}); agentosd refuses new starts until the log is writable again (fail closed)",
+        agent.id
+    ))
 }

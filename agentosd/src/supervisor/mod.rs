@@ -329,12 +329,21 @@ impl Supervisor {
     }
 
     fn persist(&self, agent: &Agent) {
+        self.persist_as(agent, true);
+    }
+
+    /// `durable` false: written for a crash of the daemon only ([`crate::state::Store::save_unsynced`]).
+    fn persist_as(&self, agent: &Agent, durable: bool) {
         let _g = lock(&agent.persist_lock);
         if lock(&agent.inner).removed {
             return;
         }
         let rec = agent.record();
-        if let Err(e) = self.store.save(&rec) {
+        let saved = match durable {
+            true => self.store.save(&rec),
+            false => self.store.save_unsynced(&rec),
+        };
+        if let Err(e) = saved {
             warn!(agent = %agent.id, "cannot persist state: {e}");
         }
     }

@@ -196,44 +196,52 @@ impl Supervisor {
         // Persisted before anything runs: a daemon killed between the spawn and the record of
         // the main process finds `starting` and kills what the run left (re-adoption), where an
         // unpersisted start left a process running under an agent recorded as stopped (or not
-        // recorded at all), found by tests/faults.rs.
-        self.changed(agent);
+        // recorded at all), found by tests/faults.rs. Written, not synced: a crash of the daemon
+        // finds it in the page cache, a power cut takes the run with it, and the `running`
+        // record is synced before the start is acknowledged (the disk's syncs are not on the
+        // way to the agent's first instruction; docs/benchmarks.md "The D-Bus start path").
+        self.persist_as(agent, false);
+        self.emit(Event::Changed(agent.clone()));
         let spawned = match self.audit_start(agent).await {
             Ok(()) => self.prepare_and_spawn(agent, &spec).await,
             Err(e) => Err(e),
         };
         match spawned {
             Ok((child, unenforced, notes)) => {
-                self.started(agent, &spec, generation, child, unenforced, notes);
-                Ok(())
+                self.started(agent, &spec, generation, child, unenforced, notes)
+                    .await
             }
-            Err(e) => {
-                // A failed start leaves nothing: whatever the agent or a tool started is
-                // killed with the whole subtree, then the cgroup tree goes.
-                let _ = self.teardown(agent).await;
-                {
-                    let mut i = lock(&agent.inner);
-                    i.state = State::Failed;
-                    i.result = e.to_string();
-                    i.main_pid = None;
-                    i.pidfd = None;
-                }
-                self.note(agent, &format!("failed to start: {e}"), false);
-                warn!(agent = %agent.id, "start failed: {e}");
-                self.audit_event(
-                    agent,
-                    "start-failed",
-                    Some(audit::Decision::Deny),
-                    serde_json::json!({"reason": e.to_string(), "error": e.dbus_name()}),
-                );
-                self.changed(agent);
-                Err(e)
-            }
+            Err(e) => self.start_failed(agent, e).await,
         }
     }
 
-    /// The main process of a run exists: record it, and watch it.
-    fn started(
+    /// A start that failed leaves nothing: whatever the agent or a tool started is killed with
+    /// the whole subtree, then the cgroup tree goes; the agent is `failed` with the reason.
+    async fn start_failed(self: &Arc<Self>, agent: &Arc<Agent>, e: Error) -> Result<(), Error> {
+        let _ = self.teardown(agent).await;
+        {
+            let mut i = lock(&agent.inner);
+            i.state = State::Failed;
+            i.result = e.to_string();
+            i.main_pid = None;
+            i.pidfd = None;
+        }
+        self.note(agent, &format!("failed to start: {e}"), false);
+        warn!(agent = %agent.id, "start failed: {e}");
+        self.audit_event(
+            agent,
+            "start-failed",
+            Some(audit::Decision::Deny),
+            serde_json::json!({"reason": e.to_string(), "error": e.dbus_name()}),
+        );
+        self.changed(agent);
+        Err(e)
+    }
+
+    /// The main process of a run exists: record it durably (the `start` record before it was
+    /// only written), and watch it. A record that cannot be made durable fails the start (fail
+    /// closed: no run the trail may not show).
+    async fn started(
         self: &Arc<Self>,
         agent: &Arc<Agent>,
         spec: &AgentSpec,
@@ -241,7 +249,7 @@ impl Supervisor {
         child: spawn::Child,
         unenforced: Vec<String>,
         notes: Vec<String>,
-    ) {
+    ) -> Result<(), Error> {
         let pidfd = Arc::new(child.pidfd);
         let broker_pid = child.broker.as_ref().map(|b| b.pid);
         if let Some(b) = child.broker {
@@ -272,23 +280,35 @@ impl Supervisor {
             false,
         );
         info!(agent = %agent.id, pid = child.pid, "started");
-        self.audit_event(
-            agent,
-            "started",
-            Some(audit::Decision::Allow),
-            serde_json::json!({
-                "pid": child.pid,
-                "socket_broker_pid": broker_pid,
-                "cgroup": agent.cgroup.path().display().to_string(),
-                "cgroup_id": cgroup_id(agent.cgroup.path()),
-                "main_cgroup_id": cgroup_id(agent.main_cgroup().path()),
-            }),
-        );
-        self.changed(agent);
+        // The `running` state synced and the `started` record committed at the same time: two
+        // syncs of the disk in parallel, both before the start is acknowledged.
+        let persisted = {
+            let (me, a) = (self.clone(), agent.clone());
+            tokio::task::spawn_blocking(move || me.persist(&a))
+        };
+        let committed = self
+            .audit_commit(
+                agent,
+                "started",
+                serde_json::json!({
+                    "pid": child.pid,
+                    "socket_broker_pid": broker_pid,
+                    "cgroup": agent.cgroup.path().display().to_string(),
+                    "cgroup_id": cgroup_id(agent.cgroup.path()),
+                    "main_cgroup_id": cgroup_id(agent.main_cgroup().path()),
+                }),
+            )
+            .await;
+        let _ = persisted.await;
+        if let Err(e) = committed {
+            return self.start_failed(agent, e).await;
+        }
+        self.emit(Event::Changed(agent.clone()));
         if spec.deadline().is_some() {
             self.monitor_overruns(agent.clone(), generation, child.pid);
         }
         self.watch(agent.clone(), generation, pidfd);
+        Ok(())
     }
 
     /// A fresh cgroup tree for the run: the tenant's (with the controllers this daemon uses),
