@@ -236,18 +236,38 @@ pub fn spawn_with_stdio(
         handover: handover.as_ref().map_or(-1, |(child, _)| child.as_raw_fd()),
     };
 
-    // SAFETY: clone3 without CLONE_VM behaves like fork(): the child gets a copy of the address
-    // space and continues on a copy of this stack. `args` is a valid clone_args of the size
-    // passed; `pidfd` outlives the call. The child branch below only makes async-signal-safe
-    // system calls on memory prepared before the call (no allocation, no locks) and always ends
-    // in execve or _exit, so the multi-threaded parent's state (allocator locks, tokio) is never
-    // touched in the child.
-    let ret = unsafe { clone3(&mut args) };
-    if ret == 0 {
-        // SAFETY: we are the child between clone3 and execve; `setup` points at memory prepared
-        // before the clone (see the comment above).
-        unsafe { exec_child(&setup) }
-    }
+    let ret = if vfork() {
+        let stack = crate::sys::vfork::ChildStack::new()
+            .map_err(|e| SyscallError::new("mmap", "the child's stack", e))?;
+        let _blocked = crate::sys::vfork::SignalsBlocked::new();
+        // SAFETY: `args` is a valid clone_args whose `pidfd` outlives the call; `setup` and
+        // everything it points to live in this frame, which CLONE_VFORK keeps suspended until
+        // the child has exec'd or exited. `vfork_child` keeps sys::vfork's rules: it writes
+        // only to its own stack (and errno), resets the handlers before unblocking signals
+        // (all blocked here), and its credential calls are raw per-thread system calls.
+        unsafe {
+            crate::sys::vfork::clone3_vfork(
+                &mut args,
+                &stack,
+                vfork_child,
+                &setup as *const ChildSetup<'_> as *mut libc::c_void,
+            )
+        }
+    } else {
+        // SAFETY: clone3 without CLONE_VM behaves like fork(): the child gets a copy of the
+        // address space and continues on a copy of this stack. `args` is a valid clone_args of
+        // the size passed; `pidfd` outlives the call. The child branch below only makes
+        // async-signal-safe system calls on memory prepared before the call (no allocation, no
+        // locks) and always ends in execve or _exit, so the multi-threaded parent's state
+        // (allocator locks, tokio) is never touched in the child.
+        let ret = unsafe { clone3(&mut args) };
+        if ret == 0 {
+            // SAFETY: we are the child between clone3 and execve; `setup` points at memory
+            // prepared before the clone (see the comment above).
+            unsafe { exec_child(&setup) }
+        }
+        ret
+    };
     if ret < 0 {
         let e = io::Error::last_os_error();
         return Err(SyscallError::new("clone3", clone_target(ns_flags, &cmd.program), e).into());
@@ -311,12 +331,41 @@ struct ChildSetup<'a> {
     handover: RawFd,
 }
 
+/// The environment switch: `AGENTOSD_SPAWN=fork` makes every start a fork-like `clone3` (the
+/// daemon's page tables copied) instead of `CLONE_VM | CLONE_VFORK`, for comparison
+/// (`cargo xtask bench sandbox`) or should a kernel refuse the latter.
+pub const SPAWN_ENV: &str = "AGENTOSD_SPAWN";
+
+/// Whether starts use [`crate::sys::vfork`] (read once).
+fn vfork() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::sys::vfork::AVAILABLE
+            && std::env::var(SPAWN_ENV).map_or(true, |v| v.trim() != "fork")
+    })
+}
+
+/// The child's entry on its own stack after `clone3(CLONE_VM | CLONE_VFORK)`.
+///
+/// # Safety
+/// Only as [`crate::sys::vfork::clone3_vfork`]'s entry, `arg` a `ChildSetup` of the caller's
+/// frame, every signal blocked.
+unsafe extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: the caller passes a ChildSetup that outlives the child's run (CLONE_VFORK);
+    // the handlers are reset while every signal is still blocked, before exec_child unblocks.
+    unsafe {
+        crate::sys::vfork::reset_signal_handlers();
+        exec_child(&*(arg as *const ChildSetup<'_>))
+    }
+}
+
 /// The child's side: stdio, fds, scheduling, cwd, sandbox, execve. On failure it writes the
 /// stage and errno to the status pipe and exits 127.
 ///
 /// # Safety
-/// Call only in the child of clone3 (fork semantics, no CLONE_VM), with `c` built before the
-/// clone. Only async-signal-safe calls on that pre-built data: no allocation, no locks.
+/// Call only in the child of clone3 (fork semantics, or `CLONE_VM | CLONE_VFORK` through
+/// [`vfork_child`]), with `c` built before the clone. Only async-signal-safe calls on that
+/// pre-built data: no allocation, no locks, no writes but to its own stack.
 unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
     let sched_param = libc::sched_param { sched_priority: 0 };
     let [stdin_fd, stdout_fd, stderr_fd] = c.stdio;

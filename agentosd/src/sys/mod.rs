@@ -5,6 +5,8 @@
 //! - [`pidfd`]: `pidfd_open`, `pidfd_send_signal`, `waitid(P_PIDFD)` and [`ExitStatus`].
 //! - [`process`]: `/proc/PID` facts, the boot id, signal names.
 //! - [`clone`]: `struct clone_args`, `clone3(2)`, `close_range(2)`, the CLONE_INTO_CGROUP probe.
+//! - [`vfork`]: `clone3(CLONE_VM | CLONE_VFORK)` on a stack of the child's own (spawn without
+//!   copying the daemon's address space).
 //! - [`sched`]: `struct sched_attr`, `sched_setattr(2)`, `sched_getattr(2)`.
 //! - [`landlock`]: the Landlock ABI version and `landlock_restrict_self(2)`.
 //! - [`seccomp`]: `seccomp(2)` (install a filter, ask for actions and notify sizes).
@@ -32,6 +34,7 @@ pub mod process;
 pub mod rlimit;
 pub mod sched;
 pub mod seccomp;
+pub mod vfork;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
