@@ -54,6 +54,11 @@ pub struct SandboxArgs {
     /// 1 and agentosd is installed: the VM; elsewhere they are reported as unavailable).
     #[arg(long)]
     pub no_systemd: bool,
+    /// Where the agentosd answering on the bus (the system bus, or `$AGENTOS_BUS_ADDRESS`)
+    /// keeps its agents' logs: `STATE_DIR/logs` (docs/daemon.md). With a private daemon on a
+    /// private bus the `agentosd (D-Bus)` mode runs on a host without systemd too.
+    #[arg(long, default_value = sandbox_peers::SYSTEM_LOG_DIR)]
+    pub agentosd_log_dir: PathBuf,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -393,7 +398,10 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
         Err(anyhow::anyhow!("left out"))
     } else {
         let (d, s) = (dir.to_path_buf(), stamp.clone());
-        DbusAgents::connect(Box::new(move |name| contract_yaml(name, &d, &s)))
+        DbusAgents::connect(
+            &a.agentosd_log_dir,
+            Box::new(move |name| contract_yaml(name, &d, &s)),
+        )
     };
     let modes = modes(a, &dbus);
     let parent = Cgroup::new(mount.join(format!("agentos-bench-{}", std::process::id())));

@@ -58,7 +58,7 @@ pub const SCOPE_PROPS: &[&str] = &[
 
 /// The installed daemon's agent logs (docs/daemon.md: `--state-dir /var/lib/agentos`, logs
 /// below it by default).
-const SYSTEM_LOG_DIR: &str = "/var/lib/agentos/logs";
+pub const SYSTEM_LOG_DIR: &str = "/var/lib/agentos/logs";
 const TENANT: &str = "bench";
 
 /// Whether systemd is PID 1 (sd_booted(3)'s test).
@@ -133,12 +133,14 @@ pub struct DbusAgents {
     client: agentctl::client::Client,
     /// The contract for a name (the `agentos` mode's, tenant `bench`).
     contract: Box<dyn Fn(&str) -> String>,
+    /// The daemon's agent log directory (`STATE_DIR/logs`).
+    log_dir: std::path::PathBuf,
     n: usize,
 }
 
 impl DbusAgents {
     /// Connects to agentosd on the system bus; the error says why this mode cannot run.
-    pub fn connect(contract: Box<dyn Fn(&str) -> String>) -> Result<Self> {
+    pub fn connect(log_dir: &Path, contract: Box<dyn Fn(&str) -> String>) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -155,6 +157,7 @@ impl DbusAgents {
             rt,
             client,
             contract,
+            log_dir: log_dir.to_path_buf(),
             n: 0,
         })
     }
@@ -164,9 +167,7 @@ impl DbusAgents {
         self.n += 1;
         let name = format!("sb{}-{}", std::process::id(), self.n);
         let text = (self.contract)(&name);
-        let log = Path::new(SYSTEM_LOG_DIR)
-            .join(TENANT)
-            .join(format!("{name}.log"));
+        let log = self.log_dir.join(TENANT).join(format!("{name}.log"));
         let conn = self.client.connection().clone();
         let manager = |method: &'static str| (method, "/org/agentos1", "org.agentos1.Manager");
         let (m, path, iface) = manager("StartAgent");
