@@ -253,12 +253,14 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         },
     );
     info!(
-        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s (0: no rate)",
+        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s and {}‰ of one CPU of the daemon, burst {} ms (0: no rate)",
         opts.ipc.inbound_bytes,
         opts.ipc.outbound_bytes,
         opts.ipc.agent_bytes,
         opts.ipc.stall_timeout.as_millis(),
-        opts.ipc.agent_rate
+        opts.ipc.agent_rate,
+        opts.ipc.agent_cpu.permille,
+        opts.ipc.agent_cpu.burst.as_millis()
     );
     match &agents {
         Some((h, nice)) => {
@@ -349,6 +351,8 @@ fn setup_models(
         sup.telemetry().clone(),
     );
     gateway.set_agent_rate(opts.ipc.agent_rate);
+    // Also set by the MCP sockets' start; here too when they could not start.
+    crate::ipc::cpu::LEDGER.configure(opts.ipc.agent_cpu);
     tokio::spawn(gateway.clone().keep_ledger());
     tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {

@@ -238,7 +238,9 @@ impl McpService {
                 c = conns.recv() => match c {
                     Some(c) => {
                         let me = self.clone();
-                        tokio::spawn(async move { me.session(c).await });
+                        // Every poll of the session is the agent's CPU (ipc/cpu.rs).
+                        let cpu = crate::ipc::cpu::LEDGER.agent(&c.peer.agent);
+                        tokio::spawn(crate::ipc::cpu::Measured::new(me.session(c), cpu));
                     }
                     None => break,
                 },
@@ -323,7 +325,7 @@ impl McpService {
                     ))
                     .await;
                     }
-                    Inbound::Line(line) => match parse_off_worker(line).await {
+                    Inbound::Line(line) => match parse_off_worker(line, &s.peer.agent).await {
                         Incoming::Invalid { id, code, message } => {
                             s.reply(jsonrpc::error(&id, code, &message, Value::Null))
                                 .await;
@@ -395,11 +397,18 @@ pub const PARSE_OFF_WORKER: usize = 64 * 1024;
 /// blocking pool, so that parsing it (milliseconds for a megabyte) does not hold one of the few
 /// runtime workers that every other agent's session is waiting for: the kernel then shares the
 /// CPU between the parse and the other sessions instead of queueing them behind it.
-async fn parse_off_worker(line: Vec<u8>) -> Incoming {
+/// Its CPU is the agent's (ipc/cpu.rs), like the session's own polls.
+async fn parse_off_worker(line: Vec<u8>, agent: &str) -> Incoming {
     if line.len() < PARSE_OFF_WORKER {
         return jsonrpc::parse(&line);
     }
-    match tokio::task::spawn_blocking(move || jsonrpc::parse(&line)).await {
+    let cpu = crate::ipc::cpu::LEDGER.agent(agent);
+    match tokio::task::spawn_blocking(move || {
+        let _charge = cpu.measure();
+        jsonrpc::parse(&line)
+    })
+    .await
+    {
         Ok(m) => m,
         Err(e) => Incoming::Invalid {
             id: Value::Null,
@@ -541,21 +550,25 @@ impl Session {
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
         let in_flight = self.in_flight.clone();
-        tokio::spawn(async move {
-            let reply = match method.as_str() {
-                "tools/list" => Some(svc.list(&ctx, &id).await),
-                _ => svc.call(&ctx, &id, &params, cancel_rx).await,
-            };
-            // A cancelled request is not answered (MCP: the receiver should not respond).
-            let still = lock(&in_flight).remove(&key).is_some();
-            if let Some(r) = reply
-                && still
-            {
-                let _ = tx.send(r).await;
-            }
-            drop(agent_permit);
-            drop(permit);
-        });
+        let cpu = crate::ipc::cpu::LEDGER.agent(&self.peer.agent);
+        tokio::spawn(crate::ipc::cpu::Measured::new(
+            async move {
+                let reply = match method.as_str() {
+                    "tools/list" => Some(svc.list(&ctx, &id).await),
+                    _ => svc.call(&ctx, &id, &params, cancel_rx).await,
+                };
+                // A cancelled request is not answered (MCP: the receiver should not respond).
+                let still = lock(&in_flight).remove(&key).is_some();
+                if let Some(r) = reply
+                    && still
+                {
+                    let _ = tx.send(r).await;
+                }
+                drop(agent_permit);
+                drop(permit);
+            },
+            cpu,
+        ));
     }
 }
 

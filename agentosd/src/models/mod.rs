@@ -320,15 +320,20 @@ impl Gateway {
             tenant_meter,
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
             stats,
-            rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed)),
+            rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed))
+                .with_cpu(crate::ipc::cpu::LEDGER.agent(&who.id)),
         });
         let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
-        let task = tokio::spawn(serve::accept_unix(
-            self.clone(),
-            agent.clone(),
-            conns.clone(),
-            who.clone(),
-            listener,
+        // Accepting and identifying the agent's peers is its CPU (ipc/cpu.rs).
+        let task = tokio::spawn(crate::ipc::cpu::Measured::new(
+            serve::accept_unix(
+                self.clone(),
+                agent.clone(),
+                conns.clone(),
+                who.clone(),
+                listener,
+            ),
+            crate::ipc::cpu::LEDGER.agent(&who.id),
         ));
         let old = lock(&self.serving).insert(
             who.id,
@@ -366,12 +371,15 @@ impl Gateway {
         let s = serving.get_mut(agent_id).ok_or_else(|| {
             std::io::Error::other(format!("{agent_id} has no model socket to add a port to"))
         })?;
-        let task = tokio::spawn(serve::accept_tcp(
-            self.clone(),
-            s.agent.clone(),
-            s.conns.clone(),
-            listener,
-            peers_from,
+        let task = tokio::spawn(crate::ipc::cpu::Measured::new(
+            serve::accept_tcp(
+                self.clone(),
+                s.agent.clone(),
+                s.conns.clone(),
+                listener,
+                peers_from,
+            ),
+            crate::ipc::cpu::LEDGER.agent(agent_id),
         ));
         s.tasks.push(task.abort_handle());
         Ok(())
