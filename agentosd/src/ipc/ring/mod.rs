@@ -561,7 +561,19 @@ impl Ring {
         let _ = rustix::io::read(&self.shared.eventfd, &mut buf);
         let cmds: Vec<Cmd> = super::lock(&self.shared.cmds).drain(..).collect();
         for cmd in cmds {
-            self.on_cmd(cmd);
+            // A command about a connection (its replies to send, its queue's room) is its
+            // agent's CPU, like the connection's completions.
+            let conn = match &cmd {
+                Cmd::Flush(id) | Cmd::Resume(id) | Cmd::Read(id) | Cmd::Close(id) => Some(*id),
+                _ => None,
+            };
+            match conn.and_then(|id| self.cpu_of(ud(K_SEND, id))) {
+                Some(cpu) => {
+                    let _charge = cpu.measure();
+                    self.on_cmd(cmd);
+                }
+                None => self.on_cmd(cmd),
+            }
         }
         if self.shutdown_deadline.is_none() {
             self.arm_eventfd();
