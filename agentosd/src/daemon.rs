@@ -249,6 +249,7 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
             max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
             max_line: opts.ipc.max_line,
             records: opts.denial_records,
+            cpu: ipc.cpu_ledger(),
             ..Default::default()
         },
     );
@@ -351,8 +352,11 @@ fn setup_models(
         sup.telemetry().clone(),
     );
     gateway.set_agent_rate(opts.ipc.agent_rate);
-    // Also set by the MCP sockets' start; here too when they could not start.
-    crate::ipc::cpu::LEDGER.configure(opts.ipc.agent_cpu);
+    // One CPU share per agent over its MCP sockets and the gateway (ipc/cpu.rs).
+    gateway.set_cpu_ledger(match sup.mcp() {
+        Some(m) => m.ipc.cpu_ledger(),
+        None => std::sync::Arc::new(crate::ipc::cpu::CpuLedger::new(opts.ipc.agent_cpu)),
+    });
     tokio::spawn(gateway.clone().keep_ledger());
     tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {

@@ -18,15 +18,16 @@
 //! connections and accepts none, and the gateway neither reads nor accepts: the same
 //! back-pressure as the byte rate, nothing is dropped. Both rates apply.
 //!
-//! One ledger per process ([`LEDGER`]), configured once at start (`--ipc-agent-cpu`,
-//! `--ipc-agent-cpu-burst`); an agent's account lives as long as the daemon (its CPU used is
+//! One ledger per [`super::IpcServer`] ([`super::IpcServer::cpu_ledger`], handed to the MCP
+//! service and the model gateway), with the rate of `--ipc-agent-cpu` and
+//! `--ipc-agent-cpu-burst`; an agent's account lives as long as the daemon (its CPU used is
 //! shown in its status), a few hundred bytes each.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -103,6 +104,19 @@ pub struct AgentCpu {
     used_ns: AtomicU64,
     pauses: AtomicU64,
     throttled_ns: AtomicU64,
+}
+
+impl Default for AgentCpu {
+    /// An account without a rate (counted only).
+    fn default() -> Self {
+        AgentCpu::new(
+            CpuRate {
+                permille: 0,
+                burst: Duration::ZERO,
+            },
+            Instant::now(),
+        )
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -198,32 +212,28 @@ impl Drop for Charge<'_> {
 /// Every agent's account.
 #[derive(Debug, Default)]
 pub struct CpuLedger {
-    rate: Mutex<Option<CpuRate>>,
+    rate: CpuRate,
     agents: Mutex<HashMap<String, Arc<AgentCpu>>>,
 }
 
-/// The daemon's ledger.
-pub static LEDGER: LazyLock<CpuLedger> = LazyLock::new(CpuLedger::default);
-
 impl CpuLedger {
-    /// Set the rate for accounts opened from now on (`--ipc-agent-cpu`).
-    pub fn configure(&self, rate: CpuRate) {
-        *lock(&self.rate) = Some(rate);
+    /// Accounts held to `rate` (`--ipc-agent-cpu`).
+    pub fn new(rate: CpuRate) -> CpuLedger {
+        CpuLedger {
+            rate,
+            agents: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn rate(&self) -> CpuRate {
-        lock(&self.rate).unwrap_or_default()
+        self.rate
     }
 
     /// The account of agent `id`, opened on first use.
     pub fn agent(&self, id: &str) -> Arc<AgentCpu> {
-        if let Some(a) = lock(&self.agents).get(id) {
-            return a.clone();
-        }
-        let rate = self.rate();
         lock(&self.agents)
             .entry(id.to_string())
-            .or_insert_with(|| Arc::new(AgentCpu::new(rate, Instant::now())))
+            .or_insert_with(|| Arc::new(AgentCpu::new(self.rate, Instant::now())))
             .clone()
     }
 

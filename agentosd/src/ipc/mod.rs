@@ -311,6 +311,8 @@ struct Shared {
     /// Socket files per agent, unlinked by `forget` and at shutdown.
     paths: Mutex<HashMap<String, Vec<PathBuf>>>,
     stats: Counters,
+    /// The agents' CPU accounts (cpu.rs), shared with the MCP service and the gateway.
+    cpu: Arc<cpu::CpuLedger>,
 }
 
 #[derive(Default)]
@@ -367,7 +369,6 @@ impl IpcServer {
     /// uses it to wait for a full inbound queue to drain).
     pub fn start(limits: Limits) -> Result<(Arc<IpcServer>, Incoming), IpcError> {
         let rt = tokio::runtime::Handle::try_current().map_err(|_| IpcError::NoRuntime)?;
-        cpu::LEDGER.configure(limits.agent_cpu);
         let eventfd = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
@@ -379,6 +380,7 @@ impl IpcServer {
             stopped: AtomicBool::new(false),
             paths: Mutex::new(HashMap::new()),
             stats: Counters::default(),
+            cpu: Arc::new(cpu::CpuLedger::new(limits.agent_cpu)),
         });
         let (conns_tx, conns) = mpsc::channel(256);
         let (refusals_tx, refusals) = mpsc::channel(256);
@@ -473,6 +475,12 @@ impl IpcServer {
             }
         }
         let _ = self.shared.command(Cmd::Forget(agent_id.to_string()));
+    }
+
+    /// The agents' CPU accounts: the ring charges them, and so must whatever else works for
+    /// the same agents (the MCP sessions, the model gateway), so that one share holds all.
+    pub fn cpu_ledger(&self) -> Arc<cpu::CpuLedger> {
+        self.shared.cpu.clone()
     }
 
     /// Counters since start.

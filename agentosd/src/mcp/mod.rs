@@ -46,6 +46,9 @@ pub struct SessionLimits {
     /// Per-agent rate of the records about connections the ipc layer closed (the denial
     /// records' limits, `--denial-records-per-sec`, `--denial-records-burst`).
     pub records: crate::enforce::limit::Limits,
+    /// The agents' CPU accounts (ipc/cpu.rs: the ipc server's, [`crate::ipc::IpcServer::cpu_ledger`]):
+    /// every poll of a session and of a tool call is charged to its agent.
+    pub cpu: Arc<crate::ipc::cpu::CpuLedger>,
 }
 
 /// The default of [`SessionLimits::max_calls_per_agent`].
@@ -58,6 +61,7 @@ impl Default for SessionLimits {
             max_line: crate::ipc::Limits::default().max_line,
             max_calls_per_agent: DEFAULT_MAX_CALLS_PER_AGENT,
             records: Default::default(),
+            cpu: Default::default(),
         }
     }
 }
@@ -239,7 +243,7 @@ impl McpService {
                     Some(c) => {
                         let me = self.clone();
                         // Every poll of the session is the agent's CPU (ipc/cpu.rs).
-                        let cpu = crate::ipc::cpu::LEDGER.agent(&c.peer.agent);
+                        let cpu = self.limits.cpu.agent(&c.peer.agent);
                         tokio::spawn(crate::ipc::cpu::Measured::new(me.session(c), cpu));
                     }
                     None => break,
@@ -325,38 +329,41 @@ impl McpService {
                     ))
                     .await;
                     }
-                    Inbound::Line(line) => match parse_off_worker(line, &s.peer.agent).await {
-                        Incoming::Invalid { id, code, message } => {
-                            s.reply(jsonrpc::error(&id, code, &message, Value::Null))
-                                .await;
-                        }
-                        Incoming::Response => {}
-                        Incoming::Notification { method, params } => {
-                            s.notification(&method, &params)
-                        }
-                        Incoming::Request { id, method, params } => {
-                            if method == "initialize" {
-                                initialized = true;
-                                let r = self.initialize(&s.ctx, &params);
-                                s.reply(jsonrpc::result(&id, r)).await;
-                            } else if method == "ping" {
-                                s.reply(jsonrpc::result(&id, json!({}))).await;
-                            } else if !initialized {
-                                s.reply(jsonrpc::error(
-                                    &id,
-                                    jsonrpc::NOT_INITIALIZED,
-                                    &format!(
-                                        "send \"initialize\" before \"{}\"",
-                                        jsonrpc::quote(&method)
-                                    ),
-                                    Value::Null,
-                                ))
-                                .await;
-                            } else {
-                                s.request(id, method, params).await;
+                    Inbound::Line(line) => {
+                        match parse_off_worker(line, || self.limits.cpu.agent(&s.peer.agent)).await
+                        {
+                            Incoming::Invalid { id, code, message } => {
+                                s.reply(jsonrpc::error(&id, code, &message, Value::Null))
+                                    .await;
+                            }
+                            Incoming::Response => {}
+                            Incoming::Notification { method, params } => {
+                                s.notification(&method, &params)
+                            }
+                            Incoming::Request { id, method, params } => {
+                                if method == "initialize" {
+                                    initialized = true;
+                                    let r = self.initialize(&s.ctx, &params);
+                                    s.reply(jsonrpc::result(&id, r)).await;
+                                } else if method == "ping" {
+                                    s.reply(jsonrpc::result(&id, json!({}))).await;
+                                } else if !initialized {
+                                    s.reply(jsonrpc::error(
+                                        &id,
+                                        jsonrpc::NOT_INITIALIZED,
+                                        &format!(
+                                            "send \"initialize\" before \"{}\"",
+                                            jsonrpc::quote(&method)
+                                        ),
+                                        Value::Null,
+                                    ))
+                                    .await;
+                                } else {
+                                    s.request(id, method, params).await;
+                                }
                             }
                         }
-                    },
+                    }
                 }
             })
             .await;
@@ -398,11 +405,14 @@ pub const PARSE_OFF_WORKER: usize = 64 * 1024;
 /// runtime workers that every other agent's session is waiting for: the kernel then shares the
 /// CPU between the parse and the other sessions instead of queueing them behind it.
 /// Its CPU is the agent's (ipc/cpu.rs), like the session's own polls.
-async fn parse_off_worker(line: Vec<u8>, agent: &str) -> Incoming {
+async fn parse_off_worker(
+    line: Vec<u8>,
+    cpu: impl FnOnce() -> Arc<crate::ipc::cpu::AgentCpu>,
+) -> Incoming {
     if line.len() < PARSE_OFF_WORKER {
         return jsonrpc::parse(&line);
     }
-    let cpu = crate::ipc::cpu::LEDGER.agent(agent);
+    let cpu = cpu();
     match tokio::task::spawn_blocking(move || {
         let _charge = cpu.measure();
         jsonrpc::parse(&line)
@@ -550,7 +560,7 @@ impl Session {
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
         let in_flight = self.in_flight.clone();
-        let cpu = crate::ipc::cpu::LEDGER.agent(&self.peer.agent);
+        let cpu = self.svc.limits.cpu.agent(&self.peer.agent);
         tokio::spawn(crate::ipc::cpu::Measured::new(
             async move {
                 let reply = match method.as_str() {

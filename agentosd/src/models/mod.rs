@@ -118,6 +118,8 @@ pub struct Gateway {
     refusals: Mutex<crate::enforce::limit::RecordLimiter>,
     /// Bytes a second per agent over its gateway connections (`--ipc-agent-rate`; 0: none).
     agent_rate: std::sync::atomic::AtomicU64,
+    /// The agents' CPU accounts ([`Gateway::set_cpu_ledger`]).
+    cpu: Mutex<Arc<crate::ipc::cpu::CpuLedger>>,
 }
 
 /// See [`Gateway::host_port`].
@@ -172,7 +174,18 @@ impl Gateway {
             }),
             refusals: Mutex::new(crate::enforce::limit::RecordLimiter::new(Default::default())),
             agent_rate: crate::ipc::rate::DEFAULT_AGENT_RATE.into(),
+            cpu: Mutex::default(),
         })
+    }
+
+    /// The agents' CPU accounts for agents served from now on: the MCP sockets' (one share per
+    /// agent over both routes, ipc/cpu.rs).
+    pub fn set_cpu_ledger(&self, ledger: Arc<crate::ipc::cpu::CpuLedger>) {
+        *lock(&self.cpu) = ledger;
+    }
+
+    fn cpu_ledger(&self) -> Arc<crate::ipc::cpu::CpuLedger> {
+        lock(&self.cpu).clone()
     }
 
     /// The per-agent rate for agents served from now on (`--ipc-agent-rate`: the same figure
@@ -321,7 +334,7 @@ impl Gateway {
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
             stats,
             rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed))
-                .with_cpu(crate::ipc::cpu::LEDGER.agent(&who.id)),
+                .with_cpu(self.cpu_ledger().agent(&who.id)),
         });
         let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
         // Accepting and identifying the agent's peers is its CPU (ipc/cpu.rs).
@@ -333,7 +346,7 @@ impl Gateway {
                 who.clone(),
                 listener,
             ),
-            crate::ipc::cpu::LEDGER.agent(&who.id),
+            self.cpu_ledger().agent(&who.id),
         ));
         let old = lock(&self.serving).insert(
             who.id,
@@ -379,7 +392,7 @@ impl Gateway {
                 listener,
                 peers_from,
             ),
-            crate::ipc::cpu::LEDGER.agent(agent_id),
+            self.cpu_ledger().agent(agent_id),
         ));
         s.tasks.push(task.abort_handle());
         Ok(())

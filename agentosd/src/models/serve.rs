@@ -48,7 +48,7 @@ where
         return;
     };
     // Every poll of the connection (reading, parsing, the gate, forwarding) is the agent's CPU.
-    let cpu = crate::ipc::cpu::LEDGER.agent(&agent.id);
+    let cpu = agent.rate.cpu().cloned().unwrap_or_default();
     tokio::spawn(crate::ipc::cpu::Measured::new(
         async move {
             let _permit = permit;

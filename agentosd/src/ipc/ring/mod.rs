@@ -728,6 +728,7 @@ impl Ring {
         // One whole line (and the receive that completes it) always fits the burst.
         let min_burst = (self.limits.max_line + RECV_BUF) as u64;
         let rate = self.limits.agent_rate;
+        let cpu_ledger = self.shared.cpu.clone();
         let e = self
             .agents
             .entry(agent.id.clone())
@@ -736,7 +737,7 @@ impl Ring {
                 listeners: HashSet::new(),
                 conns: HashSet::new(),
                 rate: rate::AgentRate::new(rate, min_burst, Instant::now()),
-                cpu: crate::ipc::cpu::LEDGER.agent(&agent.id),
+                cpu: cpu_ledger.agent(&agent.id),
             });
         e.agent = agent.clone();
         e
