@@ -13,6 +13,7 @@
 //! | `connect` | connect and close on its socket in a loop, 4 threads |
 //! | `denials` | UDP datagrams to a port it is not granted, in a loop (cgroup BPF refusals, each an event the daemon reads and records at the denial rate) |
 //! | `calls` | 4 connections pipelining `tools/call`s of a tool it does not hold, reading the error replies (cheap in bytes, dear in the daemon's CPU: a gate decision, a denial, a reply each) |
+//! | `tools` | the same with the tool granted (`bench.echo`): each call gated, recorded, sent to the tool server and answered, up to the agent's 32 calls in flight |
 //!
 //! Both agents have the same budgets (half a CPU, 256 MiB, 64 tasks), enforced where the cgroup
 //! controllers are. Goal: the polite agent's and `agentctl list`'s p99 under attack within 2× of
@@ -37,8 +38,8 @@ pub struct IsolationArgs {
     /// Seconds of each window (quiet, then under attack).
     #[arg(long, default_value_t = 8)]
     pub secs: u64,
-    /// Comma-separated attacks: large, pipeline, connect, denials, calls.
-    #[arg(long, default_value = "large,pipeline,connect,denials,calls")]
+    /// Comma-separated attacks: large, pipeline, connect, denials, calls, tools.
+    #[arg(long, default_value = "large,pipeline,connect,denials,calls,tools")]
     pub attacks: String,
     /// The polite agent's interval between tool calls, ms.
     #[arg(long, default_value_t = 20)]
@@ -71,7 +72,7 @@ pub struct AttackArgs {
     pub port: u16,
 }
 
-const ATTACKS: &[&str] = &["large", "pipeline", "connect", "denials", "calls"];
+const ATTACKS: &[&str] = &["large", "pipeline", "connect", "denials", "calls", "tools"];
 
 /// Both agents' budgets: enforced where the cgroup controllers are (the VM, hosts under
 /// systemd), reported as not enforced elsewhere.
@@ -332,6 +333,9 @@ fn start_attacker(env: &Env, name: &str, kind: &str) -> Result<()> {
         kind.into(),
     ];
     let mut caps: Vec<String> = Vec::new();
+    if kind == "tools" {
+        caps.push("bench".into());
+    }
     if kind == "denials" {
         // Granted one port (nothing listens there); its datagrams go to the next one.
         let l = std::net::UdpSocket::bind("127.0.0.1:0")?;
@@ -433,7 +437,7 @@ pub fn attack(a: AttackArgs) -> Result<()> {
             }
             Ok(())
         }
-        "calls" => calls(&sock, 4),
+        "calls" | "tools" => calls(&sock, 4),
         "denials" => {
             let s = std::net::UdpSocket::bind("127.0.0.1:0").context("udp socket")?;
             loop {
