@@ -340,6 +340,27 @@ fn model_line(m: &agentos_api::ModelUsage) -> String {
     line
 }
 
+/// The daemon's CPU spent for the agent, and its share (`--ipc-agent-cpu`).
+fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
+    let share = if c.permille == 0 {
+        "no share set".to_string()
+    } else {
+        format!("share {}.{}% of one CPU", c.permille / 10, c.permille % 10)
+    };
+    let held = if c.throttles > 0 {
+        format!(
+            "; held {} time(s), {} ms (--ipc-agent-cpu)",
+            c.throttles, c.throttled_ms
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        " Daemon CPU: {:.1} ms spent for it by agentosd ({share}{held})\n",
+        c.used_nsec as f64 / 1e6
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,25 +465,4 @@ mod tests {
         );
         assert!(!t.contains('\u{9b}') && !t.contains('\u{202e}'), "{t}");
     }
-}
-
-/// The daemon's CPU spent for the agent, and its share (`--ipc-agent-cpu`).
-fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
-    let share = if c.permille == 0 {
-        "no share set".to_string()
-    } else {
-        format!("share {}.{}% of one CPU", c.permille / 10, c.permille % 10)
-    };
-    let held = if c.throttles > 0 {
-        format!(
-            "; held {} time(s), {} ms (--ipc-agent-cpu)",
-            c.throttles, c.throttled_ms
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        " Daemon CPU: {:.1} ms spent for it by agentosd ({share}{held})\n",
-        c.used_nsec as f64 / 1e6
-    )
 }
