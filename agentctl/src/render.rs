@@ -193,6 +193,9 @@ pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String 
     if let Some(m) = &st.models {
         s.push_str(&model_line(m));
     }
+    if let Some(c) = &st.daemon_cpu {
+        s.push_str(&daemon_cpu_line(c));
+    }
     if st.denials > 0 {
         s.push_str(&format!(
             "    Denials: {} by the kernel since agentosd started (agentctl audit show --agent {})\n",
@@ -335,6 +338,27 @@ fn model_line(m: &agentos_api::ModelUsage) -> String {
     }
     line.push('\n');
     line
+}
+
+/// The daemon's CPU spent for the agent, and its share (`--ipc-agent-cpu`).
+fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
+    let share = if c.permille == 0 {
+        "no share set".to_string()
+    } else {
+        format!("share {}.{}% of one CPU", c.permille / 10, c.permille % 10)
+    };
+    let held = if c.throttles > 0 {
+        format!(
+            "; held {} time(s), {} ms (--ipc-agent-cpu)",
+            c.throttles, c.throttled_ms
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        " Daemon CPU: {:.1} ms spent for it by agentosd ({share}{held})\n",
+        c.used_nsec as f64 / 1e6
+    )
 }
 
 #[cfg(test)]

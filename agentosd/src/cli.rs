@@ -101,6 +101,16 @@ pub struct RunArgs {
     /// agent cannot take the daemon's CPU from the others and the operator. 0: no rate
     #[arg(long, global = true, default_value_t = crate::ipc::rate::DEFAULT_AGENT_RATE, value_name = "BYTES_PER_SEC")]
     pub ipc_agent_rate: u64,
+    /// Percent of one CPU the daemon spends at most for one agent (parsing its requests,
+    /// accepting its connections, its sessions' gate, schema checks and audit records, the model
+    /// gateway's work for it), measured in thread CPU time: past it the daemon stops reading
+    /// that agent's sockets until its share refills. Applies with --ipc-agent-rate. 0: no CPU rate
+    #[arg(long, global = true, default_value_t = agentosd_cpu_default(), value_name = "PERCENT")]
+    pub ipc_agent_cpu: f64,
+    /// Milliseconds of the daemon's CPU an agent that was idle may use at once before
+    /// --ipc-agent-cpu holds it (at least half a second's worth of its share)
+    #[arg(long, global = true, default_value_t = crate::ipc::cpu::DEFAULT_AGENT_CPU_BURST.as_millis() as u64, value_name = "MS")]
+    pub ipc_agent_cpu_burst: u64,
     /// Open files all agents' connections may hold together (MCP connections beyond the ring's
     /// registered table, model gateway connections); past it new ones are refused, so agents
     /// never take the files the daemon needs. 0: a quarter of the open-file limit
@@ -242,4 +252,9 @@ pub fn known_flags() -> Vec<crate::conf::Known> {
             })
         })
         .collect()
+}
+
+/// `--ipc-agent-cpu`'s default, in percent.
+fn agentosd_cpu_default() -> f64 {
+    crate::ipc::cpu::DEFAULT_AGENT_CPU_PERMILLE as f64 / 10.0
 }

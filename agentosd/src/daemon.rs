@@ -249,16 +249,19 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
             max_calls_per_agent: opts.max_tool_calls_per_agent.max(1),
             max_line: opts.ipc.max_line,
             records: opts.denial_records,
+            cpu: ipc.cpu_ledger(),
             ..Default::default()
         },
     );
     info!(
-        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s (0: no rate)",
+        "MCP sockets bounded per connection at {} B in, {} B out, {} B per agent; a connection over its outbound bound for {} ms is closed; each agent read at most {} B/s and {}‰ of one CPU of the daemon, burst {} ms (0: no rate)",
         opts.ipc.inbound_bytes,
         opts.ipc.outbound_bytes,
         opts.ipc.agent_bytes,
         opts.ipc.stall_timeout.as_millis(),
-        opts.ipc.agent_rate
+        opts.ipc.agent_rate,
+        opts.ipc.agent_cpu.permille,
+        opts.ipc.agent_cpu.burst.as_millis()
     );
     match &agents {
         Some((h, nice)) => {
@@ -349,6 +352,11 @@ fn setup_models(
         sup.telemetry().clone(),
     );
     gateway.set_agent_rate(opts.ipc.agent_rate);
+    // One CPU share per agent over its MCP sockets and the gateway (ipc/cpu.rs).
+    gateway.set_cpu_ledger(match sup.mcp() {
+        Some(m) => m.ipc.cpu_ledger(),
+        None => std::sync::Arc::new(crate::ipc::cpu::CpuLedger::new(opts.ipc.agent_cpu)),
+    });
     tokio::spawn(gateway.clone().keep_ledger());
     tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {

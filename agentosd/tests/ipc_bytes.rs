@@ -251,6 +251,9 @@ input_schema: {type: object}
             tools.to_str().unwrap().to_string(),
             "--ipc-stall-timeout".into(),
             stall,
+            // The byte rate alone holds the flood here (the CPU share has tests/ipc_cpu.rs).
+            "--ipc-agent-cpu".into(),
+            "0".into(),
         ];
         // For measuring without the rate (docs/benchmarks.md): AGENTOS_TEST_IPC_RATE=0.
         if let Ok(r) = std::env::var("AGENTOS_TEST_IPC_RATE") {

@@ -104,6 +104,11 @@ fn polite_round_trips(ipc: &IpcServer) -> Duration {
     worst
 }
 
+const NO_CPU_SHARE: agentosd::ipc::cpu::CpuRate = agentosd::ipc::cpu::CpuRate {
+    permille: 0,
+    burst: Duration::ZERO,
+};
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -119,6 +124,8 @@ fn a_flooding_agent_is_read_at_its_rate_and_another_is_served() {
     let limits = Limits {
         max_line: 64 << 10,
         agent_rate: rate,
+        // The byte rate alone (the CPU share has tests/ipc_cpu.rs).
+        agent_cpu: NO_CPU_SHARE,
         ..Limits::default()
     };
     let Some((ipc, mut incoming, taken)) = serve(&rt, limits) else {
@@ -178,6 +185,8 @@ fn small_requests_cost_a_line_each() {
     let limits = Limits {
         max_line: 64 << 10,
         agent_rate: rate,
+        // The byte rate alone (the CPU share has tests/ipc_cpu.rs).
+        agent_cpu: NO_CPU_SHARE,
         ..Limits::default()
     };
     let Some((ipc, _incoming, taken)) = serve(&rt, limits) else {
@@ -208,6 +217,7 @@ fn rate_zero_means_no_rate() {
     let limits = Limits {
         max_line: 64 << 10,
         agent_rate: 0,
+        agent_cpu: NO_CPU_SHARE,
         ..Limits::default()
     };
     let Some((ipc, mut incoming, _taken)) = serve(&rt, limits) else {
@@ -233,6 +243,8 @@ fn connecting_in_a_loop_is_held_to_the_rate_too() {
     let limits = Limits {
         max_line,
         agent_rate: rate,
+        // The byte rate alone (the CPU share has tests/ipc_cpu.rs).
+        agent_cpu: NO_CPU_SHARE,
         ..Limits::default()
     };
     let Some((ipc, mut incoming, _taken)) = serve(&rt, limits) else {

@@ -1227,7 +1227,9 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
 /// The per-agent rate holds on the model gateway as on the MCP socket: an agent sending large
 /// requests on 4 connections as fast as it can is read at its rate (`--ipc-agent-rate`, 2 MiB/s
 /// here), not at whatever the daemon could parse; without a rate the same agent is read many
-/// times faster (the figure the rate takes away).
+/// times faster (the figure the rate takes away). And its CPU share (`--ipc-agent-cpu`, 1% of
+/// one CPU here, no byte rate) holds it too: the gateway's work for it is charged to the same
+/// account as its MCP sockets.
 #[test]
 fn the_gateway_reads_an_agent_at_its_rate() {
     skip_unless_capable!();
@@ -1237,12 +1239,21 @@ fn the_gateway_reads_an_agent_at_its_rate() {
     let rate = 2u64 << 20;
     let rate_arg = rate.to_string();
     let mut got = Vec::new();
-    for args in [
-        vec!["--ipc-agent-rate", rate_arg.as_str()],
-        vec!["--ipc-agent-rate", "0"],
-    ] {
+    for (i, args) in [
+        vec![
+            "--ipc-agent-rate",
+            rate_arg.as_str(),
+            "--ipc-agent-cpu",
+            "0",
+        ],
+        vec!["--ipc-agent-rate", "0", "--ipc-agent-cpu", "0"],
+        vec!["--ipc-agent-rate", "0", "--ipc-agent-cpu", "1"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let s = setup_with(
-            &format!("models-rate-{}", args[1]),
+            &format!("models-rate-{i}"),
             &server,
             None,
             ONE_BACKEND,
@@ -1263,10 +1274,11 @@ fn the_gateway_reads_an_agent_at_its_rate() {
             statuses.keys().all(|k| k.starts_with('4')),
             "statuses {statuses:?}"
         );
-        println!("gateway read the agent at {mib:.1} MiB/s with {args:?}");
-        got.push(mib);
+        let cpu = s.d.status_json("bigflood")["daemon_cpu"].clone();
+        println!("gateway read the agent at {mib:.1} MiB/s with {args:?}; daemon CPU for it {cpu}");
+        got.push((mib, cpu));
     }
-    let (limited, free) = (got[0], got[1]);
+    let (limited, free, cpu_held) = (got[0].0, got[1].0, got[2].0);
     let want = rate as f64 / f64::from(1 << 20);
     assert!(
         limited <= want * 1.5 && limited >= want * 0.4,
@@ -1275,6 +1287,15 @@ fn the_gateway_reads_an_agent_at_its_rate() {
     assert!(
         free > limited * 3.0,
         "without the rate {free:.1} MiB/s, with it {limited:.1} MiB/s"
+    );
+    assert!(
+        free > cpu_held * 2.0,
+        "without a CPU share {free:.1} MiB/s, with 1% of a CPU {cpu_held:.1} MiB/s"
+    );
+    assert!(
+        got[2].1["throttles"].as_u64().unwrap_or(0) > 0,
+        "the CPU share never held the agent: {:?}",
+        got[2].1
     );
 }
 

@@ -12,7 +12,9 @@ pub mod wire;
 use std::time::Duration;
 
 pub use error::ApiError;
-pub use wire::{AgentRow, AgentStatus, ConsentRequest, ConsentRow, ListRow, LogEntry, ModelUsage};
+pub use wire::{
+    AgentRow, AgentStatus, ConsentRequest, ConsentRow, DaemonCpu, ListRow, LogEntry, ModelUsage,
+};
 
 /// The daemon's well-known bus name.
 pub const SERVICE: &str = "org.agentos1";

@@ -96,6 +96,11 @@ pub struct AgentStatus {
     /// MCP `tools/call` requests since the daemon started; absent from older daemons.
     #[serde(default)]
     pub tool_calls: u64,
+    /// The daemon's own CPU spent for the agent (its sockets, sessions, tool calls, model
+    /// gateway) and how often it was held to its share (`--ipc-agent-cpu`); absent when the
+    /// daemon never served it or is older.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu: Option<DaemonCpu>,
     pub log_path: String,
     pub origin: String,
     /// A file of the agents directory holds its contract (started at boot).
@@ -112,6 +117,18 @@ pub struct AgentStatus {
     pub command: String,
     /// `(pid, ppid, command line)` of every process in the cgroup.
     pub processes: Vec<(u32, u32, String)>,
+}
+
+/// The daemon's CPU spent for one agent since the daemon started.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonCpu {
+    /// CPU time, ns.
+    pub used_nsec: u64,
+    /// Times one of its sockets waited for its share, and the waits summed (ms).
+    pub throttles: u64,
+    pub throttled_ms: u64,
+    /// Its share, per mille of one CPU (0: none).
+    pub permille: u64,
 }
 
 /// An agent's use of the model gateway since the daemon started.

@@ -177,6 +177,10 @@ fn main() -> anyhow::Result<()> {
                     outbound_bytes: r.ipc_outbound_bytes,
                     agent_bytes: r.ipc_agent_bytes,
                     agent_rate: r.ipc_agent_rate,
+                    agent_cpu: agentosd::ipc::cpu::CpuRate {
+                        permille: (r.ipc_agent_cpu.clamp(0.0, 100_000.0) * 10.0).round() as u64,
+                        burst: Duration::from_millis(r.ipc_agent_cpu_burst),
+                    },
                     stall_timeout: Duration::from_secs_f64(
                         r.ipc_stall_timeout.clamp(0.1, 86_400.0),
                     ),

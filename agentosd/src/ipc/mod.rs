@@ -11,6 +11,7 @@
 //! ```
 
 pub mod budget;
+pub mod cpu;
 pub mod files;
 mod halves;
 mod lines;
@@ -70,6 +71,10 @@ pub struct Limits {
     /// [`rate::LINE_COST`] more (`--ipc-agent-rate`; 0: no rate). The burst is half a second's
     /// worth, at least one line of `max_line`. Default 16 MiB/s.
     pub agent_rate: u64,
+    /// The daemon's CPU time one agent may take, over its sockets, sessions and tool calls and
+    /// the model gateway (`--ipc-agent-cpu`, `--ipc-agent-cpu-burst`; cpu.rs). Default 5% of
+    /// one CPU.
+    pub agent_cpu: cpu::CpuRate,
     /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
     /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
     pub nice: Option<i32>,
@@ -91,6 +96,7 @@ impl Default for Limits {
             agent_bytes: DEFAULT_AGENT_BYTES,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             agent_rate: rate::DEFAULT_AGENT_RATE,
+            agent_cpu: cpu::CpuRate::default(),
             nice: None,
             fixed_files: None,
         }
@@ -209,13 +215,25 @@ pub struct Disconnect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Throttle {
     pub agent: String,
-    /// Bytes a second, and the burst.
+    /// Which bucket was in debt.
+    pub limit: ThrottleLimit,
+    /// Bytes a second and the burst in bytes ([`ThrottleLimit::Bytes`]), or per mille of one
+    /// CPU and the burst in ns of CPU ([`ThrottleLimit::Cpu`]).
     pub rate: u64,
     pub burst: u64,
     /// Times one of its connections was paused since the last report (this one included).
     pub pauses: u64,
     /// How long it has been throttled without a break.
     pub throttled: Duration,
+}
+
+/// The rate an agent was throttled on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThrottleLimit {
+    /// `--ipc-agent-rate`.
+    Bytes,
+    /// `--ipc-agent-cpu`.
+    Cpu,
 }
 
 /// What the ring hands to the daemon.
@@ -246,6 +264,8 @@ pub struct IpcStats {
     pub stalled: u64,
     /// Times the ring stopped reading a connection because its agent was over its rate.
     pub rate_pauses: u64,
+    /// Of those, times its agent was over its CPU rate.
+    pub cpu_pauses: u64,
     /// Listeners and connections held in the ring's table of registered files (no fd each).
     pub parked: u64,
 }
@@ -291,6 +311,8 @@ struct Shared {
     /// Socket files per agent, unlinked by `forget` and at shutdown.
     paths: Mutex<HashMap<String, Vec<PathBuf>>>,
     stats: Counters,
+    /// The agents' CPU accounts (cpu.rs), shared with the MCP service and the gateway.
+    cpu: Arc<cpu::CpuLedger>,
 }
 
 #[derive(Default)]
@@ -308,6 +330,7 @@ struct Counters {
     outbound_pauses: AtomicU64,
     stalled: AtomicU64,
     rate_pauses: AtomicU64,
+    cpu_pauses: AtomicU64,
     parked: AtomicU64,
 }
 
@@ -357,6 +380,7 @@ impl IpcServer {
             stopped: AtomicBool::new(false),
             paths: Mutex::new(HashMap::new()),
             stats: Counters::default(),
+            cpu: Arc::new(cpu::CpuLedger::new(limits.agent_cpu)),
         });
         let (conns_tx, conns) = mpsc::channel(256);
         let (refusals_tx, refusals) = mpsc::channel(256);
@@ -453,6 +477,12 @@ impl IpcServer {
         let _ = self.shared.command(Cmd::Forget(agent_id.to_string()));
     }
 
+    /// The agents' CPU accounts: the ring charges them, and so must whatever else works for
+    /// the same agents (the MCP sessions, the model gateway), so that one share holds all.
+    pub fn cpu_ledger(&self) -> Arc<cpu::CpuLedger> {
+        self.shared.cpu.clone()
+    }
+
     /// Counters since start.
     pub fn stats(&self) -> IpcStats {
         let c = &self.shared.stats;
@@ -471,6 +501,7 @@ impl IpcServer {
             outbound_pauses: l(&c.outbound_pauses),
             stalled: l(&c.stalled),
             rate_pauses: l(&c.rate_pauses),
+            cpu_pauses: l(&c.cpu_pauses),
             parked: l(&c.parked),
         }
     }

@@ -46,6 +46,9 @@ pub struct SessionLimits {
     /// Per-agent rate of the records about connections the ipc layer closed (the denial
     /// records' limits, `--denial-records-per-sec`, `--denial-records-burst`).
     pub records: crate::enforce::limit::Limits,
+    /// The agents' CPU accounts (ipc/cpu.rs: the ipc server's, [`crate::ipc::IpcServer::cpu_ledger`]):
+    /// every poll of a session and of a tool call is charged to its agent.
+    pub cpu: Arc<crate::ipc::cpu::CpuLedger>,
 }
 
 /// The default of [`SessionLimits::max_calls_per_agent`].
@@ -58,6 +61,7 @@ impl Default for SessionLimits {
             max_line: crate::ipc::Limits::default().max_line,
             max_calls_per_agent: DEFAULT_MAX_CALLS_PER_AGENT,
             records: Default::default(),
+            cpu: Default::default(),
         }
     }
 }
@@ -238,7 +242,9 @@ impl McpService {
                 c = conns.recv() => match c {
                     Some(c) => {
                         let me = self.clone();
-                        tokio::spawn(async move { me.session(c).await });
+                        // Every poll of the session is the agent's CPU (ipc/cpu.rs).
+                        let cpu = self.limits.cpu.agent(&c.peer.agent);
+                        tokio::spawn(crate::ipc::cpu::Measured::new(me.session(c), cpu));
                     }
                     None => break,
                 },
@@ -323,38 +329,41 @@ impl McpService {
                     ))
                     .await;
                     }
-                    Inbound::Line(line) => match parse_off_worker(line).await {
-                        Incoming::Invalid { id, code, message } => {
-                            s.reply(jsonrpc::error(&id, code, &message, Value::Null))
-                                .await;
-                        }
-                        Incoming::Response => {}
-                        Incoming::Notification { method, params } => {
-                            s.notification(&method, &params)
-                        }
-                        Incoming::Request { id, method, params } => {
-                            if method == "initialize" {
-                                initialized = true;
-                                let r = self.initialize(&s.ctx, &params);
-                                s.reply(jsonrpc::result(&id, r)).await;
-                            } else if method == "ping" {
-                                s.reply(jsonrpc::result(&id, json!({}))).await;
-                            } else if !initialized {
-                                s.reply(jsonrpc::error(
-                                    &id,
-                                    jsonrpc::NOT_INITIALIZED,
-                                    &format!(
-                                        "send \"initialize\" before \"{}\"",
-                                        jsonrpc::quote(&method)
-                                    ),
-                                    Value::Null,
-                                ))
-                                .await;
-                            } else {
-                                s.request(id, method, params).await;
+                    Inbound::Line(line) => {
+                        match parse_off_worker(line, || self.limits.cpu.agent(&s.peer.agent)).await
+                        {
+                            Incoming::Invalid { id, code, message } => {
+                                s.reply(jsonrpc::error(&id, code, &message, Value::Null))
+                                    .await;
+                            }
+                            Incoming::Response => {}
+                            Incoming::Notification { method, params } => {
+                                s.notification(&method, &params)
+                            }
+                            Incoming::Request { id, method, params } => {
+                                if method == "initialize" {
+                                    initialized = true;
+                                    let r = self.initialize(&s.ctx, &params);
+                                    s.reply(jsonrpc::result(&id, r)).await;
+                                } else if method == "ping" {
+                                    s.reply(jsonrpc::result(&id, json!({}))).await;
+                                } else if !initialized {
+                                    s.reply(jsonrpc::error(
+                                        &id,
+                                        jsonrpc::NOT_INITIALIZED,
+                                        &format!(
+                                            "send \"initialize\" before \"{}\"",
+                                            jsonrpc::quote(&method)
+                                        ),
+                                        Value::Null,
+                                    ))
+                                    .await;
+                                } else {
+                                    s.request(id, method, params).await;
+                                }
                             }
                         }
-                    },
+                    }
                 }
             })
             .await;
@@ -395,11 +404,21 @@ pub const PARSE_OFF_WORKER: usize = 64 * 1024;
 /// blocking pool, so that parsing it (milliseconds for a megabyte) does not hold one of the few
 /// runtime workers that every other agent's session is waiting for: the kernel then shares the
 /// CPU between the parse and the other sessions instead of queueing them behind it.
-async fn parse_off_worker(line: Vec<u8>) -> Incoming {
+/// Its CPU is the agent's (ipc/cpu.rs), like the session's own polls.
+async fn parse_off_worker(
+    line: Vec<u8>,
+    cpu: impl FnOnce() -> Arc<crate::ipc::cpu::AgentCpu>,
+) -> Incoming {
     if line.len() < PARSE_OFF_WORKER {
         return jsonrpc::parse(&line);
     }
-    match tokio::task::spawn_blocking(move || jsonrpc::parse(&line)).await {
+    let cpu = cpu();
+    match tokio::task::spawn_blocking(move || {
+        let _charge = cpu.measure();
+        jsonrpc::parse(&line)
+    })
+    .await
+    {
         Ok(m) => m,
         Err(e) => Incoming::Invalid {
             id: Value::Null,
@@ -541,21 +560,25 @@ impl Session {
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
         let in_flight = self.in_flight.clone();
-        tokio::spawn(async move {
-            let reply = match method.as_str() {
-                "tools/list" => Some(svc.list(&ctx, &id).await),
-                _ => svc.call(&ctx, &id, &params, cancel_rx).await,
-            };
-            // A cancelled request is not answered (MCP: the receiver should not respond).
-            let still = lock(&in_flight).remove(&key).is_some();
-            if let Some(r) = reply
-                && still
-            {
-                let _ = tx.send(r).await;
-            }
-            drop(agent_permit);
-            drop(permit);
-        });
+        let cpu = self.svc.limits.cpu.agent(&self.peer.agent);
+        tokio::spawn(crate::ipc::cpu::Measured::new(
+            async move {
+                let reply = match method.as_str() {
+                    "tools/list" => Some(svc.list(&ctx, &id).await),
+                    _ => svc.call(&ctx, &id, &params, cancel_rx).await,
+                };
+                // A cancelled request is not answered (MCP: the receiver should not respond).
+                let still = lock(&in_flight).remove(&key).is_some();
+                if let Some(r) = reply
+                    && still
+                {
+                    let _ = tx.send(r).await;
+                }
+                drop(agent_permit);
+                drop(permit);
+            },
+            cpu,
+        ));
     }
 }
 

@@ -12,7 +12,7 @@ use serde_json::json;
 use tracing::warn;
 
 use super::{McpService, lock, split_id};
-use crate::ipc::{Disconnect, Throttle};
+use crate::ipc::{Disconnect, Throttle, ThrottleLimit};
 
 /// How often the suppressed counts are written (as the denials' report does).
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(2);
@@ -55,6 +55,18 @@ pub fn note_text(d: &Disconnect) -> String {
 
 /// What the agent's journal says when the daemon throttles it (also the log line).
 pub fn throttle_text(t: &Throttle) -> String {
+    if t.limit == ThrottleLimit::Cpu {
+        return format!(
+            "agentosd paused reading this agent's MCP connections {} time(s): it made the daemon \
+             spend more than its share of {}.{}% of one CPU (burst {} ms of CPU; --ipc-agent-cpu), \
+             throttled for {} ms so far",
+            t.pauses,
+            t.rate / 10,
+            t.rate % 10,
+            t.burst / 1_000_000,
+            t.throttled.as_millis()
+        );
+    }
     format!(
         "agentosd paused reading this agent's MCP connections {} time(s): it sent more than its \
          rate of {} bytes a second (burst {}; each message counts {} bytes more; \
@@ -79,19 +91,32 @@ impl McpService {
         self.callers.note(&t.agent, &text);
         if let Some(trail) = self.audit() {
             let (tenant, name) = split_id(&t.agent);
+            let detail = match t.limit {
+                ThrottleLimit::Bytes => json!({
+                    "event": THROTTLED,
+                    "limit": "bytes",
+                    "reason": "the agent sent more than its rate; its requests wait",
+                    "rate": t.rate,
+                    "burst": t.burst,
+                    "line_cost": crate::ipc::rate::LINE_COST,
+                    "pauses": t.pauses,
+                    "throttled_ms": t.throttled.as_millis() as u64,
+                }),
+                ThrottleLimit::Cpu => json!({
+                    "event": THROTTLED,
+                    "limit": "cpu",
+                    "reason": "the agent took more than its share of the daemon's CPU; its requests wait",
+                    "cpu_permille": t.rate,
+                    "burst_cpu_us": t.burst / 1000,
+                    "pauses": t.pauses,
+                    "throttled_ms": t.throttled.as_millis() as u64,
+                }),
+            };
             trail.submit_or_count(
                 trail
                     .agent_record(Kind::Gate, tenant, name)
                     .decision(Decision::Deny)
-                    .detail(json!({
-                        "event": THROTTLED,
-                        "reason": "the agent sent more than its rate; its requests wait",
-                        "rate": t.rate,
-                        "burst": t.burst,
-                        "line_cost": crate::ipc::rate::LINE_COST,
-                        "pauses": t.pauses,
-                        "throttled_ms": t.throttled.as_millis() as u64,
-                    })),
+                    .detail(detail),
             );
         }
     }
@@ -195,6 +220,7 @@ mod tests {
     fn the_throttle_note_names_the_rate_and_the_flag() {
         let t = throttle_text(&Throttle {
             agent: "t/a".into(),
+            limit: ThrottleLimit::Bytes,
             rate: 1000,
             burst: 500,
             pauses: 3,
@@ -204,5 +230,16 @@ mod tests {
         assert!(t.contains("rate of 1000 bytes a second (burst 500"), "{t}");
         assert!(t.contains("--ipc-agent-rate"), "{t}");
         assert!(t.contains("for 1500 ms"), "{t}");
+        let t = throttle_text(&Throttle {
+            agent: "t/a".into(),
+            limit: ThrottleLimit::Cpu,
+            rate: 50,
+            burst: 250_000_000,
+            pauses: 2,
+            throttled: Duration::from_millis(900),
+        });
+        assert!(t.contains("share of 5.0% of one CPU"), "{t}");
+        assert!(t.contains("burst 250 ms of CPU; --ipc-agent-cpu"), "{t}");
+        assert!(t.contains("for 900 ms"), "{t}");
     }
 }

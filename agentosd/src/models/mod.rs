@@ -118,6 +118,8 @@ pub struct Gateway {
     refusals: Mutex<crate::enforce::limit::RecordLimiter>,
     /// Bytes a second per agent over its gateway connections (`--ipc-agent-rate`; 0: none).
     agent_rate: std::sync::atomic::AtomicU64,
+    /// The agents' CPU accounts ([`Gateway::set_cpu_ledger`]).
+    cpu: Mutex<Arc<crate::ipc::cpu::CpuLedger>>,
 }
 
 /// See [`Gateway::host_port`].
@@ -172,7 +174,18 @@ impl Gateway {
             }),
             refusals: Mutex::new(crate::enforce::limit::RecordLimiter::new(Default::default())),
             agent_rate: crate::ipc::rate::DEFAULT_AGENT_RATE.into(),
+            cpu: Mutex::default(),
         })
+    }
+
+    /// The agents' CPU accounts for agents served from now on: the MCP sockets' (one share per
+    /// agent over both routes, ipc/cpu.rs).
+    pub fn set_cpu_ledger(&self, ledger: Arc<crate::ipc::cpu::CpuLedger>) {
+        *lock(&self.cpu) = ledger;
+    }
+
+    fn cpu_ledger(&self) -> Arc<crate::ipc::cpu::CpuLedger> {
+        lock(&self.cpu).clone()
     }
 
     /// The per-agent rate for agents served from now on (`--ipc-agent-rate`: the same figure
@@ -320,15 +333,20 @@ impl Gateway {
             tenant_meter,
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_PER_AGENT)),
             stats,
-            rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed)),
+            rate: rate::AgentRate::new(self.agent_rate.load(std::sync::atomic::Ordering::Relaxed))
+                .with_cpu(self.cpu_ledger().agent(&who.id)),
         });
         let conns = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS_PER_AGENT));
-        let task = tokio::spawn(serve::accept_unix(
-            self.clone(),
-            agent.clone(),
-            conns.clone(),
-            who.clone(),
-            listener,
+        // Accepting and identifying the agent's peers is its CPU (ipc/cpu.rs).
+        let task = tokio::spawn(crate::ipc::cpu::Measured::new(
+            serve::accept_unix(
+                self.clone(),
+                agent.clone(),
+                conns.clone(),
+                who.clone(),
+                listener,
+            ),
+            self.cpu_ledger().agent(&who.id),
         ));
         let old = lock(&self.serving).insert(
             who.id,
@@ -366,12 +384,15 @@ impl Gateway {
         let s = serving.get_mut(agent_id).ok_or_else(|| {
             std::io::Error::other(format!("{agent_id} has no model socket to add a port to"))
         })?;
-        let task = tokio::spawn(serve::accept_tcp(
-            self.clone(),
-            s.agent.clone(),
-            s.conns.clone(),
-            listener,
-            peers_from,
+        let task = tokio::spawn(crate::ipc::cpu::Measured::new(
+            serve::accept_tcp(
+                self.clone(),
+                s.agent.clone(),
+                s.conns.clone(),
+                listener,
+                peers_from,
+            ),
+            self.cpu_ledger().agent(agent_id),
         ));
         s.tasks.push(task.abort_handle());
         Ok(())

@@ -5,7 +5,9 @@
 //! [`crate::ipc::rate::ACCEPT_COST`]; while the bucket is in debt none of the agent's gateway
 //! connections is read and none accepted, so what it sends waits in the kernel's socket buffers
 //! (bounded, and free for the daemon). An agent flooding the gateway with requests, large or
-//! small, or with connections, gets `rate` worth of the daemon's parsing a second.
+//! small, or with connections, gets `rate` worth of the daemon's parsing a second. The agent's
+//! CPU account (ipc/cpu.rs) holds the same reads and accepts: every poll of its connections'
+//! tasks and of its accept loops is charged to it (serve.rs, mod.rs).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -14,29 +16,63 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::ipc::cpu::AgentCpu;
 use crate::ipc::rate::{ACCEPT_COST, Bucket};
 
 /// An agent's bucket on the gateway; `None` inside when there is no rate (`--ipc-agent-rate 0`).
+/// With the agent's CPU account (ipc/cpu.rs, shared with its MCP sockets): while either is in
+/// debt the gateway neither reads nor accepts for the agent.
 #[derive(Debug, Clone, Default)]
-pub struct AgentRate(Option<Arc<Mutex<Bucket>>>);
+pub struct AgentRate {
+    bytes: Option<Arc<Mutex<Bucket>>>,
+    cpu: Option<Arc<AgentCpu>>,
+}
 
 impl AgentRate {
     /// `rate` bytes a second (0: none); the burst holds at least one whole request.
     pub fn new(rate: u64) -> AgentRate {
-        AgentRate((rate > 0).then(|| {
-            Arc::new(Mutex::new(Bucket::new(
-                rate,
-                super::http::MAX_REQUEST_BYTES as u64,
-                tokio::time::Instant::now().into_std(),
-            )))
-        }))
+        AgentRate {
+            bytes: (rate > 0).then(|| {
+                Arc::new(Mutex::new(Bucket::new(
+                    rate,
+                    super::http::MAX_REQUEST_BYTES as u64,
+                    tokio::time::Instant::now().into_std(),
+                )))
+            }),
+            cpu: None,
+        }
+    }
+
+    /// Also held to the agent's CPU account.
+    pub fn with_cpu(mut self, cpu: Arc<AgentCpu>) -> AgentRate {
+        self.cpu = Some(cpu);
+        self
+    }
+
+    /// The agent's CPU account, if any.
+    pub fn cpu(&self) -> Option<&Arc<AgentCpu>> {
+        self.cpu.as_ref()
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Bucket, Instant) -> T) -> Option<T> {
-        let b = self.0.as_ref()?;
+        let b = self.bytes.as_ref()?;
         let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
         // tokio's clock: the same as std's, except in tests that pause it.
         Some(f(&mut b, tokio::time::Instant::now().into_std()))
+    }
+
+    /// How long until both the byte bucket and the CPU account allow serving the agent; a wait
+    /// on the CPU is counted in the agent's status.
+    fn wait(&self) -> std::time::Duration {
+        let bytes = self.with(|b, now| b.wait(now)).unwrap_or_default();
+        let cpu = self.cpu.as_ref().map_or(std::time::Duration::ZERO, |c| {
+            let w = c.wait(Instant::now());
+            if !w.is_zero() && w > bytes {
+                c.note_pause(w);
+            }
+            w
+        });
+        bytes.max(cpu)
     }
 
     /// One request was read (its bytes were charged as they came).
@@ -46,9 +82,11 @@ impl AgentRate {
 
     /// Wait until the bucket is out of debt, then charge one connection.
     pub async fn accept(&self) {
-        if let Some(wait) = self.with(|b, now| b.wait(now))
-            && !wait.is_zero()
-        {
+        loop {
+            let wait = self.wait();
+            if wait.is_zero() {
+                break;
+            }
             tokio::time::sleep(wait).await;
         }
         self.with(|b, now| b.charge(ACCEPT_COST, 0, now));
@@ -83,12 +121,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
                 ready!(s.as_mut().poll(cx));
                 this.sleep = None;
             }
-            match this.rate.with(|b, now| b.wait(now)) {
-                Some(wait) if !wait.is_zero() => {
-                    this.sleep = Some(Box::pin(tokio::time::sleep(wait)));
-                }
-                _ => break,
+            let wait = this.rate.wait();
+            if wait.is_zero() {
+                break;
             }
+            this.sleep = Some(Box::pin(tokio::time::sleep(wait)));
         }
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
@@ -158,7 +195,7 @@ mod tests {
             "8 MiB read in {took:?} at 8 MiB/s after a 4 MiB burst"
         );
         // No rate: no bucket to wait for.
-        assert!(AgentRate::new(0).0.is_none());
+        assert!(AgentRate::new(0).bytes.is_none());
     }
 
     /// Requests and connections cost on top of their bytes: a loop of them is held too

@@ -47,21 +47,26 @@ where
         );
         return;
     };
-    tokio::spawn(async move {
-        let _permit = permit;
-        let _file = file;
-        let io = agent.rate.reader(io);
-        let svc = hyper::service::service_fn(move |req| {
-            agent.rate.request();
-            http::handle(gw.clone(), agent.clone(), req)
-        });
-        let _ = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
-            .max_buf_size(64 * 1024)
-            .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
-            .await;
-    });
+    // Every poll of the connection (reading, parsing, the gate, forwarding) is the agent's CPU.
+    let cpu = agent.rate.cpu().cloned().unwrap_or_default();
+    tokio::spawn(crate::ipc::cpu::Measured::new(
+        async move {
+            let _permit = permit;
+            let _file = file;
+            let io = agent.rate.reader(io);
+            let svc = hyper::service::service_fn(move |req| {
+                agent.rate.request();
+                http::handle(gw.clone(), agent.clone(), req)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_buf_size(64 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(io), svc)
+                .await;
+        },
+        cpu,
+    ));
 }
 
 /// The agent's Unix socket.

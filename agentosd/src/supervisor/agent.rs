@@ -150,6 +150,7 @@ impl Agent {
                     syscalls: None,
                     models: None,
                     tool_calls: 0,
+                    daemon_cpu: None,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,

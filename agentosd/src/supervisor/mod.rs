@@ -388,6 +388,16 @@ impl Supervisor {
         st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
         st.models = self.models.get().and_then(|m| m.gateway.usage(&agent.id));
         st.tool_calls = self.mcp.get().map_or(0, |m| m.service.calls_of(&agent.id));
+        st.daemon_cpu = self
+            .mcp
+            .get()
+            .and_then(|m| m.ipc.cpu_ledger().usage(&agent.id))
+            .map(|u| agentos_api::DaemonCpu {
+                used_nsec: u.used_ns,
+                throttles: u.pauses,
+                throttled_ms: u.throttled_ns / 1_000_000,
+                permille: u.permille,
+            });
         // Whether the file is there now, not when it was loaded (a deleted file is not enabled).
         st.enabled = self.enabled_now(agent);
         st

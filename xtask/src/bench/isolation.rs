@@ -12,6 +12,8 @@
 //! | `pipeline` | 16 connections pipelining pings with long ids, reading nothing |
 //! | `connect` | connect and close on its socket in a loop, 4 threads |
 //! | `denials` | UDP datagrams to a port it is not granted, in a loop (cgroup BPF refusals, each an event the daemon reads and records at the denial rate) |
+//! | `calls` | 4 connections pipelining `tools/call`s of a tool it does not hold, reading the error replies (cheap in bytes, dear in the daemon's CPU: a gate decision, a denial, a reply each) |
+//! | `tools` | the same with the tool granted (`bench.echo`): each call gated, recorded, sent to the tool server and answered, up to the agent's 32 calls in flight |
 //!
 //! Both agents have the same budgets (half a CPU, 256 MiB, 64 tasks), enforced where the cgroup
 //! controllers are. Goal: the polite agent's and `agentctl list`'s p99 under attack within 2× of
@@ -36,8 +38,8 @@ pub struct IsolationArgs {
     /// Seconds of each window (quiet, then under attack).
     #[arg(long, default_value_t = 8)]
     pub secs: u64,
-    /// Comma-separated attacks: large, pipeline, connect, denials.
-    #[arg(long, default_value = "large,pipeline,connect,denials")]
+    /// Comma-separated attacks: large, pipeline, connect, denials, calls, tools.
+    #[arg(long, default_value = "large,pipeline,connect,denials,calls,tools")]
     pub attacks: String,
     /// The polite agent's interval between tool calls, ms.
     #[arg(long, default_value_t = 20)]
@@ -70,7 +72,7 @@ pub struct AttackArgs {
     pub port: u16,
 }
 
-const ATTACKS: &[&str] = &["large", "pipeline", "connect", "denials"];
+const ATTACKS: &[&str] = &["large", "pipeline", "connect", "denials", "calls", "tools"];
 
 /// Both agents' budgets: enforced where the cgroup controllers are (the VM, hosts under
 /// systemd), reported as not enforced elsewhere.
@@ -261,6 +263,14 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     }
     let rss_peak = super::scale_systemd::status_kb(pid, "VmHWM:");
     let attacker_log = env.agent_log(&attacker);
+    // The daemon's CPU for the attacker by its own account (`--ipc-agent-cpu`), over its life
+    // (about the attack window).
+    let account = env
+        .agentctl(&["status", &attacker, "--json"])
+        .ok()
+        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+        .map(|v| v["daemon_cpu"].clone())
+        .unwrap_or(Value::Null);
     let _ = env.agentctl(&["stop", &attacker]);
     let done = PathBuf::from(format!("{}.done", prefix.display()));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -309,6 +319,8 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
             "agentctl_list_p99": ratio(&l0, &l1, 990),
         },
         "rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
+        "attacker_daemon_cpu": account,
+        "attacker_daemon_cpu_pct": account["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e7 / secs,
         "attacker_log_tail": attacker_log.lines().rev().take(3).collect::<Vec<_>>(),
     }))
 }
@@ -321,6 +333,9 @@ fn start_attacker(env: &Env, name: &str, kind: &str) -> Result<()> {
         kind.into(),
     ];
     let mut caps: Vec<String> = Vec::new();
+    if kind == "tools" {
+        caps.push("bench".into());
+    }
     if kind == "denials" {
         // Granted one port (nothing listens there); its datagrams go to the next one.
         let l = std::net::UdpSocket::bind("127.0.0.1:0")?;
@@ -337,7 +352,7 @@ fn print_row(r: &Value) {
     let ms = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1e6;
     let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
     eprintln!(
-        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}%",
+        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}% (the attacker's account {:.1}%, held {} times)",
         r["attack"].as_str().unwrap_or(""),
         ms(&q["call"]["p99_ns"]),
         ms(&t["call"]["p99_ns"]),
@@ -347,6 +362,8 @@ fn print_row(r: &Value) {
         x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
         q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+        r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+        r["attacker_daemon_cpu"]["throttles"].as_u64().unwrap_or(0),
     );
 }
 
@@ -354,13 +371,13 @@ fn print_row(r: &Value) {
 fn table(rows: &[Value]) -> String {
     let ms = |v: &Value| format!("{:.1}", v.as_u64().unwrap_or(0) as f64 / 1e6);
     let mut s = String::from(
-        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | daemon CPU quiet → attack | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | daemon CPU quiet → attack | attacker's account | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
         let mib = |k: &str| r["rss_kib"][k].as_u64().unwrap_or(0) as f64 / 1024.0;
         s.push_str(&format!(
-            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {:.0} → {:.0}% | {:.1} / {:.1} / {:.1} |\n",
+            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {:.0} → {:.0}% | {:.1}% | {:.1} / {:.1} / {:.1} |\n",
             r["attack"].as_str().unwrap_or(""),
             ms(&q["call"]["p50_ns"]),
             ms(&q["call"]["p99_ns"]),
@@ -376,6 +393,7 @@ fn table(rows: &[Value]) -> String {
             x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
             q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+            r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             mib("before"),
             mib("peak"),
             mib("after"),
@@ -419,6 +437,7 @@ pub fn attack(a: AttackArgs) -> Result<()> {
             }
             Ok(())
         }
+        "calls" | "tools" => calls(&sock, 4),
         "denials" => {
             let s = std::net::UdpSocket::bind("127.0.0.1:0").context("udp socket")?;
             loop {
@@ -453,6 +472,43 @@ fn flood(sock: &Path, conns: usize, line: fn(u64) -> Vec<u8>) -> Result<()> {
                         }
                     }
                 }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+/// `conns` connections, each initialized, pipelining `tools/call`s of `bench.echo` (which the
+/// attacker does not hold: each is denied) and reading the replies on a thread of its own.
+fn calls(sock: &Path, conns: usize) -> Result<()> {
+    let threads: Vec<_> = (0..conns)
+        .map(|_| {
+            let sock = sock.to_path_buf();
+            std::thread::spawn(move || {
+                let Ok(mut s) = UnixStream::connect(&sock) else {
+                    return;
+                };
+                let Ok(mut r) = s.try_clone() else {
+                    return;
+                };
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while matches!(std::io::Read::read(&mut r, &mut buf), Ok(n) if n > 0) {}
+                });
+                let init = b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"attack\",\"version\":\"0\"}}}\n";
+                let batch: Vec<u8> = (1..=64)
+                    .flat_map(|id| {
+                        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"bench.echo\",\"arguments\":{{}}}}}}\n")
+                            .into_bytes()
+                    })
+                    .collect();
+                if s.write_all(init).is_err() {
+                    return;
+                }
+                while s.write_all(&batch).is_ok() {}
             })
         })
         .collect();

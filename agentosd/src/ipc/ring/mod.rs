@@ -239,6 +239,8 @@ struct AgentEntry {
     conns: HashSet<u64>,
     /// The agent's bucket of daemon work (ring/rate.rs).
     rate: rate::AgentRate,
+    /// The agent's CPU account (ipc/cpu.rs), shared with its sessions and the gateway.
+    cpu: Arc<crate::ipc::cpu::AgentCpu>,
 }
 
 pub(super) struct Ring {
@@ -339,6 +341,7 @@ impl Ring {
             agent_bytes: limits.agent_bytes.max(1),
             stall_timeout: limits.stall_timeout,
             agent_rate: limits.agent_rate,
+            agent_cpu: limits.agent_cpu,
             nice: limits.nice,
             fixed_files: Some(size),
         };
@@ -441,10 +444,30 @@ impl Ring {
                 .collect();
             self.backlog.extend(reaped);
             while let Some((u, res)) = self.backlog.pop_front() {
-                self.on_cqe(u, res);
+                // The CPU of a completion of an agent's socket is that agent's (ipc/cpu.rs).
+                match self.cpu_of(u) {
+                    Some(cpu) => {
+                        let _charge = cpu.measure();
+                        self.on_cqe(u, res);
+                    }
+                    None => self.on_cqe(u, res),
+                }
             }
         }
         self.stop();
+    }
+
+    /// The CPU account of the agent whose socket completion `u` is for.
+    fn cpu_of(&self, u: u64) -> Option<Arc<crate::ipc::cpu::AgentCpu>> {
+        let (kind, id) = split_ud(u);
+        let agent = match kind {
+            K_ACCEPT | K_ACCEPT_RETRY => &self.listeners.get(&id)?.agent,
+            K_RECV | K_RECV_POLL | K_RECV_RETRY | K_SEND | K_SEND_RETRY | K_SHUTDOWN => {
+                &self.conns.get(&id)?.agent
+            }
+            _ => return None,
+        };
+        self.agents.get(agent).map(|e| e.cpu.clone())
     }
 
     fn idle(&self) -> bool {
@@ -538,7 +561,19 @@ impl Ring {
         let _ = rustix::io::read(&self.shared.eventfd, &mut buf);
         let cmds: Vec<Cmd> = super::lock(&self.shared.cmds).drain(..).collect();
         for cmd in cmds {
-            self.on_cmd(cmd);
+            // A command about a connection (its replies to send, its queue's room) is its
+            // agent's CPU, like the connection's completions.
+            let conn = match &cmd {
+                Cmd::Flush(id) | Cmd::Resume(id) | Cmd::Read(id) | Cmd::Close(id) => Some(*id),
+                _ => None,
+            };
+            match conn.and_then(|id| self.cpu_of(ud(K_SEND, id))) {
+                Some(cpu) => {
+                    let _charge = cpu.measure();
+                    self.on_cmd(cmd);
+                }
+                None => self.on_cmd(cmd),
+            }
         }
         if self.shutdown_deadline.is_none() {
             self.arm_eventfd();
@@ -693,6 +728,7 @@ impl Ring {
         // One whole line (and the receive that completes it) always fits the burst.
         let min_burst = (self.limits.max_line + RECV_BUF) as u64;
         let rate = self.limits.agent_rate;
+        let cpu_ledger = self.shared.cpu.clone();
         let e = self
             .agents
             .entry(agent.id.clone())
@@ -701,6 +737,7 @@ impl Ring {
                 listeners: HashSet::new(),
                 conns: HashSet::new(),
                 rate: rate::AgentRate::new(rate, min_burst, Instant::now()),
+                cpu: cpu_ledger.agent(&agent.id),
             });
         e.agent = agent.clone();
         e

@@ -2,8 +2,12 @@
 //! agent's bucket; while the bucket is in debt none of the agent's connections is read, and a
 //! tick (armed only while some connection waits) reads them again once it is paid back. The
 //! daemon is told when an agent is throttled, at most once per [`REPORT_EVERY`] per agent.
+//! The agent's CPU account (ipc/cpu.rs) holds its sockets the same way: charged by the ring
+//! around each completion and by the tokio side around each poll of its sessions, it is in
+//! debt when the agent took more than its share of the daemon's CPU.
 
 use super::*;
+use crate::ipc::ThrottleLimit;
 use crate::ipc::rate::Bucket;
 
 /// How often connections waiting on their agent's rate are looked at again.
@@ -73,20 +77,33 @@ impl Ring {
         true
     }
 
-    /// Whether `agent`'s bucket is in debt; `newly`: a socket of it starts waiting now (counted,
-    /// and reported at most once per [`REPORT_EVERY`]).
+    /// Whether `agent`'s byte bucket or CPU account is in debt; `newly`: a socket of it starts
+    /// waiting now (counted, and reported at most once per [`REPORT_EVERY`]).
     fn over_rate(&mut self, agent: &str, newly: bool) -> bool {
         let now = Instant::now();
         let Some(e) = self.agents.get_mut(agent) else {
             return false;
         };
-        let Some(b) = e.rate.bucket.as_mut() else {
-            return false;
+        let bytes_over = e
+            .rate
+            .bucket
+            .as_mut()
+            .map(|b| (b.ready(now), b.rate(), b.burst()));
+        let (limit, rate, burst) = match bytes_over {
+            Some((false, rate, burst)) => (ThrottleLimit::Bytes, rate, burst),
+            _ => {
+                let wait = e.cpu.wait(now);
+                if wait.is_zero() {
+                    return false;
+                }
+                if newly {
+                    e.cpu.note_pause(wait);
+                    bump(&self.shared.stats.cpu_pauses, 1);
+                }
+                let (permille, burst) = e.cpu.limit().unwrap_or_default();
+                (ThrottleLimit::Cpu, permille, burst)
+            }
         };
-        if b.ready(now) {
-            return false;
-        }
-        let (rate, burst) = (b.rate(), b.burst());
         if newly {
             bump(&self.shared.stats.rate_pauses, 1);
             let r = &mut e.rate;
@@ -99,15 +116,13 @@ impl Ring {
                 r.last_report = Some(now);
                 let report = Throttle {
                     agent: agent.to_string(),
+                    limit,
                     rate,
                     burst,
                     pauses: std::mem::take(&mut r.pauses),
                     throttled: now.saturating_duration_since(since),
                 };
-                debug!(
-                    agent,
-                    "ipc: reading paused on the agent's rate ({rate} B/s)"
-                );
+                debug!(agent, "ipc: reading paused on the agent's rate ({limit:?})");
                 if self.reports.throttles.try_send(report).is_err() {
                     bump(&self.shared.stats.refusals_dropped, 1);
                 }
@@ -128,13 +143,12 @@ impl Ring {
         unsafe { self.push(e) };
     }
 
-    /// Whether `agent`'s bucket allows reading now (no rate: always).
+    /// Whether `agent`'s byte bucket and CPU account allow reading now (no rate: always).
     fn rate_ready(&mut self, agent: &str) -> bool {
         let now = Instant::now();
-        self.agents
-            .get_mut(agent)
-            .and_then(|e| e.rate.bucket.as_mut())
-            .is_none_or(|b| b.ready(now))
+        self.agents.get_mut(agent).is_none_or(|e| {
+            e.rate.bucket.as_mut().is_none_or(|b| b.ready(now)) && e.cpu.wait(now).is_zero()
+        })
     }
 
     /// Read (and accept) again on the sockets whose agent's bucket allows it; the others stay

@@ -1,0 +1,420 @@
+//! The daemon's CPU per agent (issue 15, "Isolation"; `--ipc-agent-cpu`, ipc/cpu.rs). A hostile
+//! agent with no tool capability sends requests that are cheap in bytes and dear in the daemon's
+//! CPU (pipelined `tools/call`s of a tool it does not hold: each a gate decision, a denial record
+//! and an error reply), on 4 connections, reading its replies. With a CPU share the daemon holds
+//! it near that share (its own account, and the threads that serve agents in
+//! /proc/PID/task/*/stat), says so (a `socket-throttled` record with `limit: cpu`, its status);
+//! without one it takes more; a polite agent's tool calls are answered throughout. Root only
+//! (real agents under the daemon); prints the numbers docs/benchmarks.md quotes.
+
+#![allow(clippy::unwrap_used)]
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{Bus, Daemon, TestCgroup};
+use serde_json::Value;
+
+/// Seconds the attack is measured for.
+const ATTACK_SECS: u64 = 8;
+/// The share the test sets, percent of one CPU.
+const SHARE_PERCENT: f64 = 5.0;
+/// The burst it sets, ms of CPU.
+const BURST_MS: u64 = 100;
+
+/// Pipelines denied tool calls on 4 connections, reading (and counting) the replies.
+const HOSTILE: &str = r#"
+import json, os, socket, threading, time
+socks = [socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))]
+for _ in range(3):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["AGENTOS_SOCKET"])
+    socks.append(s)
+for s in socks:
+    s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"hostile","version":"0"}}}\n')
+    r = b""
+    while not r.endswith(b"\n"):
+        r += s.recv(65536)
+batch = b"".join((json.dumps({"jsonrpc": "2.0", "id": k, "method": "tools/call",
+    "params": {"name": "echo.fast", "arguments": {"k": k}}}) + "\n").encode() for k in range(64))
+replies = [0] * len(socks)
+def read(i, s):
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            return
+        replies[i] += d.count(b"\n")
+def send(s):
+    while True:
+        s.sendall(batch)
+for i, s in enumerate(socks):
+    threading.Thread(target=read, args=(i, s), daemon=True).start()
+    threading.Thread(target=send, args=(s,), daemon=True).start()
+print(json.dumps({"step": "flooding", "t": time.time()}), flush=True)
+while True:
+    time.sleep(1)
+    print(json.dumps({"step": "replies", "t": time.time(), "n": sum(replies)}), flush=True)
+"#;
+
+/// Connects to its socket and closes, in a loop on 4 threads: each accept costs the daemon the
+/// peer's identity from the kernel and /proc.
+const CONNECTOR: &str = r#"
+import json, os, socket, threading, time
+n = [0]
+def loop():
+    while True:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(os.environ["AGENTOS_SOCKET"])
+            s.close()
+            n[0] += 1
+        except OSError:
+            time.sleep(0.001)
+for _ in range(4):
+    threading.Thread(target=loop, daemon=True).start()
+print(json.dumps({"step": "flooding", "t": time.time()}), flush=True)
+while True:
+    time.sleep(1)
+    print(json.dumps({"step": "replies", "t": time.time(), "n": n[0]}), flush=True)
+"#;
+
+/// Calls a quick tool every 100 ms, reading every reply; prints each call's outcome.
+const POLITE: &str = r#"
+import json, os, socket, time
+s = socket.socket(fileno=int(os.environ["AGENTOS_SOCKET_FD"]))
+f = s.makefile("rwb", buffering=0)
+def send(**kw):
+    kw["jsonrpc"] = "2.0"
+    f.write((json.dumps(kw) + "\n").encode())
+send(id=0, method="initialize", params={"protocolVersion": "2025-06-18", "capabilities": {},
+     "clientInfo": {"name": "polite", "version": "0"}})
+f.readline()
+send(method="notifications/initialized")
+i = 0
+while True:
+    i += 1
+    t0 = time.time()
+    send(id=i, method="tools/call", params={"name": "echo.fast", "arguments": {}})
+    r = json.loads(f.readline())
+    ok = "result" in r and not r["result"].get("isError", False)
+    print(json.dumps({"step": "call", "t": t0, "ms": (time.time() - t0) * 1000, "ok": ok}), flush=True)
+    time.sleep(0.1)
+"#;
+
+fn write(p: &Path, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(d) = p.parent() {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(p, text).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn steps(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("step").is_some())
+        .collect()
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// CPU seconds (user + system) of the daemon's threads: all of them, and those that serve
+/// agents (`agentos-ipc`, the ring; `agentos-agents…`, the sessions' runtime).
+fn daemon_cpu(pid: u32) -> (f64, f64) {
+    // SAFETY: sysconf reads a constant of the system; no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (mut all, mut agents) = (0.0, 0.0);
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(s) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (s.find('('), s.rfind(')')) else {
+            continue;
+        };
+        let comm = &s[open + 1..close];
+        let f: Vec<&str> = s[close + 2..].split_whitespace().collect();
+        let t = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / hz;
+        all += t;
+        if comm.starts_with("agentos-ipc") || comm.starts_with("agentos-agents") {
+            agents += t;
+        }
+    }
+    (all, agents)
+}
+
+/// The daemon CPU spent for `agent` by its own account (status `daemon_cpu`), seconds.
+fn account(d: &Daemon, agent: &str) -> (f64, u64) {
+    let st = d.status_json(agent);
+    let c = &st["daemon_cpu"];
+    (
+        c["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e9,
+        c["throttles"].as_u64().unwrap_or(0),
+    )
+}
+
+/// What one run measured over the attack window.
+#[derive(Debug)]
+struct Run {
+    secs: f64,
+    /// Percent of one CPU: the whole daemon, its agent-serving threads, the hostile agent's
+    /// account, the polite agent's account.
+    daemon: f64,
+    agent_threads: f64,
+    hostile: f64,
+    polite: f64,
+    hostile_throttles: u64,
+    replies_per_sec: f64,
+    polite_calls: usize,
+    polite_p50_ms: f64,
+    polite_max_ms: f64,
+    records: Vec<Value>,
+}
+
+/// One daemon with `--ipc-agent-cpu share` (percent) and `extra` flags, the polite agent, then
+/// the hostile one running `script`.
+fn run(share: f64, script: &str, extra: &[&str]) -> Run {
+    let bus = Bus::start();
+    let cg = TestCgroup::new("ipc-cpu");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let files = dir.path().join("t");
+    write(&files.join("hostile.py"), script, 0o644);
+    write(&files.join("polite.py"), POLITE, 0o644);
+    let tools = dir.path().join("tools.d");
+    write(
+        &tools.join("echo-fast.yaml"),
+        r#"apiVersion: agentos/v0.2
+kind: Tool
+name: echo.fast
+description: Answer at once (the well-behaved agent's call).
+risk: low
+timeout_ms: 20000
+exec:
+  command: /bin/sh
+  args: ["-c", "cat >/dev/null; echo '{}'"]
+input_schema: {type: object}
+"#,
+        0o644,
+    );
+    let (share_s, burst_s) = (share.to_string(), BURST_MS.to_string());
+    let mut flags = vec![
+        "--tools-dir",
+        tools.to_str().unwrap(),
+        "--ipc-agent-cpu",
+        &share_s,
+        "--ipc-agent-cpu-burst",
+        &burst_s,
+    ];
+    flags.extend_from_slice(extra);
+    let d = Daemon::start_with(&bus, &cg.path, dir.path(), &flags);
+    let t = files.display();
+    let sandbox = format!("  - fs.read: [\"{t}\"]\n  - fs.exec: [/usr, /bin, /lib]\n");
+    let polite = common::contract(
+        dir.path(),
+        "polite",
+        &format!("{{ command: /usr/bin/python3, args: [\"{t}/polite.py\"] }}"),
+        &format!("capabilities:\n  - echo.fast\n{sandbox}compute: {{ pids: 64 }}\n"),
+    );
+    let hostile = common::contract(
+        dir.path(),
+        "hostile",
+        &format!("{{ command: /usr/bin/python3, args: [\"{t}/hostile.py\"] }}"),
+        &format!("capabilities:\n{sandbox}compute: {{ pids: 64 }}\n"),
+    );
+    let log = |a: &str| dir.path().join(format!("logs/default/{a}.log"));
+    d.ctl_ok(&["start", polite.to_str().unwrap()]);
+    wait_for(&d, "3 calls of the polite agent", || {
+        steps(&log("polite")).len() >= 3
+    });
+    d.ctl_ok(&["start", hostile.to_str().unwrap()]);
+    wait_for(&d, "the hostile agent flooding", || {
+        steps(&log("hostile"))
+            .iter()
+            .any(|v| v["step"] == "flooding")
+    });
+    // Past the burst and the first second, then the window.
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = d.pid();
+    let (from, c0, h0, p0) = (
+        now_secs(),
+        daemon_cpu(pid),
+        account(&d, "hostile"),
+        account(&d, "polite"),
+    );
+    std::thread::sleep(Duration::from_secs(ATTACK_SECS));
+    let (to, c1, h1, p1) = (
+        now_secs(),
+        daemon_cpu(pid),
+        account(&d, "hostile"),
+        account(&d, "polite"),
+    );
+    let secs = to - from;
+    let pct = |a: f64, b: f64| (b - a) / secs * 100.0;
+    let replies: Vec<(f64, f64)> = steps(&log("hostile"))
+        .iter()
+        .filter(|v| v["step"] == "replies")
+        .map(|v| (v["t"].as_f64().unwrap(), v["n"].as_f64().unwrap()))
+        .filter(|(t, _)| *t >= from && *t <= to)
+        .collect();
+    let replies_per_sec = match (replies.first(), replies.last()) {
+        (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) / (b.0 - a.0),
+        _ => 0.0,
+    };
+    let calls: Vec<Value> = steps(&log("polite"))
+        .into_iter()
+        .filter(|v| v["t"].as_f64().is_some_and(|t| t >= from && t < to))
+        .collect();
+    for c in &calls {
+        assert_eq!(c["ok"], true, "a polite call failed during the attack: {c}");
+    }
+    let mut ms: Vec<f64> = calls.iter().map(|c| c["ms"].as_f64().unwrap()).collect();
+    ms.sort_by(f64::total_cmp);
+    let records: Vec<Value> = common::audit_records(dir.path())
+        .into_iter()
+        .filter(|r| r.to_string().contains("socket-throttled"))
+        .collect();
+    let r = Run {
+        secs,
+        daemon: pct(c0.0, c1.0),
+        agent_threads: pct(c0.1, c1.1),
+        hostile: pct(h0.0, h1.0),
+        polite: pct(p0.0, p1.0),
+        hostile_throttles: h1.1,
+        replies_per_sec,
+        polite_calls: ms.len(),
+        polite_p50_ms: ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN),
+        polite_max_ms: ms.last().copied().unwrap_or(f64::NAN),
+        records,
+    };
+    eprintln!(
+        "ipc_cpu: --ipc-agent-cpu {share}: over {:.1} s the daemon used {:.1}% of one CPU \
+         (agent threads {:.1}%); the hostile agent's account {:.1}%, {:.0} requests/s, \
+         held {} time(s); the polite agent's account {:.2}%, {} calls, p50 {:.1} ms max {:.1} ms",
+        r.secs,
+        r.daemon,
+        r.agent_threads,
+        r.hostile,
+        r.replies_per_sec,
+        r.hostile_throttles,
+        r.polite,
+        r.polite_calls,
+        r.polite_p50_ms,
+        r.polite_max_ms
+    );
+    r
+}
+
+fn wait_for(d: &Daemon, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\ndaemon log:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn python() -> Option<PathBuf> {
+    Some(PathBuf::from("/usr/bin/python3")).filter(|p| p.exists())
+}
+
+#[test]
+fn an_agent_dear_in_cpu_is_held_to_its_share_of_the_daemon() {
+    skip_unless_capable!();
+    if python().is_none() {
+        common::skip(module_path!(), "no /usr/bin/python3 for the agents");
+        return;
+    }
+    let held = run(SHARE_PERCENT, HOSTILE, &[]);
+    let free = run(0.0, HOSTILE, &[]);
+    check(&held, &free, false);
+}
+
+/// The same for the other route into the daemon an agent has on its socket: connecting and
+/// closing in a loop. The byte rate is off, so that the CPU share alone holds the accepts.
+#[test]
+fn an_agent_connecting_in_a_loop_is_held_to_its_share_of_the_daemon() {
+    skip_unless_capable!();
+    if python().is_none() {
+        common::skip(module_path!(), "no /usr/bin/python3 for the agents");
+        return;
+    }
+    let no_rate = ["--ipc-agent-rate", "0"];
+    let held = run(SHARE_PERCENT, CONNECTOR, &no_rate);
+    let free = run(0.0, CONNECTOR, &no_rate);
+    check(&held, &free, true);
+}
+
+fn check(held: &Run, free: &Run, summary_ok: bool) {
+    // Held: its account at about the share (the burst is spent before the window).
+    assert!(
+        held.hostile <= SHARE_PERCENT * 1.5 + 1.0,
+        "the hostile agent took {:.1}% of a CPU of the daemon with a share of {SHARE_PERCENT}%: {held:?}",
+        held.hostile
+    );
+    assert!(
+        held.hostile_throttles > 0,
+        "the hostile agent was never held: {held:?}"
+    );
+    // The record says which rate held it; when the agent's refused connections used up the
+    // denial records' rate first, it is counted in their summary (the byte rate is off there,
+    // so only the CPU share can have throttled it).
+    let cpu_record = held.records.iter().any(|r| {
+        r["detail"]["event"] == "socket-throttled"
+            && r["detail"]["limit"] == "cpu"
+            && r["detail"]["cpu_permille"].as_u64() == Some((SHARE_PERCENT * 10.0) as u64)
+    });
+    let summarised = summary_ok
+        && held.records.iter().any(|r| {
+            r["detail"]["event"] == "socket-events-suppressed"
+                && r["detail"]["by"]["socket-throttled"].as_u64() >= Some(1)
+        });
+    assert!(
+        cpu_record || summarised,
+        "no socket-throttled record with limit cpu: {:?}",
+        held.records
+    );
+    // Without the share it takes more, by its own account and by the threads serving agents.
+    assert!(
+        free.hostile > held.hostile * 2.0 && free.hostile > SHARE_PERCENT * 2.0,
+        "without a CPU share the hostile agent took {:.1}% (with: {:.1}%)",
+        free.hostile,
+        held.hostile
+    );
+    assert!(
+        free.agent_threads > held.agent_threads,
+        "agent threads {:.1}% without the share, {:.1}% with",
+        free.agent_threads,
+        held.agent_threads
+    );
+    assert!(
+        free.records
+            .iter()
+            .all(|r| !r.to_string().contains("\"limit\":\"cpu\"")),
+        "a CPU throttle without a CPU share: {:?}",
+        free.records
+    );
+    // The polite agent was served in both (every call in the window answered, checked in run).
+    for r in [held, free] {
+        assert!(r.polite_calls >= 10, "polite calls: {r:?}");
+    }
+}
