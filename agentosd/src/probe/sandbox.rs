@@ -6,32 +6,43 @@ use nix::errno::Errno;
 use super::report::{Check, Feature, Status};
 use crate::sys::{landlock, seccomp};
 
-/// Whether agents are kept from the host's pathname Unix sockets: Landlock's
-/// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9). Without it an agent can connect to every socket
-/// whose file mode lets any uid in (the D-Bus system bus, journald's `/dev/log`).
-pub(super) fn landlock_unix_row(abi: Option<u32>) -> Check {
+/// What keeps agents from the host's pathname Unix sockets: Landlock's
+/// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9), the BPF LSM fence (`lsm/unix_stream_connect`,
+/// `lsm/unix_may_send`, enforce/fs/unix.rs; `bpf`: whether BPF LSM programs load here, or why
+/// not), both, or nothing. Without either an agent can connect to every socket whose file mode
+/// lets any uid in (the D-Bus system bus, journald's `/dev/log`).
+pub(super) fn landlock_unix_row(abi: Option<u32>, bpf: Result<(), String>) -> Check {
     let m = Feature::LandlockUnix;
     let need = crate::sandbox::landlock::RESOLVE_UNIX_ABI;
-    match abi {
-        Some(v) if crate::sandbox::landlock::resolve_unix(Some(v)) => Check::new(
+    let landlock = crate::sandbox::landlock::resolve_unix(abi);
+    let abi_text = abi.map_or("no Landlock".to_string(), |v| format!("Landlock ABI {v}"));
+    let fence = "agents connect and send only to their own sockets, the daemon's, and those beneath their write grants";
+    let bpf_hooks = "BPF LSM lsm/unix_stream_connect + lsm/unix_may_send (see the BPF LSM filesystem programs line)";
+    match (landlock, bpf) {
+        (true, Ok(())) => Check::new(
+            m,
+            Status::Available,
+            format!("Landlock ABI 9 (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and {bpf_hooks}: {fence}"),
+        ),
+        (true, Err(why)) => Check::new(
             m,
             Status::Available,
             format!(
-                "Landlock ABI {v} has LANDLOCK_ACCESS_FS_RESOLVE_UNIX: agents connect only to their own sockets and the daemon's"
+                "{abi_text} has LANDLOCK_ACCESS_FS_RESOLVE_UNIX: {fence} (no BPF LSM behind it: {why})"
             ),
         ),
-        Some(v) => Check::new(
+        (false, Ok(())) => Check::new(
+            m,
+            Status::Available,
+            format!(
+                "{bpf_hooks}: {fence}; {abi_text} < {need} has no RESOLVE_UNIX (Linux 7.1 adds it)"
+            ),
+        ),
+        (false, Err(why)) => Check::new(
             m,
             Status::Unavailable,
             format!(
-                "Landlock ABI {v} < {need}: agents can connect to the host's pathname Unix sockets that any uid may write (the D-Bus system bus, journald's /dev/log); Linux 7.1 (ABI {need}) closes this"
-            ),
-        ),
-        None => Check::new(
-            m,
-            Status::Unavailable,
-            format!(
-                "no Landlock: agents can connect to the host's pathname Unix sockets (needs Landlock ABI {need}, Linux 7.1)"
+                "{abi_text} < {need} and no BPF LSM ({why}): agents can connect to the host's pathname Unix sockets that any uid may write (the D-Bus system bus, journald's /dev/log); Linux 7.1 (Landlock ABI {need}), or BPF LSM (lsm=...,bpf, no lockdown), closes this"
             ),
         ),
     }
