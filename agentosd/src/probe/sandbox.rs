@@ -198,3 +198,46 @@ pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
         },
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unix_socket_row_names_the_fence_in_force() {
+        let no_bpf = || Err("EPERM — kernel lockdown".to_string());
+        let both = landlock_unix_row(Some(9), Ok(()));
+        assert_eq!(both.status, Status::Available);
+        assert!(
+            both.detail.contains("Landlock ABI 9") && both.detail.contains("BPF LSM"),
+            "{}",
+            both.detail
+        );
+        let landlock = landlock_unix_row(Some(10), no_bpf());
+        assert_eq!(landlock.status, Status::Available);
+        assert!(
+            landlock.detail.contains("RESOLVE_UNIX") && landlock.detail.contains("no BPF LSM"),
+            "{}",
+            landlock.detail
+        );
+        let bpf = landlock_unix_row(Some(7), Ok(()));
+        assert_eq!(bpf.status, Status::Available);
+        assert!(
+            bpf.detail.starts_with("BPF LSM lsm/unix_stream_connect")
+                && bpf.detail.contains("Landlock ABI 7 < 9"),
+            "{}",
+            bpf.detail
+        );
+        for abi in [Some(8), None] {
+            let none = landlock_unix_row(abi, no_bpf());
+            assert_eq!(none.status, Status::Unavailable);
+            assert!(
+                none.detail.contains("no BPF LSM (EPERM")
+                    && none.detail.contains("Linux 7.1")
+                    && none.detail.contains("D-Bus system bus"),
+                "{}",
+                none.detail
+            );
+        }
+    }
+}
