@@ -351,15 +351,30 @@ fn records_check(ctx: &Ctx, v: &[(&'static str, Vec<String>)], ran: &[Attempt]) 
             .map(|(_, args)| args[0].clone())
     };
     let mut want = Vec::new();
+    // (hook, call, the socket's path, its type: 1 stream, 2 datagram, 5 seqpacket)
     if ran.iter().any(|a| a.name == "unix-connect-host-stream") {
         want.push((
             "lsm/unix_stream_connect",
             "connect",
             path_of("unix-connect-host-stream"),
+            libc::SOCK_STREAM,
         ));
     }
     if ran.iter().any(|a| a.name == "unix-send-host-dgram") {
-        want.push(("lsm/unix_may_send", "send", path_of("unix-send-host-dgram")));
+        want.push((
+            "lsm/unix_may_send",
+            "send",
+            path_of("unix-send-host-dgram"),
+            libc::SOCK_DGRAM,
+        ));
+    }
+    if ran.iter().any(|a| a.name == "unix-connect-host-seqpacket") {
+        want.push((
+            "lsm/unix_stream_connect",
+            "connect",
+            path_of("unix-connect-host-seqpacket"),
+            libc::SOCK_SEQPACKET,
+        ));
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
@@ -375,21 +390,28 @@ fn records_check(ctx: &Ctx, v: &[(&'static str, Vec<String>)], ran: &[Attempt]) 
             .collect();
         let missing: Vec<String> = want
             .iter()
-            .filter(|(hook, call, path)| {
+            .filter(|(hook, call, path, ty)| {
                 !recs.iter().any(|r| {
                     let d = &r["detail"];
                     d["hook"] == *hook
                         && d["syscall"] == *call
                         && d["errno"] == "EACCES"
                         && d["mechanism"] == "bpf-lsm"
+                        && d["open_flags"] == *ty
                         && path.as_deref().is_some_and(|p| d["path"] == p)
                 })
             })
-            .map(|(hook, call, path)| format!("records: no {hook} record of a {call} to {path:?} (EACCES, bpf-lsm) in the audit trail"))
+            .map(|(hook, call, path, ty)| {
+                format!(
+                    "records: no {hook} record of a {call} to {path:?} (EACCES, bpf-lsm, socket type {ty}) in the audit trail"
+                )
+            })
             .collect();
         if missing.is_empty() {
-            for (hook, call, _) in &want {
-                println!("ok   records: {hook}: a {call} refused, in the audit trail");
+            for (hook, call, _, ty) in &want {
+                println!(
+                    "ok   records: {hook}: a {call} (socket type {ty}) refused, in the audit trail"
+                );
             }
             return missing;
         }
