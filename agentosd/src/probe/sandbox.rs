@@ -22,7 +22,7 @@ pub(super) fn landlock_unix_row(abi: Option<u32>, bpf: Result<(), String>) -> Ch
         (true, Ok(())) => Check::new(
             m,
             Status::Available,
-            format!("Landlock ABI 9 (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and {bpf_hooks}: {fence}"),
+            format!("{abi_text} (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and {bpf_hooks}: {fence}"),
         ),
         (true, Err(why)) => Check::new(
             m,
@@ -206,10 +206,11 @@ mod tests {
     #[test]
     fn the_unix_socket_row_names_the_fence_in_force() {
         let no_bpf = || Err("EPERM — kernel lockdown".to_string());
-        let both = landlock_unix_row(Some(9), Ok(()));
+        let both = landlock_unix_row(Some(10), Ok(()));
         assert_eq!(both.status, Status::Available);
         assert!(
-            both.detail.contains("Landlock ABI 9") && both.detail.contains("BPF LSM"),
+            both.detail
+                .starts_with("Landlock ABI 10 (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and BPF LSM"),
             "{}",
             both.detail
         );
