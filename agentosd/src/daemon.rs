@@ -601,48 +601,6 @@ async fn shut_down(
     }
 }
 
-/// `--no-landlock-unix`: only where the BPF LSM fence for pathname Unix sockets is active (else
-/// the agents would have no fence at all: refused, with why); then the agents' rulesets leave
-/// `RESOLVE_UNIX` unhandled. Without the option, says which mechanisms fence the sockets.
-fn landlock_unix_option(
-    opts: &Options,
-    fs: &Result<std::sync::Arc<crate::enforce::fs::FsEnforcer>, String>,
-) -> Result<()> {
-    let bpf = match fs {
-        Ok(f) => f.unix_status(),
-        Err(e) => Err(format!(
-            "the BPF LSM filesystem programs are not active: {e}"
-        )),
-    };
-    let abi = crate::sandbox::landlock::kernel_abi();
-    if opts.no_landlock_unix {
-        if let Err(why) = bpf {
-            bail!(
-                "--no-landlock-unix: the BPF LSM fence for pathname Unix sockets is not active ({why}); without it agents could reach every host socket. Remove the option (or the `no-landlock-unix` key of the configuration file)"
-            );
-        }
-        crate::sandbox::landlock::set_landlock_unix_off(true);
-        warn!(
-            "--no-landlock-unix: Landlock does not handle pathname Unix sockets (kernel ABI {abi:?}); the BPF LSM fence alone confines them"
-        );
-        return Ok(());
-    }
-    let landlock = crate::sandbox::landlock::resolve_unix(abi);
-    match (landlock, bpf) {
-        (true, Ok(())) => {
-            info!("pathname Unix sockets: fenced by Landlock RESOLVE_UNIX and BPF LSM")
-        }
-        (true, Err(_)) => info!("pathname Unix sockets: fenced by Landlock RESOLVE_UNIX"),
-        (false, Ok(())) => info!(
-            "pathname Unix sockets: fenced by BPF LSM (Landlock ABI {abi:?} has no RESOLVE_UNIX)"
-        ),
-        (false, Err(why)) => warn!(
-            "pathname Unix sockets: NOT fenced: Landlock ABI {abi:?} has no RESOLVE_UNIX (Linux 7.1) and the BPF LSM fence is not active ({why}); agents can reach every host socket their uid may write"
-        ),
-    }
-    Ok(())
-}
-
 /// Load the cgroup BPF network programs and attach them to `agents` (the daemon's own
 /// `ROOT/agents`, which holds nothing but agents), pinned under `pin_root` when given (taking
 /// over the programs a previous daemon pinned there). Says so loudly when it cannot, and reports
@@ -803,7 +761,8 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
     }
     let net = setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report);
     let fs = crate::enforce::fs::setup();
-    landlock_unix_option(opts, &fs)?;
+    crate::enforce::fs::unix::landlock_option(opts.no_landlock_unix, &fs)
+        .map_err(anyhow::Error::msg)?;
     let services = crate::supervisor::Services {
         audit: Some(trail.clone()),
         offer,

@@ -119,10 +119,65 @@ impl UnixScope {
     }
 }
 
+/// `--no-landlock-unix` (`off`): accepted only where the BPF LSM fence for pathname Unix sockets
+/// is active (else the agents would have no fence at all: refused, with why); then the agents'
+/// rulesets leave `RESOLVE_UNIX` unhandled. Either way, logs which mechanisms fence the sockets.
+pub fn landlock_option(
+    off: bool,
+    fs: &Result<std::sync::Arc<super::FsEnforcer>, String>,
+) -> Result<(), String> {
+    let bpf = match fs {
+        Ok(f) => f.unix_status(),
+        Err(e) => Err(format!(
+            "the BPF LSM filesystem programs are not active: {e}"
+        )),
+    };
+    let abi = crate::sandbox::landlock::kernel_abi();
+    if off {
+        if let Err(why) = bpf {
+            return Err(format!(
+                "--no-landlock-unix: the BPF LSM fence for pathname Unix sockets is not active ({why}); without it agents could reach every host socket. Remove the option (or the `no-landlock-unix` key of the configuration file)"
+            ));
+        }
+        crate::sandbox::landlock::set_landlock_unix_off(true);
+        tracing::warn!(
+            "--no-landlock-unix: Landlock does not handle pathname Unix sockets (kernel ABI {abi:?}); the BPF LSM fence alone confines them"
+        );
+        return Ok(());
+    }
+    match (crate::sandbox::landlock::resolve_unix(abi), bpf) {
+        (true, Ok(())) => {
+            tracing::info!("pathname Unix sockets: fenced by Landlock RESOLVE_UNIX and BPF LSM")
+        }
+        (true, Err(_)) => tracing::info!("pathname Unix sockets: fenced by Landlock RESOLVE_UNIX"),
+        (false, Ok(())) => tracing::info!(
+            "pathname Unix sockets: fenced by BPF LSM (Landlock ABI {abi:?} has no RESOLVE_UNIX)"
+        ),
+        (false, Err(why)) => tracing::warn!(
+            "pathname Unix sockets: NOT fenced: Landlock ABI {abi:?} has no RESOLVE_UNIX (Linux 7.1) and the BPF LSM fence is not active ({why}); agents can reach every host socket their uid may write"
+        ),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn no_landlock_unix_is_refused_without_the_bpf_fence() {
+        // Refused: nothing would fence the sockets. (Where it is accepted, the VM's escape
+        // suite runs the attempts under it.)
+        let e = landlock_option(true, &Err("EPERM (lockdown)".into())).unwrap_err();
+        assert!(
+            e.contains("--no-landlock-unix: the BPF LSM fence") && e.contains("EPERM (lockdown)"),
+            "{e}"
+        );
+        assert!(!crate::sandbox::landlock::landlock_unix_off());
+        // Without the option nothing is refused, whatever is missing.
+        assert!(landlock_option(false, &Err("EPERM".into())).is_ok());
+    }
 
     #[test]
     fn key_layout_matches_intf_h() {
