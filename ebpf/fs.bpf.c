@@ -27,6 +27,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 
 #include "intf.h"
 
@@ -47,14 +48,20 @@ char LICENSE[] SEC("license") = "GPL";
 
 struct super_block {
 	unsigned long s_flags;
+	unsigned int s_dev;
 } __attribute__((preserve_access_index));
+
+struct inode;
 
 struct dentry {
 	struct super_block *d_sb;
+	struct dentry *d_parent;
+	struct inode *d_inode;
 } __attribute__((preserve_access_index));
 
 struct vfsmount {
 	int mnt_flags;
+	struct dentry *mnt_root;
 } __attribute__((preserve_access_index));
 
 struct path {
@@ -64,6 +71,7 @@ struct path {
 
 struct inode {
 	unsigned int i_flags;
+	unsigned long i_ino;
 } __attribute__((preserve_access_index));
 
 struct file {
@@ -85,8 +93,30 @@ struct sock_common {
 	__u16 skc_num;
 } __attribute__((preserve_access_index));
 
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup;
+
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct cgroup_subsys_state self;
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
 struct sock {
 	struct sock_common __sk_common;
+	struct sock_cgroup_data sk_cgrp_data;
+	__u16 sk_type;
 } __attribute__((preserve_access_index));
 
 struct socket {
@@ -387,3 +417,177 @@ int BPF_PROG(agentos_lsm_socket_listen, struct socket *sock, int backlog, int re
 	return refuse(cgid, AGENTOS_HOOK_LSM_SOCKET_LISTEN, -EPERM, NULL, family);
 }
 
+
+/*
+ * Pathname Unix sockets: Landlock ABI 9's LANDLOCK_ACCESS_FS_RESOLVE_UNIX as BPF LSM, for kernels
+ * with BPF LSM and an older Landlock (and as defence in depth where both exist). A network
+ * namespace does not hide these sockets (they are files) and file modes let every uid into the
+ * D-Bus system bus or journald's /dev/log.
+ *
+ * lsm/unix_stream_connect runs for connect() on SOCK_STREAM and SOCK_SEQPACKET sockets, with the
+ * listening socket found (whatever name led to it: a symbolic link, a hard link, /proc/self/fd/N
+ * of an O_PATH fd); lsm/unix_may_send for connect() on a SOCK_DGRAM socket and for every datagram
+ * sent (sendto/sendmsg with an address, or on a connected socket). Both see the peer socket: an
+ * agent may reach it when
+ *   - it is not a pathname socket (unbound: a socketpair's; abstract or autobound names are
+ *     Landlock's scope (ABI 6) and lsm/socket_bind's), or
+ *   - it was made in the agent's own cgroup subtree (its processes in main/, its tools beside
+ *     them): the socket's cgroup (sk_cgrp_data, set when the socket is created), or
+ *   - its file, as bound, lies beneath a directory granted to the agent (`fs_unix_dirs`: the
+ *     daemon's socket directory RUN_DIR/agents/<tenant> and its write grants), by inode, walking
+ *     the bound path's parents across mounts as Landlock walks a path.
+ * Everything else is refused with EACCES (Landlock's errno) and an event in `fs_events`.
+ * Processes outside agent cgroups cost one hash lookup miss (`fs_unix_agents`).
+ */
+
+#define UNIX_PATH_DEPTH 64
+#define CGROUP_DEPTH 16
+
+struct sockaddr_un {
+	unsigned short sun_family;
+	char sun_path[108];
+} __attribute__((preserve_access_index));
+
+struct unix_address {
+	int len;
+	struct sockaddr_un name[];
+} __attribute__((preserve_access_index));
+
+struct unix_sock {
+	struct unix_address *addr;
+	struct path path;
+} __attribute__((preserve_access_index));
+
+struct mount {
+	struct mount *mnt_parent;
+	struct dentry *mnt_mountpoint;
+	struct vfsmount mnt;
+} __attribute__((preserve_access_index));
+
+/* The cgroup id of an agent's main leaf -> the id of its agent cgroup (main/ and tools/ below it):
+ * "check this process's Unix socket peers". */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGENTOS_MAX_AGENTS);
+	__type(key, __u64);
+	__type(value, __u64);
+} fs_unix_agents SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, AGENTOS_FS_MAX_UNIX_DIRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct agentos_unix_dir_key);
+	__type(value, __u32);
+} fs_unix_dirs SEC(".maps");
+
+/* Was `peer` made by a process in the cgroup `root` or below it? */
+static __always_inline int made_in_subtree(struct sock *peer, __u64 root)
+{
+	struct cgroup *cg = BPF_CORE_READ(peer, sk_cgrp_data.cgroup);
+	for (int i = 0; i < CGROUP_DEPTH; i++) {
+		if (!cg)
+			return 0;
+		if (BPF_CORE_READ(cg, kn, id) == root)
+			return 1;
+		cg = BPF_CORE_READ(cg, self.parent, cgroup);
+	}
+	return 0;
+}
+
+/* Is the socket file `u` was bound to beneath one of the agent's granted directories? Walks the
+ * bound path up to the root of the mount tree, as Landlock walks a path: at a mount's root it
+ * continues at the mount point in the parent mount. */
+static __always_inline int beneath_granted(struct unix_sock *u, __u64 cgid)
+{
+	struct agentos_unix_dir_key key = {.cgroup_id = cgid};
+	struct dentry *d = BPF_CORE_READ(u, path.dentry);
+	struct vfsmount *vm = BPF_CORE_READ(u, path.mnt);
+	if (!d || !vm)
+		return 0;
+	struct mount *m = (struct mount *)((char *)vm - bpf_core_field_offset(struct mount, mnt));
+	for (int i = 0; i < UNIX_PATH_DEPTH; i++) {
+		key.ino = BPF_CORE_READ(d, d_inode, i_ino);
+		key.dev = BPF_CORE_READ(d, d_sb, s_dev);
+		if (bpf_map_lookup_elem(&fs_unix_dirs, &key))
+			return 1;
+		if (d == BPF_CORE_READ(m, mnt.mnt_root)) {
+			struct mount *parent = BPF_CORE_READ(m, mnt_parent);
+			if (!parent || parent == m)
+				return 0; /* the root of the mount tree */
+			d = BPF_CORE_READ(m, mnt_mountpoint);
+			m = parent;
+			continue;
+		}
+		struct dentry *up = BPF_CORE_READ(d, d_parent);
+		if (!up || up == d)
+			return 0;
+		d = up;
+	}
+	return 0;
+}
+
+static __always_inline int unix_check(struct sock *peer, __u8 hook)
+{
+	__u64 cgid = bpf_get_current_cgroup_id();
+	__u64 *root = bpf_map_lookup_elem(&fs_unix_agents, &cgid);
+	if (!root || !peer)
+		return 0; /* not an agent */
+	struct unix_sock *u = (struct unix_sock *)peer;
+	struct unix_address *addr = BPF_CORE_READ(u, addr);
+	if (!addr)
+		return 0; /* unbound (a socketpair's peer) */
+	int len = BPF_CORE_READ(addr, len);
+	/* name[0].sun_path: the offset of the flexible array `name` (relocated) and sun_path's
+	 * within the UAPI sockaddr_un (2). aya rejects an index into a flexible array in an
+	 * access string, so the address is computed. */
+	const char *sun_path = (const char *)addr + bpf_core_field_offset(struct unix_address, name) + 2;
+	char first = 0;
+	if (len <= 2 || bpf_probe_read_kernel(&first, 1, sun_path) || first == 0)
+		return 0; /* abstract or autobound: not a file */
+	if (made_in_subtree(peer, *root) || beneath_granted(u, cgid)) {
+		count(AGENTOS_FS_STAT_ALLOWED);
+		return 0;
+	}
+	count(AGENTOS_FS_STAT_DENIED);
+	struct agentos_fs_event *e = bpf_ringbuf_reserve(&fs_events, sizeof(*e), 0);
+	if (!e) {
+		count(AGENTOS_FS_STAT_EVENTS_DROPPED);
+		return -EACCES;
+	}
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	e->cgroup_id = cgid;
+	e->time_ns = bpf_ktime_get_ns();
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->hook = hook;
+	e->want = 0;
+	e->granted = 0;
+	e->flags = AGENTOS_FS_EV_NO_PREFIX;
+	e->f_flags = BPF_CORE_READ(peer, sk_type);
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	__builtin_memset(e->path, 0, sizeof(e->path));
+	/* The name the peer was bound with (as given to bind(): relative names stay relative). */
+	bpf_probe_read_kernel_str(e->path, 109, sun_path);
+	bpf_ringbuf_submit(e, 0);
+	return -EACCES;
+}
+
+SEC("lsm/unix_stream_connect")
+int BPF_PROG(agentos_lsm_unix_stream_connect, struct sock *sock, struct sock *other,
+	     struct sock *newsk, int ret)
+{
+	if (ret)
+		return ret;
+	return unix_check(other, AGENTOS_HOOK_LSM_UNIX_CONNECT);
+}
+
+SEC("lsm/unix_may_send")
+int BPF_PROG(agentos_lsm_unix_may_send, struct socket *sock, struct socket *other, int ret)
+{
+	if (ret)
+		return ret;
+	if (!other)
+		return 0;
+	return unix_check(BPF_CORE_READ(other, sk), AGENTOS_HOOK_LSM_UNIX_SEND);
+}

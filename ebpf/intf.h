@@ -214,6 +214,22 @@ struct agentos_fs_key {
 /* Socket refusals (EPERM) the filesystem program set reports in the same ring buffer. */
 #define AGENTOS_HOOK_LSM_SOCKET_BIND 13
 #define AGENTOS_HOOK_LSM_SOCKET_LISTEN 14
+/* Pathname Unix socket refusals (EACCES): `path` is the peer's bound name, `f_flags` its bytes. */
+#define AGENTOS_HOOK_LSM_UNIX_CONNECT 15
+#define AGENTOS_HOOK_LSM_UNIX_SEND 16
+
+/* Directories beneath which an agent may connect or send to pathname Unix sockets (Landlock
+ * ABI 9's RESOLVE_UNIX rules as BPF LSM, for kernels without it): the daemon's socket directory
+ * for its tenant and its write grants, by inode. The map `fs_unix_dirs` holds one key per
+ * (agent, directory), value 1. `dev` is the kernel's internal dev_t of the super block
+ * (MAJOR << 20 | MINOR). */
+struct agentos_unix_dir_key {
+	__u64 cgroup_id;
+	__u64 ino;
+	__u32 dev;
+	__u32 pad;
+};
+#define AGENTOS_FS_MAX_UNIX_DIRS (64 * 1024)
 
 /* Event flags. */
 #define AGENTOS_FS_EV_PATH_CUT 1   /* the path was longer than AGENTOS_FS_EVENT_PATH - 1 */

@@ -66,6 +66,12 @@ pub struct RunArgs {
     /// docs/benchmarks.md), so it is off by default. Also enabled by AGENTOSD_SYSCALL_COUNTS=1
     #[arg(long, global = true)]
     pub syscall_counts: bool,
+    /// Do not have Landlock handle pathname Unix sockets (`RESOLVE_UNIX`, ABI 9) even where the
+    /// kernel has it: the BPF LSM fence (lsm/unix_stream_connect, lsm/unix_may_send) alone keeps
+    /// agents from the host's sockets. For a Landlock regression, and to test that fence on a
+    /// new kernel. The daemon does not start with it when that fence is not active
+    #[arg(long, global = true)]
+    pub no_landlock_unix: bool,
     /// Tool manifests (`*.yaml`) agents may call through their MCP socket
     #[arg(long, global = true, default_value = "/etc/agentos/tools.d")]
     pub tools_dir: PathBuf,

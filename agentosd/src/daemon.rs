@@ -42,6 +42,9 @@ pub struct Options {
     /// Count each agent's syscalls on the global syscall-entry hook (`--syscall-counts`; every
     /// process on the host pays for it, so off by default). See enforce/sysc.rs.
     pub syscall_counts: bool,
+    /// Leave pathname Unix sockets to the BPF LSM fence alone (`--no-landlock-unix`); refused
+    /// when that fence is not active.
+    pub no_landlock_unix: bool,
     /// Tool manifests (`--tools-dir`).
     pub tools_dir: PathBuf,
     /// Sockets directory [default: /run/agentos with the default state dir, else STATE_DIR/run].
@@ -105,6 +108,7 @@ impl Default for Options {
             audit_journal: true,
             sched_ext: false,
             syscall_counts: false,
+            no_landlock_unix: false,
             tools_dir: PathBuf::from("/etc/agentos/tools.d"),
             run_dir: None,
             consent_timeout: Duration::from_secs(120),
@@ -764,12 +768,15 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
             .extend(m.backends.iter().map(|b| b.placement.as_str().to_string()));
     }
     let net = setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report);
+    let fs = crate::enforce::fs::setup();
+    crate::enforce::fs::unix::landlock_option(opts.no_landlock_unix, &fs)
+        .map_err(anyhow::Error::msg)?;
     let services = crate::supervisor::Services {
         audit: Some(trail.clone()),
         offer,
         dns: net.as_ref().ok().map(|n| setup_dns(opts, n)),
         net,
-        fs: crate::enforce::fs::setup(),
+        fs,
         sysc: if opts.syscall_counts {
             crate::enforce::sysc::setup()
         } else {

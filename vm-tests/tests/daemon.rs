@@ -131,6 +131,20 @@ fn check_reports_the_vm_mechanisms_available() {
         missing.join("\n"),
         cmd("agentosd", &["check"]).stdout
     );
+    // Both fences keep agents from the host's pathname Unix sockets here, and the text output
+    // shows the BPF programs pass this kernel's verifier.
+    let unix = status("landlock_unix");
+    assert!(
+        unix.contains("(LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and BPF LSM lsm/unix_stream_connect"),
+        "landlock_unix: {unix}"
+    );
+    let text = cmd("agentosd", &["check"]).stdout;
+    for hook in ["unix_stream_connect", "unix_may_send"] {
+        assert!(
+            text.contains(&format!("lsm/{hook} load OK")),
+            "lsm/{hook} does not load in the VM:\n{text}"
+        );
+    }
 }
 
 #[test]

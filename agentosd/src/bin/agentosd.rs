@@ -167,6 +167,7 @@ fn main() -> anyhow::Result<()> {
                     || agentosd::enforce::sysc::env_enables(
                         std::env::var(agentosd::enforce::sysc::ENV).ok().as_deref(),
                     ),
+                no_landlock_unix: r.no_landlock_unix,
                 tools_dir: r.tools_dir,
                 run_dir: r.run_dir,
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),

@@ -66,7 +66,6 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     let landlock_abi = guarded(&mut checks, |rows| {
         let (row, abi) = sandbox::probe_landlock();
         rows.push(row);
-        rows.push(sandbox::landlock_unix_row(abi));
         abi
     })
     .flatten();
@@ -78,6 +77,22 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     guarded(&mut checks, |rows| rows.push(probe_io_uring()));
     guarded(&mut checks, |rows| rows.push(sandbox::probe_kernel_audit()));
     let btf = guarded(&mut checks, |rows| bpf::probe_bpf(&ctx, rows)).unwrap_or(false);
+    // After the BPF rows: the Unix socket fence is Landlock's or BPF LSM's.
+    let bpf_lsm = checks
+        .iter()
+        .find(|c| c.mechanism == Feature::BpfLsm)
+        .map_or(Err("not probed".to_string()), |c| {
+            if c.status != Status::Available {
+                Err(c.detail.clone())
+            } else if !crate::enforce::fs::built() {
+                Err("agentosd was built without the BPF programs".to_string())
+            } else {
+                Ok(())
+            }
+        });
+    guarded(&mut checks, |rows| {
+        rows.push(sandbox::landlock_unix_row(landlock_abi, bpf_lsm))
+    });
 
     // Any row a panicking group did not produce is reported as an error rather than left out.
     for m in Feature::ALL {

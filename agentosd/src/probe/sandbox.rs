@@ -6,32 +6,43 @@ use nix::errno::Errno;
 use super::report::{Check, Feature, Status};
 use crate::sys::{landlock, seccomp};
 
-/// Whether agents are kept from the host's pathname Unix sockets: Landlock's
-/// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9). Without it an agent can connect to every socket
-/// whose file mode lets any uid in (the D-Bus system bus, journald's `/dev/log`).
-pub(super) fn landlock_unix_row(abi: Option<u32>) -> Check {
+/// What keeps agents from the host's pathname Unix sockets: Landlock's
+/// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9), the BPF LSM fence (`lsm/unix_stream_connect`,
+/// `lsm/unix_may_send`, enforce/fs/unix.rs; `bpf`: whether BPF LSM programs load here, or why
+/// not), both, or nothing. Without either an agent can connect to every socket whose file mode
+/// lets any uid in (the D-Bus system bus, journald's `/dev/log`).
+pub(super) fn landlock_unix_row(abi: Option<u32>, bpf: Result<(), String>) -> Check {
     let m = Feature::LandlockUnix;
     let need = crate::sandbox::landlock::RESOLVE_UNIX_ABI;
-    match abi {
-        Some(v) if crate::sandbox::landlock::resolve_unix(Some(v)) => Check::new(
+    let landlock = crate::sandbox::landlock::resolve_unix(abi);
+    let abi_text = abi.map_or("no Landlock".to_string(), |v| format!("Landlock ABI {v}"));
+    let fence = "agents connect and send only to their own sockets, the daemon's, and those beneath their write grants";
+    let bpf_hooks = "BPF LSM lsm/unix_stream_connect + lsm/unix_may_send (see the BPF LSM filesystem programs line)";
+    match (landlock, bpf) {
+        (true, Ok(())) => Check::new(
+            m,
+            Status::Available,
+            format!("{abi_text} (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and {bpf_hooks}: {fence}"),
+        ),
+        (true, Err(why)) => Check::new(
             m,
             Status::Available,
             format!(
-                "Landlock ABI {v} has LANDLOCK_ACCESS_FS_RESOLVE_UNIX: agents connect only to their own sockets and the daemon's"
+                "{abi_text} has LANDLOCK_ACCESS_FS_RESOLVE_UNIX: {fence} (no BPF LSM behind it: {why})"
             ),
         ),
-        Some(v) => Check::new(
+        (false, Ok(())) => Check::new(
+            m,
+            Status::Available,
+            format!(
+                "{bpf_hooks}: {fence}; {abi_text} < {need} has no RESOLVE_UNIX (Linux 7.1 adds it)"
+            ),
+        ),
+        (false, Err(why)) => Check::new(
             m,
             Status::Unavailable,
             format!(
-                "Landlock ABI {v} < {need}: agents can connect to the host's pathname Unix sockets that any uid may write (the D-Bus system bus, journald's /dev/log); Linux 7.1 (ABI {need}) closes this"
-            ),
-        ),
-        None => Check::new(
-            m,
-            Status::Unavailable,
-            format!(
-                "no Landlock: agents can connect to the host's pathname Unix sockets (needs Landlock ABI {need}, Linux 7.1)"
+                "{abi_text} < {need} and no BPF LSM ({why}): agents can connect to the host's pathname Unix sockets that any uid may write (the D-Bus system bus, journald's /dev/log); Linux 7.1 (Landlock ABI {need}), or BPF LSM (lsm=...,bpf, no lockdown), closes this"
             ),
         ),
     }
@@ -186,4 +197,48 @@ pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
             ),
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unix_socket_row_names_the_fence_in_force() {
+        let no_bpf = || Err("EPERM — kernel lockdown".to_string());
+        let both = landlock_unix_row(Some(10), Ok(()));
+        assert_eq!(both.status, Status::Available);
+        assert!(
+            both.detail
+                .starts_with("Landlock ABI 10 (LANDLOCK_ACCESS_FS_RESOLVE_UNIX) and BPF LSM"),
+            "{}",
+            both.detail
+        );
+        let landlock = landlock_unix_row(Some(10), no_bpf());
+        assert_eq!(landlock.status, Status::Available);
+        assert!(
+            landlock.detail.contains("RESOLVE_UNIX") && landlock.detail.contains("no BPF LSM"),
+            "{}",
+            landlock.detail
+        );
+        let bpf = landlock_unix_row(Some(7), Ok(()));
+        assert_eq!(bpf.status, Status::Available);
+        assert!(
+            bpf.detail.starts_with("BPF LSM lsm/unix_stream_connect")
+                && bpf.detail.contains("Landlock ABI 7 < 9"),
+            "{}",
+            bpf.detail
+        );
+        for abi in [Some(8), None] {
+            let none = landlock_unix_row(abi, no_bpf());
+            assert_eq!(none.status, Status::Unavailable);
+            assert!(
+                none.detail.contains("no BPF LSM (EPERM")
+                    && none.detail.contains("Linux 7.1")
+                    && none.detail.contains("D-Bus system bus"),
+                "{}",
+                none.detail
+            );
+        }
+    }
 }

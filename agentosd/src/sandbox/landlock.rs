@@ -312,7 +312,7 @@ pub fn build_with(
     // Pathname Unix sockets, where the kernel can confine them (ABI 9), whatever `required`
     // says (older kernels: reported by `agentosd check` and in the agent's notes). A write
     // grant includes them, as in Landlock's own grouping of the rights.
-    let unix = resolve_unix(kernel_abi());
+    let unix = landlock_handles_unix(kernel_abi());
     if unix {
         fs_all |= AccessFs::ResolveUnix;
         write |= AccessFs::ResolveUnix;
@@ -375,6 +375,27 @@ pub const RESOLVE_UNIX_ABI: u32 = 9;
 /// Whether a kernel of Landlock ABI `abi` confines connecting to pathname Unix sockets.
 pub fn resolve_unix(abi: Option<u32>) -> bool {
     abi.is_some_and(|v| v >= RESOLVE_UNIX_ABI)
+}
+
+/// Set by `agentosd --no-landlock-unix`: Landlock does not handle `RESOLVE_UNIX` even where the
+/// kernel has it, and the BPF LSM fence (enforce/fs/unix.rs) alone confines pathname Unix
+/// sockets. The daemon refuses the option when that fence is not active.
+static LANDLOCK_UNIX_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--no-landlock-unix` (once, at daemon start).
+pub fn set_landlock_unix_off(off: bool) {
+    LANDLOCK_UNIX_OFF.store(off, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `--no-landlock-unix` is in force.
+pub fn landlock_unix_off() -> bool {
+    LANDLOCK_UNIX_OFF.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether the agents' rulesets handle `RESOLVE_UNIX` on a kernel of Landlock ABI `abi`: the
+/// kernel has it and `--no-landlock-unix` is not given.
+pub fn landlock_handles_unix(abi: Option<u32>) -> bool {
+    resolve_unix(abi) && !landlock_unix_off()
 }
 
 /// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0, VERSION)`), or `None`.

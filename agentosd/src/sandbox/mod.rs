@@ -288,8 +288,12 @@ pub fn prepare_with(
             }
             if !landlock::resolve_unix(Some(v)) {
                 notes.push(format!(
-                    "landlock ABI {v}: the host's pathname Unix sockets (D-Bus system bus, journald) not confined (needs ABI {}, Linux 7.1)",
+                    "landlock ABI {v}: the host's pathname Unix sockets (D-Bus system bus, journald) not confined by Landlock (needs ABI {}, Linux 7.1; see the unix sockets (BPF LSM) note)",
                     landlock::RESOLVE_UNIX_ABI
+                ));
+            } else if !landlock::landlock_handles_unix(Some(v)) {
+                notes.push(format!(
+                    "landlock ABI {v}: pathname Unix sockets left to BPF LSM (--no-landlock-unix)"
                 ));
             }
             let mut opener = landlock::Opener::new(vec![&home_dir]);

@@ -56,7 +56,17 @@ impl Supervisor {
             })
             .ok();
         let opener = crate::sandbox::landlock::Opener::new(home_fd.iter().collect());
-        let policy = fs::Policy::from_plan(&plan, &|p| opener.resolve(p));
+        let mut policy = fs::Policy::from_plan(&plan, &|p| opener.resolve(p));
+        let unix_note = match enforcer.unix_status() {
+            Ok(()) => {
+                let scope = self.unix_scope(agent, &plan.read_write, home_fd.as_ref())?;
+                let line = scope.describe();
+                policy.notes.extend(scope.notes.iter().cloned());
+                policy.unix = Some(scope);
+                line
+            }
+            Err(why) => format!("unix sockets (BPF LSM): not fenced by BPF LSM ({why})"),
+        };
         enforcer
             .set_policy(
                 &agent.id,
@@ -69,8 +79,47 @@ impl Supervisor {
                 Error::Kernel(format!("agent {}: filesystem LSM policy: {e}", agent.id))
             })?;
         let mut notes = vec![format!("filesystem (BPF LSM): {}", policy.describe())];
+        notes.push(unix_note);
         notes.extend(policy.notes.iter().cloned());
         Ok(notes)
+    }
+
+    /// The agent's scope for the pathname Unix socket fence: sockets made in its cgroup
+    /// subtree, and beneath the daemon's socket directory for its tenant (made here when
+    /// missing, as the socket mechanisms make it) and its write grants, opened as its Landlock
+    /// rules are (no link followed).
+    fn unix_scope(
+        &self,
+        agent: &Agent,
+        write: &[std::path::PathBuf],
+        home_fd: Option<&crate::safe_fs::Dir>,
+    ) -> Result<fs::UnixScope, Error> {
+        let mut socket_dirs: Vec<std::path::PathBuf> = Vec::new();
+        let run_dirs = [
+            self.mcp().map(|m| m.run_dir.clone()),
+            self.models.get().map(|m| m.run_dir.clone()),
+        ];
+        for run_dir in run_dirs.into_iter().flatten() {
+            super::mcp_socket::socket_dirs(&run_dir, &agent.tenant).map_err(|source| {
+                Error::McpSocket {
+                    agent: agent.id.clone(),
+                    source,
+                }
+            })?;
+            let dir = run_dir.join("agents").join(&agent.tenant);
+            if !socket_dirs.contains(&dir) {
+                socket_dirs.push(dir);
+            }
+        }
+        let mut opener = crate::sandbox::landlock::Opener::new(home_fd.into_iter().collect());
+        opener.system.extend(socket_dirs.iter().cloned());
+        let dirs: Vec<std::path::PathBuf> = socket_dirs.iter().chain(write).cloned().collect();
+        let open = |p: &std::path::Path| opener.open(p).ok().flatten().map(|(fd, _)| fd);
+        Ok(fs::UnixScope::new(
+            cgroup_id(agent.cgroup.path()),
+            &dirs,
+            &open,
+        ))
     }
 
     /// Fill agent's entry in the BPF policy map from its contract's `net.connect` and `net.bind`

@@ -959,6 +959,9 @@ fn suite(filter: Option<&str>) -> i32 {
     // The confused-deputy attempts: links planted for the root daemon, then restarts.
     let (n_deputy, deputy_failures) = deputy::run(&ctx, &mut d, filter);
     failures.extend(deputy_failures);
+    // The pathname Unix socket attempts under the BPF LSM fence alone (--no-landlock-unix).
+    let (n_unix_bpf, unix_bpf_failures) = unix::bpf_alone(&ctx, &mut d, filter);
+    failures.extend(unix_bpf_failures);
     // Mutation check: the suite must notice a sandbox with one rule taken out.
     if filter.is_none() {
         let find = |n: &str| attempts.iter().find(|a| a.name == n);
@@ -1009,7 +1012,7 @@ fn suite(filter: Option<&str>) -> i32 {
     let _: PathBuf = exe;
     println!(
         "escape suite: {} attempts, {denied} denied as expected, {} failures",
-        attempts.len() + n_deputy,
+        attempts.len() + n_deputy + n_unix_bpf,
         failures.len()
     );
     if failures.is_empty() {

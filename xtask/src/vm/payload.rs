@@ -330,11 +330,15 @@ export AGENTOS_TEST_NO_SKIP=1
 chmod 0755 $D $D/tests
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 filter=$(cat $D/filter 2>/dev/null)
+# `escape:NAME`: the escape suite alone, its attempts whose names contain NAME.
+only=
+case "$filter" in escape:*) only=escape; filter=${filter#escape:};; esac
 rc=0
 for t in $D/tests/*; do
   name=$(basename "$t")
+  if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
   # The escape suite takes attempt names as its filter: run it whole, or when named.
-  if [ "$name" = escape ] && [ -n "$filter" ] && [ "$filter" != escape ]; then continue; fi
+  if [ -z "$only" ] && [ "$name" = escape ] && [ -n "$filter" ] && [ "$filter" != escape ]; then continue; fi
   echo "== test binary $name"
   if [ -z "$filter" ] || [ "$filter" = "$name" ]; then
     # No filter, or the filter names this binary (tests/<name>.rs): all its tests.

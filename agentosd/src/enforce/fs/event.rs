@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::policy::access_name;
 use super::{
     EV_NO_PREFIX, EV_PATH_CUT, EVENT_PATH, HOOK_BPRM_CHECK, HOOK_FILE_MPROTECT, HOOK_FILE_OPEN,
-    HOOK_MMAP_FILE, HOOK_SOCKET_BIND, HOOK_SOCKET_LISTEN,
+    HOOK_MMAP_FILE, HOOK_SOCKET_BIND, HOOK_SOCKET_LISTEN, HOOK_UNIX_CONNECT, HOOK_UNIX_SEND,
 };
 
 /// `struct agentos_fs_event`.
@@ -32,15 +32,19 @@ pub struct Denial {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// `open`, `execve`, `mmap`, `mprotect`, `bind` or `listen`.
+    /// `open`, `execve`, `mmap`, `mprotect`, `bind`, `listen`, `connect` (a pathname Unix
+    /// socket, stream or seqpacket) or `send` (a datagram, or connect() on a datagram socket).
     pub syscall: &'static str,
     /// `lsm/file_open`, `lsm/bprm_check_security`, `lsm/mmap_file`, `lsm/file_mprotect`,
-    /// `lsm/socket_bind` or `lsm/socket_listen`.
+    /// `lsm/socket_bind`, `lsm/socket_listen`, `lsm/unix_stream_connect` or
+    /// `lsm/unix_may_send`.
     pub hook: &'static str,
-    /// What the call returned: `EACCES` for files, `EPERM` for sockets.
+    /// What the call returned: `EACCES` for files and pathname Unix sockets, `EPERM` for
+    /// bind and listen.
     pub errno: i32,
     /// The file; for `bind`, `@` and the abstract socket name (bytes outside printable ASCII
-    /// as `\xNN`); for `listen`, the socket's family (`inet`, `inet6`).
+    /// as `\xNN`); for `listen`, the socket's family (`inet`, `inet6`); for `connect` and
+    /// `send`, the name the peer socket was bound with (as its maker gave it to bind()).
     pub path: String,
     /// The path was longer than the event holds (`path` is its start).
     pub path_cut: bool,
@@ -72,8 +76,11 @@ impl Denial {
             HOOK_FILE_MPROTECT => ("mprotect", "lsm/file_mprotect"),
             HOOK_SOCKET_BIND => ("bind", "lsm/socket_bind"),
             HOOK_SOCKET_LISTEN => ("listen", "lsm/socket_listen"),
+            HOOK_UNIX_CONNECT => ("connect", "lsm/unix_stream_connect"),
+            HOOK_UNIX_SEND => ("send", "lsm/unix_may_send"),
             _ => return None,
         };
+        let unix = matches!(e.hook, HOOK_UNIX_CONNECT | HOOK_UNIX_SEND);
         let socket = matches!(e.hook, HOOK_SOCKET_BIND | HOOK_SOCKET_LISTEN);
         let path = match e.hook {
             HOOK_SOCKET_BIND => {
@@ -88,6 +95,7 @@ impl Denial {
             // The hook has no path (bpf_d_path is not allowed there): every file mapping
             // made executable by mprotect is refused.
             HOOK_FILE_MPROTECT => "(a file mapping; mprotect has no path)".into(),
+            _ if unix => escape_name(text(&e.path).as_bytes()),
             _ => text(&e.path),
         };
         Some(Denial {
@@ -101,12 +109,16 @@ impl Denial {
             path,
             path_cut: e.flags & EV_PATH_CUT != 0,
             access: match e.hook {
-                HOOK_SOCKET_BIND | HOOK_SOCKET_LISTEN => syscall.into(),
+                HOOK_SOCKET_BIND | HOOK_SOCKET_LISTEN | HOOK_UNIX_CONNECT | HOOK_UNIX_SEND => {
+                    syscall.into()
+                }
                 HOOK_FILE_MPROTECT => "exec".into(),
                 _ => access_name(e.want),
             },
             granted: if e.hook == HOOK_FILE_MPROTECT {
                 "unchecked".into()
+            } else if unix {
+                "none (not its own, not beneath its grants)".into()
             } else if e.flags & EV_NO_PREFIX != 0 {
                 "none".into()
             } else {
@@ -228,6 +240,49 @@ mod tests {
             ("listen", "lsm/socket_listen", libc::EPERM, "inet6")
         );
         e.hook = 12; // a network hook's number never decodes as a filesystem denial
+        assert!(Denial::decode(&as_bytes(&e)).is_none());
+    }
+
+    #[test]
+    fn unix_socket_refusals_decode_with_eacces_and_the_peer_name() {
+        let mut e = RawEvent {
+            cgroup_id: 42,
+            time_ns: 1,
+            pid: 7,
+            tid: 8,
+            f_flags: 1, // SOCK_STREAM
+            hook: HOOK_UNIX_CONNECT,
+            want: 0,
+            granted: 0,
+            flags: EV_NO_PREFIX,
+            comm: [0; 16],
+            path: [0; EVENT_PATH],
+        };
+        e.path[..27].copy_from_slice(b"/run/dbus/system_bus_socket");
+        let d = Denial::decode(&as_bytes(&e)).unwrap();
+        assert_eq!(
+            (d.syscall, d.hook, d.errno, d.access.as_str()),
+            (
+                "connect",
+                "lsm/unix_stream_connect",
+                libc::EACCES,
+                "connect"
+            )
+        );
+        assert_eq!(d.path, "/run/dbus/system_bus_socket");
+        assert!(d.granted.starts_with("none"), "{}", d.granted);
+        e.hook = HOOK_UNIX_SEND;
+        e.f_flags = 2;
+        // A name is what another process chose: control bytes stay escaped.
+        e.path[..27].fill(0);
+        e.path[..8].copy_from_slice(b"/dev/l\nx");
+        let d = Denial::decode(&as_bytes(&e)).unwrap();
+        assert_eq!(
+            (d.syscall, d.hook, d.errno, d.access.as_str()),
+            ("send", "lsm/unix_may_send", libc::EACCES, "send")
+        );
+        assert_eq!(d.path, "/dev/l\\x0ax");
+        e.hook = 17;
         assert!(Denial::decode(&as_bytes(&e)).is_none());
     }
 }

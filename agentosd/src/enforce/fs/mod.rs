@@ -27,6 +27,7 @@
 
 mod event;
 mod policy;
+pub mod unix;
 
 use std::collections::HashMap as StdHashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,9 +38,15 @@ use serde::Serialize;
 
 pub use event::{Denial, RawEvent};
 pub use policy::{Policy, RawKeyData, access_name, key_for};
+pub use unix::{UnixDirKey, UnixScope};
 
 /// The embedded object (empty when clang was missing at build time).
 static FS_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fs.bpf.o"));
+
+/// Whether agentosd was built with the programs (clang and libbpf-dev were there).
+pub fn built() -> bool {
+    !FS_OBJ.is_empty()
+}
 
 /// Program name in `ebpf/fs.bpf.c` and the LSM hook it attaches to.
 pub const PROGRAMS: [(&str, &str); 2] = [
@@ -58,7 +65,7 @@ pub struct Optional {
     pub without: &'static str,
 }
 
-pub const OPTIONAL: [Optional; 4] = [
+pub const OPTIONAL: [Optional; 6] = [
     Optional {
         name: "agentos_lsm_socket_bind",
         hook: "socket_bind",
@@ -83,7 +90,25 @@ pub const OPTIONAL: [Optional; 4] = [
         does: "agents listen only on sockets bound to a granted port",
         without: "an agent with a net.bind grant can listen() on an unbound socket, on a port the kernel picks",
     },
+    Optional {
+        name: "agentos_lsm_unix_stream_connect",
+        hook: "unix_stream_connect",
+        does: "agents connect (stream, seqpacket) only to pathname Unix sockets of their own or beneath their grants",
+        without: UNIX_WITHOUT,
+    },
+    Optional {
+        name: "agentos_lsm_unix_may_send",
+        hook: "unix_may_send",
+        does: "agents send datagrams only to pathname Unix sockets of their own or beneath their grants",
+        without: UNIX_WITHOUT,
+    },
 ];
+
+/// What stays open without the two Unix socket programs (and Landlock ABI 9).
+const UNIX_WITHOUT: &str = "without Landlock ABI 9 an agent can connect and send to every pathname Unix socket its uid may write (the D-Bus system bus, journald)";
+
+/// The LSM hooks of the pathname Unix socket fence (both needed).
+pub const UNIX_HOOKS: [&str; 2] = ["unix_stream_connect", "unix_may_send"];
 
 /// `AGENTOS_FS_PATH_KEY`: bytes of path a prefix key holds.
 pub const PATH_KEY: usize = 248;
@@ -98,6 +123,8 @@ const HOOK_MMAP_FILE: u8 = 10;
 const HOOK_FILE_MPROTECT: u8 = 11;
 const HOOK_SOCKET_BIND: u8 = 13;
 const HOOK_SOCKET_LISTEN: u8 = 14;
+const HOOK_UNIX_CONNECT: u8 = 15;
+const HOOK_UNIX_SEND: u8 = 16;
 const EV_PATH_CUT: u8 = 1;
 const EV_NO_PREFIX: u8 = 2;
 const STAT_ALLOWED: u32 = 0;
@@ -132,6 +159,8 @@ pub struct Stats {
 
 struct Maps {
     agents: HashMap<MapData, u64, u32>,
+    unix_agents: HashMap<MapData, u64, u64>,
+    unix_dirs: HashMap<MapData, UnixDirKey, u32>,
     prefixes: LpmTrie<MapData, RawKeyData, u32>,
     stats: Array<MapData, u64>,
 }
@@ -145,6 +174,8 @@ pub struct FsEnforcer {
     agents: super::AgentCgroups,
     /// Agent id → the prefix keys installed for it.
     keys: Mutex<StdHashMap<String, Vec<Key<RawKeyData>>>>,
+    /// Agent id → the `fs_unix_dirs` keys installed for it.
+    unix_keys: Mutex<StdHashMap<String, Vec<UnixDirKey>>>,
     attached: Mutex<bool>,
     /// For each of [`OPTIONAL`], why it did not load (`None`: loaded).
     optional_errors: [Option<String>; OPTIONAL.len()],
@@ -169,7 +200,8 @@ impl FsEnforcer {
         if FS_OBJ.is_empty() {
             return Err(FsError::NotBuilt);
         }
-        let mut bpf = aya::Ebpf::load(FS_OBJ).map_err(|e| FsError::Load(e.to_string()))?;
+        let mut bpf = aya::Ebpf::load(FS_OBJ)
+            .map_err(|e| FsError::Load(format!("{e}{}", super::source_chain(&e))))?;
         let btf = aya::Btf::from_sys_fs().map_err(|e| FsError::Program {
             program: PROGRAMS[0].0.into(),
             error: format!("no kernel BTF: {e}"),
@@ -219,6 +251,10 @@ impl FsEnforcer {
         };
         let agents =
             HashMap::try_from(take(&mut bpf, "fs_agents")?).map_err(map_err("fs_agents"))?;
+        let unix_agents = HashMap::try_from(take(&mut bpf, "fs_unix_agents")?)
+            .map_err(map_err("fs_unix_agents"))?;
+        let unix_dirs =
+            HashMap::try_from(take(&mut bpf, "fs_unix_dirs")?).map_err(map_err("fs_unix_dirs"))?;
         let prefixes =
             LpmTrie::try_from(take(&mut bpf, "fs_prefixes")?).map_err(map_err("fs_prefixes"))?;
         let stats = Array::try_from(take(&mut bpf, "fs_stats")?).map_err(map_err("fs_stats"))?;
@@ -228,12 +264,15 @@ impl FsEnforcer {
             bpf: Mutex::new(bpf),
             maps: Mutex::new(Maps {
                 agents,
+                unix_agents,
+                unix_dirs,
                 prefixes,
                 stats,
             }),
             events: Mutex::new(Some(events)),
             agents: super::AgentCgroups::default(),
             keys: Mutex::default(),
+            unix_keys: Mutex::default(),
             attached: Mutex::new(false),
             optional_errors,
         }))
@@ -294,6 +333,13 @@ impl FsEnforcer {
         self.optional_status("socket_bind")
     }
 
+    /// Whether both programs of the pathname Unix socket fence loaded, or why not.
+    pub fn unix_status(&self) -> Result<(), String> {
+        UNIX_HOOKS
+            .iter()
+            .try_for_each(|h| self.optional_status(h).map_err(|e| format!("lsm/{h}: {e}")))
+    }
+
     /// Whether both programs checking executable file mappings loaded, or why not.
     pub fn exec_map_status(&self) -> Result<(), String> {
         self.optional_status("mmap_file")
@@ -311,11 +357,26 @@ impl FsEnforcer {
         policy: &Policy,
     ) -> Result<(), FsError> {
         let keys = policy.keys(cgroup_id);
+        let unix_keys = policy
+            .unix
+            .as_ref()
+            .map(|u| u.keys(cgroup_id))
+            .unwrap_or_default();
+        let old_unix = lock(&self.unix_keys).remove(id).unwrap_or_default();
         let old_cg = self.agents.cgroup_of(id);
         let old_keys = lock(&self.keys).remove(id).unwrap_or_default();
         let mut maps = lock(&self.maps);
         if let Some(old_cg) = old_cg.filter(|c| *c != cgroup_id) {
             let _ = maps.agents.remove(&old_cg);
+            let _ = maps.unix_agents.remove(&old_cg);
+        }
+        // The Unix socket fence: its directories first, the agent's entry last (removed first
+        // when the new policy has none, so the check never runs on half a policy).
+        if policy.unix.is_none() {
+            let _ = maps.unix_agents.remove(&cgroup_id);
+        }
+        for k in old_unix.iter().filter(|k| !unix_keys.contains(k)) {
+            let _ = maps.unix_dirs.remove(k);
         }
         for k in &old_keys {
             if !keys.iter().any(|(n, _)| key_eq(n, k)) {
@@ -333,24 +394,40 @@ impl FsEnforcer {
                 .insert(k, v, 0)
                 .map_err(map_err("fs_prefixes"))?;
         }
+        for k in &unix_keys {
+            maps.unix_dirs
+                .insert(k, 1u32, 0)
+                .map_err(map_err("fs_unix_dirs"))?;
+        }
+        if let Some(u) = &policy.unix {
+            maps.unix_agents
+                .insert(cgroup_id, u.subtree, 0)
+                .map_err(map_err("fs_unix_agents"))?;
+        }
         maps.agents
             .insert(cgroup_id, 1u32, 0)
             .map_err(map_err("fs_agents"))?;
         drop(maps);
         self.agents.insert(id, cgroup_id, tenant, name);
         lock(&self.keys).insert(id.to_string(), keys.into_iter().map(|(k, _)| k).collect());
+        lock(&self.unix_keys).insert(id.to_string(), unix_keys);
         Ok(())
     }
 
     /// Remove agent `id`'s entries (its cgroup is gone or going).
     pub fn clear(&self, id: &str) {
         let keys = lock(&self.keys).remove(id).unwrap_or_default();
+        let unix_keys = lock(&self.unix_keys).remove(id).unwrap_or_default();
         let mut maps = lock(&self.maps);
         if let Some(cg) = self.agents.remove(id) {
             let _ = maps.agents.remove(&cg);
+            let _ = maps.unix_agents.remove(&cg);
         }
         for k in &keys {
             let _ = maps.prefixes.remove(k);
+        }
+        for k in &unix_keys {
+            let _ = maps.unix_dirs.remove(k);
         }
     }
 

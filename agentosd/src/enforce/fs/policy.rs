@@ -28,6 +28,9 @@ pub struct Policy {
     pub prefixes: BTreeMap<String, u8>,
     /// What the operator should know (cut prefixes, …).
     pub notes: Vec<String>,
+    /// The pathname Unix socket fence (`lsm/unix_stream_connect`, `lsm/unix_may_send`);
+    /// `None`: not applied to this agent (the programs did not load).
+    pub unix: Option<super::UnixScope>,
 }
 
 /// Does `prefix` (normalised) contain `path` (normalised) on a component boundary?
