@@ -1011,6 +1011,16 @@ impl Committer {
         Ok(())
     }
 
+    /// Whether the next acknowledgement writes the head file (a new checkpoint is durable and
+    /// the last head file is older than [`HEAD_INTERVAL`]): a temporary file, two syncs and a
+    /// rename, which here.rs leaves to the writer's threads.
+    fn head_due(&self) -> bool {
+        self.head.is_some()
+            && self
+                .head_written
+                .is_none_or(|t| t.elapsed() >= HEAD_INTERVAL)
+    }
+
     fn write_head(&mut self, shared: &Shared) -> Result<(), String> {
         if let Some(h) = self.head.take() {
             h.write(&self.head_path).map_err(|e| {

@@ -29,7 +29,9 @@ impl Log {
     /// [`Log::try_append_then`], [`Log::try_append_written`]). `written`: the record is in the
     /// file (`write(2)` returned) and the group commit that follows syncs it, as for
     /// `try_append_written`. Holds this thread for one `write` and, unless `written`, one
-    /// `fdatasync`, and only while the last `fdatasync` took less than [`QUICK_SYNC`].
+    /// `fdatasync`, and only while the last `fdatasync` took less than [`QUICK_SYNC`]; never for
+    /// a record that would need a checkpoint or whose acknowledgement would rewrite the head
+    /// file (the writer's threads do those).
     pub fn try_commit_here(
         &self,
         rec: &Record,
@@ -52,6 +54,15 @@ impl Log {
         {
             return None;
         }
+        // Checkpoints (a signature) and the head file (two more syncs) are the writer's: when
+        // this record would need one, or its acknowledgement would write the head file, queue.
+        if w.checkpoint_due() || w.since_checkpoint + 1 >= w.opts.checkpoint_records {
+            return None;
+        }
+        match w.committer.try_lock() {
+            Ok(c) if !c.head_due() => {}
+            _ => return None,
+        }
         if self.shared.failed().is_some() {
             drop(w);
             return Some(Err(self.send_err()));
@@ -65,9 +76,6 @@ impl Log {
             false => Done::Slot(Arc::clone(&slot)),
         };
         w.push(rec.kind, &body, done);
-        if w.checkpoint_due() {
-            w.push_checkpoint();
-        }
         w.urgent = false;
         w.lazy_since = None;
         // `written`: the batch goes to the syncer even when it carries lazy records (whose
