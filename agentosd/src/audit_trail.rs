@@ -415,6 +415,13 @@ impl AuditTrail {
     async fn commit_as(&self, rec: Record, written: bool) -> Result<Ack, AppendError> {
         let (log, shared) = self.log()?;
         self.summarised_charge(&rec);
+        // The writer idle and nothing queued: write (and sync) on this worker, without the two
+        // thread hand-offs to the writer and back. Bounded: one record, only while the log's
+        // syncs are quick (`audit` crate, log/here.rs), and one worker at a time (the writer's state is
+        // only tried, never waited for); otherwise the record is queued below.
+        if let Some(res) = log.try_commit_here(&rec, written) {
+            return res.inspect_err(|e| note_err(&shared, e));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let s1 = shared.clone();
         let done = move |r: Result<Ack, AppendError>| {
@@ -491,13 +498,7 @@ impl AuditTrail {
                 return;
             }
         };
-        let s1 = shared.clone();
-        let done = move |r: Result<Ack, AppendError>| {
-            if let Err(e) = r {
-                s1.fail(&e.to_string());
-            }
-        };
-        match log.try_append_lazy(rec.clone(), done) {
+        match lazy(&log, &shared, &rec) {
             Ok(()) => {}
             Err(AppendError::Full(_)) => {
                 // The queue is full: wait for room on a blocking thread, never on the runtime.
@@ -537,13 +538,7 @@ impl AuditTrail {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return false;
         };
-        let s1 = shared.clone();
-        let done = move |r: Result<Ack, AppendError>| {
-            if let Err(e) = r {
-                s1.fail(&e.to_string());
-            }
-        };
-        match log.try_append_lazy(rec, done) {
+        match lazy(&log, &shared, &rec) {
             Ok(()) => true,
             Err(AppendError::Full(_)) => {
                 self.dropped
@@ -591,6 +586,23 @@ pub fn binding_hash(
     contracts::bind(contract, offer)
         .map(|m| m.sha256)
         .map_err(|e| e.to_string())
+}
+
+/// Queues `rec` for the log without waiting for it; put straight into the batch being built,
+/// without waking the writer, when the writer is idle (`Log::try_append_lazy_here`). A failure
+/// to write it later marks the trail failed.
+fn lazy(log: &Log, shared: &Arc<Shared>, rec: &Record) -> Result<(), AppendError> {
+    let done = |s: Arc<Shared>| {
+        move |r: Result<Ack, AppendError>| {
+            if let Err(e) = r {
+                s.fail(&e.to_string());
+            }
+        }
+    };
+    match log.try_append_lazy_here(rec, done(shared.clone())) {
+        Some(r) => r,
+        None => log.try_append_lazy(rec.clone(), done(shared.clone())),
+    }
 }
 
 fn note_err(shared: &Shared, e: &AppendError) {

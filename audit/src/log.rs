@@ -19,6 +19,8 @@ use crate::journal::{JOURNAL_SOCKET, Journal};
 use crate::record::{self, Kind, MAX_RECORD_BYTES, Record};
 use crate::scan::{self, Chain, Problem};
 
+mod here;
+
 /// How hard the writer works to make records durable before acknowledging them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -353,6 +355,17 @@ struct Shared {
     /// ends with whole records and can be opened again once space returns.
     no_space: std::sync::atomic::AtomicBool,
     stats: Stats,
+    /// Messages sent to the writer and not yet taken by it (here.rs: a record may be written on
+    /// the caller's thread only when nothing queued before it is still on its way).
+    queued: AtomicUsize,
+    /// How long the last `fdatasync` took, ns (here.rs: a caller syncs on its own thread only
+    /// while syncs are quick).
+    last_sync_ns: AtomicU64,
+    /// When the writer thread wakes up by itself next, ns after `epoch` (`u64::MAX`: not
+    /// before a record comes): a record put in the batch on a caller's thread (here.rs) that
+    /// must be written sooner wakes it.
+    writer_wakes_at: AtomicU64,
+    epoch: Instant,
 }
 
 impl Shared {
@@ -361,6 +374,10 @@ impl Shared {
             failed: Mutex::new(None),
             no_space: std::sync::atomic::AtomicBool::new(false),
             stats: Stats::default(),
+            queued: AtomicUsize::new(0),
+            last_sync_ns: AtomicU64::new(0),
+            writer_wakes_at: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
         }
     }
 
@@ -391,6 +408,9 @@ pub struct Log {
     path: PathBuf,
     tx: Option<SyncSender<Msg>>,
     thread: Option<JoinHandle<()>>,
+    /// The writer's state: taken by the writer thread, or by a caller writing its record on its
+    /// own thread while the writer is idle (here.rs).
+    core: Arc<Mutex<Writer>>,
     shared: Arc<Shared>,
     recovery: Option<Recovery>,
     next_seq_at_open: u64,
@@ -579,14 +599,17 @@ impl Log {
         let shared = Arc::new(Shared::new());
         let (tx, rx) = mpsc::sync_channel(opts.queue_capacity.max(1));
         let sh = Arc::clone(&shared);
+        let core = Arc::new(Mutex::new(writer));
+        let c2 = Arc::clone(&core);
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || writer.run(rx, sh))
+            .spawn(move || run(c2, rx, sh))
             .map_err(io(&path))?;
         Ok(Log {
             path,
             tx: Some(tx),
             thread: Some(thread),
+            core,
             shared,
             recovery,
             next_seq_at_open,
@@ -674,6 +697,7 @@ impl Log {
     pub fn append(&self, rec: Record) -> Result<Receipt, AppendError> {
         let (tx, body) = self.prepare(&rec)?;
         let slot = Slot::new();
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
         tx.send(Msg {
             kind: rec.kind,
             body,
@@ -683,6 +707,7 @@ impl Log {
         .map_err(|mpsc::SendError(mut m)| {
             // Report once, through the return value, not also through the completion.
             m.done = None;
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             self.send_err()
         })?;
         Ok(Receipt { slot })
@@ -715,6 +740,7 @@ impl Log {
 
     fn send_blocking(&self, rec: Record, done: Done) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
         tx.send(Msg {
             kind: rec.kind,
             body,
@@ -724,6 +750,7 @@ impl Log {
         .map_err(|mpsc::SendError(mut m)| {
             // Report once, through the return value, not also through the completion.
             m.done = None;
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             self.send_err()
         })
     }
@@ -769,12 +796,17 @@ impl Log {
 
     fn try_append(&self, rec: Record, urgent: bool, done: Done) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
-        match tx.try_send(Msg {
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        let res = tx.try_send(Msg {
             kind: rec.kind,
             body,
             urgent,
             done: Some(done),
-        }) {
+        });
+        if res.is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        match res {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(mut m)) => {
                 m.done = None;
@@ -791,12 +823,17 @@ impl Log {
     /// [`AppendError::Full`] when the queue is full. For best-effort records only.
     pub fn append_nowait(&self, rec: Record) -> Result<(), AppendError> {
         let (tx, body) = self.prepare(&rec)?;
-        match tx.try_send(Msg {
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        let res = tx.try_send(Msg {
             kind: rec.kind,
             body,
             urgent: true,
             done: Some(Done::Nothing),
-        }) {
+        });
+        if res.is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        match res {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(AppendError::Full(self.path.clone())),
             Err(TrySendError::Disconnected(_)) => Err(self.send_err()),
@@ -974,6 +1011,16 @@ impl Committer {
         Ok(())
     }
 
+    /// Whether the next acknowledgement writes the head file (a new checkpoint is durable and
+    /// the last head file is older than [`HEAD_INTERVAL`]): a temporary file, two syncs and a
+    /// rename, which here.rs leaves to the writer's threads.
+    fn head_due(&self) -> bool {
+        self.head.is_some()
+            && self
+                .head_written
+                .is_none_or(|t| t.elapsed() >= HEAD_INTERVAL)
+    }
+
     fn write_head(&mut self, shared: &Shared) -> Result<(), String> {
         if let Some(h) = self.head.take() {
             h.write(&self.head_path).map_err(|e| {
@@ -1005,10 +1052,12 @@ fn sync_loop(
         while let Ok(b) = rx.try_recv() {
             batches.push(b);
         }
+        let t0 = Instant::now();
         let synced = file.sync_data().map_err(|e| {
             shared.note_io(&e);
             format!("fdatasync: {e}")
         });
+        shared.note_sync(t0);
         let mut c = committer.lock().unwrap_or_else(|p| p.into_inner());
         let res = synced.and_then(|()| c.ack(&mut batches, &shared));
         if let Err(reason) = res {
@@ -1036,6 +1085,18 @@ impl Shared {
         if g.is_none() {
             *g = Some(reason.to_string());
         }
+    }
+
+    /// `after` from now, in ns after `epoch`.
+    fn ns_at(&self, after: Duration) -> u64 {
+        (self.epoch.elapsed() + after)
+            .as_nanos()
+            .min(u64::MAX as u128 - 1) as u64
+    }
+
+    fn note_sync(&self, since: Instant) {
+        let ns = since.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.last_sync_ns.store(ns, Ordering::Relaxed);
     }
 
     fn failed(&self) -> Option<String> {
@@ -1095,8 +1156,13 @@ struct Writer {
 }
 
 impl Writer {
-    fn take(&mut self, mut m: Msg) {
+    fn take(&mut self, mut m: Msg, shared: &Shared) {
+        shared.queued.fetch_sub(1, Ordering::AcqRel);
         let done = m.done.take().unwrap_or(Done::Nothing);
+        if m.body.is_empty() {
+            // A wake-up from here.rs (a timer to set), not a record.
+            return;
+        }
         if m.urgent {
             self.urgent = true;
         } else {
@@ -1189,13 +1255,10 @@ impl Writer {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let fresh = self
-            .spare
-            .as_ref()
-            .and_then(|r| r.try_recv().ok())
-            .unwrap_or_else(|| Vec::with_capacity(self.opts.max_batch_bytes + MAX_RECORD_BYTES));
+        // The buffer goes with the batch; a new one is found only if the batch goes to the
+        // syncer (a batch synced here gives its buffer back).
         let mut batch = Batch {
-            buf: std::mem::replace(&mut self.buf, fresh),
+            buf: std::mem::take(&mut self.buf),
             pending: std::mem::take(&mut self.pending),
             head: self.checkpoint.take(),
         };
@@ -1233,6 +1296,13 @@ impl Writer {
             && !(waited && self.alone && self.in_flight.load(Ordering::Acquire) == 0)
         {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
+            self.buf = self
+                .spare
+                .as_ref()
+                .and_then(|r| r.try_recv().ok())
+                .unwrap_or_else(|| {
+                    Vec::with_capacity(self.opts.max_batch_bytes + MAX_RECORD_BYTES)
+                });
             return tx.send(batch).map_err(|mut e| {
                 let reason = shared
                     .failed()
@@ -1243,10 +1313,12 @@ impl Writer {
         }
         let mut res = Ok(());
         if self.opts.durability != Durability::NoSync {
+            let t0 = Instant::now();
             res = self.file.sync_data().map_err(|e| {
                 shared.note_io(&e);
                 format!("fdatasync at byte {}: {e}", self.end)
             });
+            shared.note_sync(t0);
         }
         let batches = std::slice::from_mut(&mut batch);
         res = res.and_then(|()| {
@@ -1277,105 +1349,145 @@ impl Writer {
         slot.wait().map_err(|e| e.to_string())
     }
 
-    fn run(mut self, rx: Receiver<Msg>, shared: Arc<Shared>) {
-        let per_record = self.opts.durability == Durability::PerRecord;
-        let mut syncer = None;
-        if self.opts.durability == Durability::GroupCommit {
-            match self.file.try_clone() {
-                Ok(file) => {
-                    let (tx, brx) = mpsc::sync_channel(8);
-                    let (spare_tx, spare_rx) = mpsc::sync_channel(8);
-                    let sh = Arc::clone(&shared);
-                    let (committer, in_flight) =
-                        (Arc::clone(&self.committer), Arc::clone(&self.in_flight));
-                    match std::thread::Builder::new()
-                        .name("audit-sync".into())
-                        .spawn(move || sync_loop(file, brx, spare_tx, committer, in_flight, sh))
-                    {
-                        Ok(h) => {
-                            self.syncer = Some(tx);
-                            self.spare = Some(spare_rx);
-                            syncer = Some(h);
-                        }
-                        Err(e) => shared.fail(&format!("cannot start the syncer thread: {e}")),
-                    }
-                }
-                Err(e) => shared.fail(&format!("cannot clone the log's descriptor: {e}")),
-            }
+    /// Starts the group-commit syncer thread (when the log syncs by group commit); its handle.
+    fn start_syncer(&mut self, shared: &Arc<Shared>) -> Option<JoinHandle<()>> {
+        if self.opts.durability != Durability::GroupCommit {
+            return None;
         }
-        let mut open = shared.failed().is_none();
-        // A record taken while deciding whether the last batch was alone in the queue.
-        let mut carry: Option<Msg> = None;
-        while open {
-            let checkpoint_at = self
-                .first_uncovered
-                .map(|t| self.opts.checkpoint_interval.saturating_sub(t.elapsed()));
-            let lazy_at = self
-                .lazy_since
-                .map(|t| self.opts.lazy_delay.saturating_sub(t.elapsed()));
-            let wake = match (checkpoint_at, lazy_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let first = match carry.take() {
-                Some(m) => Some(m),
-                None => next_msg(&rx, wake, &mut open),
-            };
-            if let Some(m) = first {
-                self.take(m);
-                while !per_record && self.buf.len() < self.opts.max_batch_bytes {
-                    let Ok(m) = rx.try_recv() else { break };
-                    self.take(m);
-                    if self.since_checkpoint >= self.opts.checkpoint_records {
-                        self.push_checkpoint();
-                    }
-                }
+        let file = match self.file.try_clone() {
+            Ok(f) => f,
+            Err(e) => {
+                shared.fail(&format!("cannot clone the log's descriptor: {e}"));
+                return None;
             }
-            if self.checkpoint_due() || (!open && self.since_checkpoint > 0) {
-                self.push_checkpoint();
-            }
-            if !self.flush_due(!open) {
-                // Only lazy records so far: wait for an urgent one to carry them, or the delay.
-                continue;
-            }
-            self.urgent = false;
-            self.lazy_since = None;
-            if open {
-                carry = rx.try_recv().ok();
-            }
-            self.alone = carry.is_none();
-            if let Err(reason) = self.flush(&shared) {
-                shared.fail(&reason);
-            }
-            if shared.failed().is_some() {
-                break;
-            }
-        }
-        // Stop the syncer after it has acknowledged everything, then write the final head.
-        self.syncer = None;
-        if let Some(h) = syncer
-            && h.join().is_err()
+        };
+        let (tx, brx) = mpsc::sync_channel(8);
+        let (spare_tx, spare_rx) = mpsc::sync_channel(8);
+        let sh = Arc::clone(shared);
+        let (committer, in_flight) = (Arc::clone(&self.committer), Arc::clone(&self.in_flight));
+        match std::thread::Builder::new()
+            .name("audit-sync".into())
+            .spawn(move || sync_loop(file, brx, spare_tx, committer, in_flight, sh))
         {
-            shared.fail("the syncer thread panicked");
+            Ok(h) => {
+                self.syncer = Some(tx);
+                self.spare = Some(spare_rx);
+                Some(h)
+            }
+            Err(e) => {
+                shared.fail(&format!("cannot start the syncer thread: {e}"));
+                None
+            }
         }
-        let head = self
-            .committer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .write_head(&shared);
-        if let Err(reason) = head {
+    }
+
+    /// When the writer thread must wake up by itself (a checkpoint or lazy records due).
+    fn wake_in(&self) -> Option<Duration> {
+        let checkpoint_at = self
+            .first_uncovered
+            .map(|t| self.opts.checkpoint_interval.saturating_sub(t.elapsed()));
+        let lazy_at = self
+            .lazy_since
+            .map(|t| self.opts.lazy_delay.saturating_sub(t.elapsed()));
+        match (checkpoint_at, lazy_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+fn lock_core(core: &Mutex<Writer>) -> std::sync::MutexGuard<'_, Writer> {
+    core.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The writer thread: takes queued records, batches them, writes, and syncs or hands the batch
+/// to the syncer. It holds the writer's state (`core`) while it works on a batch and lets go of
+/// it while it waits for the queue, so that a caller may write a record on its own thread
+/// meanwhile (here.rs).
+fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Msg>, shared: Arc<Shared>) {
+    let (per_record, syncer) = {
+        let mut w = lock_core(&core);
+        let h = w.start_syncer(&shared);
+        (w.opts.durability == Durability::PerRecord, h)
+    };
+    let mut open = shared.failed().is_none();
+    // A record taken while deciding whether the last batch was alone in the queue.
+    let mut carry: Option<Msg> = None;
+    while open {
+        let wake = {
+            let w = lock_core(&core);
+            let wake = w.wake_in();
+            shared.writer_wakes_at.store(
+                wake.map_or(u64::MAX, |d| shared.ns_at(d)),
+                Ordering::Release,
+            );
+            wake
+        };
+        let first = match carry.take() {
+            Some(m) => Some(m),
+            None => next_msg(&rx, wake, &mut open),
+        };
+        let mut w = lock_core(&core);
+        if shared.failed().is_some() {
+            // A caller's write on its own thread failed the log.
+            carry = first;
+            break;
+        }
+        if let Some(m) = first {
+            w.take(m, &shared);
+            while !per_record && w.buf.len() < w.opts.max_batch_bytes {
+                let Ok(m) = rx.try_recv() else { break };
+                w.take(m, &shared);
+                if w.since_checkpoint >= w.opts.checkpoint_records {
+                    w.push_checkpoint();
+                }
+            }
+        }
+        if w.checkpoint_due() || (!open && w.since_checkpoint > 0) {
+            w.push_checkpoint();
+        }
+        if !w.flush_due(!open) {
+            // Only lazy records so far: wait for an urgent one to carry them, or the delay.
+            continue;
+        }
+        w.urgent = false;
+        w.lazy_since = None;
+        if open {
+            carry = rx.try_recv().ok();
+        }
+        w.alone = carry.is_none();
+        if let Err(reason) = w.flush(&shared) {
             shared.fail(&reason);
         }
-        // Fail everything still queued; later senders get `Failed` from `append`.
-        drop(carry);
-        if let Some(reason) = shared.failed() {
-            while let Ok(mut m) = rx.try_recv() {
-                if let Some(d) = m.done.take() {
-                    d.complete(Err(AppendError::Failed {
-                        path: self.path.clone(),
-                        reason: reason.clone(),
-                    }));
-                }
+        if shared.failed().is_some() {
+            break;
+        }
+    }
+    // Stop the syncer after it has acknowledged everything, then write the final head.
+    let mut w = lock_core(&core);
+    w.syncer = None;
+    if let Some(h) = syncer
+        && h.join().is_err()
+    {
+        shared.fail("the syncer thread panicked");
+    }
+    let head = w
+        .committer
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .write_head(&shared);
+    if let Err(reason) = head {
+        shared.fail(&reason);
+    }
+    // Fail everything still queued; later senders get `Failed` from `append`.
+    drop(carry);
+    if let Some(reason) = shared.failed() {
+        while let Ok(mut m) = rx.try_recv() {
+            if let Some(d) = m.done.take() {
+                d.complete(Err(AppendError::Failed {
+                    path: w.path.clone(),
+                    reason: reason.clone(),
+                }));
             }
         }
     }
