@@ -343,7 +343,33 @@ impl AuditTrail {
                     "window_ms": s.window.as_millis() as u64,
                     "storage": storage,
                 }));
-            self.queue(rec);
+            // A summary that cannot be written (the disk filled up under it) goes back to the
+            // counts, to be written once the trail recovers: never lost with the failed write.
+            let back = self.storage.clone().map(|st| (st, s.clone()));
+            let restore = move |back: Option<(Arc<Storage>, crate::storage::Summary)>| {
+                if let Some((st, s)) = back {
+                    st.restore_summary(&s);
+                }
+            };
+            let (log, shared) = match self.log() {
+                Ok(l) => l,
+                Err(_) => {
+                    restore(back);
+                    continue;
+                }
+            };
+            let again = back.clone();
+            let s2 = shared.clone();
+            let queued = log.try_append_then(rec, move |r| {
+                if let Err(e) = r {
+                    s2.fail(&e.to_string());
+                    restore(back);
+                }
+            });
+            if let Err(e) = queued {
+                note_err(&shared, &e);
+                restore(again);
+            }
         }
     }
 

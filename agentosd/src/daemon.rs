@@ -959,7 +959,7 @@ fn open_storage(opts: &Options) -> std::sync::Arc<crate::storage::Storage> {
 }
 
 /// After each storage check: reopen the audit log if it stopped for want of space, and write
-/// the summaries of refusals counted while storage is low.
+/// the summaries of refusals counted while storage is low (once the log can be written).
 fn watch_storage(
     storage: &std::sync::Arc<crate::storage::Storage>,
     trail: &std::sync::Arc<crate::audit_trail::AuditTrail>,
@@ -972,6 +972,11 @@ fn watch_storage(
             .is_none_or(|f| f >= crate::storage::RECOVER_FLOOR)
         {
             t.recover();
+        }
+        // Not while the trail cannot write (the disk filled up): the summaries would be lost
+        // with the failed writes; the refusals stay counted and go out once it recovers.
+        if t.health().is_err() {
+            return;
         }
         let summaries = s.due_summaries(!st.low);
         if !summaries.is_empty() {

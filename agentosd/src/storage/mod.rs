@@ -358,6 +358,16 @@ impl Storage {
         true
     }
 
+    /// Put a summary that could not be written back into the counts (its window starts
+    /// again): it goes out with the next summaries.
+    pub fn restore_summary(&self, s: &Summary) {
+        let now = Instant::now();
+        let mut g = lock(&self.refusals);
+        for (what, n) in &s.by {
+            g.0.count_n(&s.agent, what, *n, now);
+        }
+    }
+
     fn count_refusal(&self, agent: &str, what: &str) {
         lock(&self.refusals).0.count(agent, what, Instant::now());
     }

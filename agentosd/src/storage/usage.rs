@@ -119,6 +119,11 @@ pub struct Refusals {
 impl Refusals {
     /// Count one refusal of `agent` of kind `what`.
     pub fn count(&mut self, agent: &str, what: &str, now: Instant) {
+        self.count_n(agent, what, 1, now);
+    }
+
+    /// Count `n` refusals of `agent` of kind `what`.
+    pub fn count_n(&mut self, agent: &str, what: &str, n: u64, now: Instant) {
         let key = if self.agents.contains_key(agent) || self.agents.len() < MAX_AGENTS {
             agent
         } else {
@@ -128,7 +133,7 @@ impl Refusals {
             .agents
             .entry(key.to_string())
             .or_insert_with(|| (BTreeMap::new(), now));
-        *e.0.entry(what.to_string()).or_insert(0) += 1;
+        *e.0.entry(what.to_string()).or_insert(0) += n;
     }
 
     /// Whether anything is counted.
@@ -212,6 +217,13 @@ mod tests {
         assert_eq!(s[1].by["gate"], 5);
         assert_eq!(s[1].window, Duration::from_secs(3));
         assert!(r.is_empty());
+        // A summary whose record could not be written goes back whole (Storage::restore_summary).
+        for (what, n) in &s[1].by {
+            r.count_n(&s[1].agent, what, *n, t0);
+        }
+        let again = r.take(t0);
+        assert_eq!(again.len(), 1);
+        assert_eq!((again[0].count, again[0].by["gate"]), (6, 5));
     }
 
     #[test]
