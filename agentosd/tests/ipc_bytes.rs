@@ -16,9 +16,10 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use common::{Bus, Daemon, TestCgroup};
+use common::Daemon;
+use common::flood::{Bed, now_secs, steps};
 use serde_json::Value;
 
 /// Connections the hostile agent opens: `max_conns_per_agent`, the inherited one included.
@@ -104,24 +105,6 @@ while True:
     time.sleep(0.05)
 "#;
 
-fn write(p: &Path, text: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    std::fs::write(p, text).unwrap();
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-fn steps(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("step").is_some())
-        .collect()
-}
-
 /// The daemon's resident memory in bytes (`VmRSS` of /proc/PID/status).
 fn rss(pid: u32) -> u64 {
     common::mem::hwm_rss_kib(pid).1 * 1024
@@ -136,13 +119,6 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
     // SAFETY: sysconf reads a constant of the system; no pointers.
     ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 /// The `q` quantile (0..=1) of `v`, nearest rank.
@@ -209,42 +185,17 @@ fn bound_for_one_agent() -> u64 {
 
 /// The daemon, its bus and cgroup, and the two agents' contracts.
 struct Fixture {
-    _bus: Bus,
-    _cg: TestCgroup,
-    dir: tempfile::TempDir,
+    // The daemon goes before its bus and cgroup.
     d: Daemon,
+    bed: Bed,
     polite: std::path::PathBuf,
     hostile: std::path::PathBuf,
 }
 
 impl Fixture {
     fn new() -> Fixture {
-        let bus = Bus::start();
-        let cg = TestCgroup::new("ipc-bytes");
-        let dir = tempfile::tempdir().unwrap();
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        }
-        let files = dir.path().join("t");
-        write(&files.join("hostile.py"), HOSTILE, 0o644);
-        write(&files.join("polite.py"), POLITE, 0o644);
-        let tools = dir.path().join("tools.d");
-        write(
-            &tools.join("echo-fast.yaml"),
-            r#"apiVersion: agentos/v0.2
-kind: Tool
-name: echo.fast
-description: Answer at once (the well-behaved agent's call).
-risk: low
-timeout_ms: 20000
-exec:
-  command: /bin/sh
-  args: ["-c", "cat >/dev/null; echo '{}'"]
-input_schema: {type: object}
-"#,
-            0o644,
-        );
+        let bed = Bed::new("ipc-bytes", HOSTILE, POLITE);
+        let tools = bed.tools.clone();
         let stall = STALL_SECS.to_string();
         let mut flags = vec![
             "--tools-dir".to_string(),
@@ -264,36 +215,24 @@ input_schema: {type: object}
             flags.extend(["--agent-work-nice".to_string(), n]);
         }
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let d = Daemon::start_with(&bus, &cg.path, dir.path(), &flags);
-        let t = files.display();
-        let sandbox = format!("  - fs.read: [\"{t}\"]\n  - fs.exec: [/usr, /bin, /lib]\n");
-        let polite = common::contract(
-            dir.path(),
-            "polite",
-            &format!("{{ command: /usr/bin/python3, args: [\"{t}/polite.py\"] }}"),
-            &format!("capabilities:\n  - echo.fast\n{sandbox}compute: {{ pids: 64 }}\n"),
+        let d = Daemon::start_with(&bed.bus, &bed.cg.path, bed.dir.path(), &flags);
+        let (conns, request, secs) = (
+            CONNS.to_string(),
+            REQUEST.to_string(),
+            FLOOD_SECS.to_string(),
         );
-        // Zero tool capabilities: what any agent can do.
-        let hostile = common::contract(
-            dir.path(),
-            "hostile",
-            &format!(
-                "{{ command: /usr/bin/python3, args: [\"{t}/hostile.py\", \"{CONNS}\", \"{REQUEST}\", \"{FLOOD_SECS}\"] }}"
-            ),
-            &format!("capabilities:\n{sandbox}compute: {{ pids: 64 }}\n"),
-        );
+        // Zero tool capabilities for the hostile agent: what any agent can do.
+        let (polite, hostile) = bed.contracts(&[&conns, &request, &secs]);
         Fixture {
-            _bus: bus,
-            _cg: cg,
-            dir,
             d,
+            bed,
             polite,
             hostile,
         }
     }
 
     fn log(&self, agent: &str) -> std::path::PathBuf {
-        self.dir.path().join(format!("logs/default/{agent}.log"))
+        self.bed.log(agent)
     }
 }
 

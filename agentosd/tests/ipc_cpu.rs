@@ -12,10 +12,11 @@
 #[macro_use]
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use common::{Bus, Daemon, TestCgroup};
+use common::Daemon;
+use common::flood::{Bed, now_secs, steps};
 use serde_json::Value;
 
 /// Seconds the attack is measured for.
@@ -104,31 +105,6 @@ while True:
     time.sleep(0.1)
 "#;
 
-fn write(p: &Path, text: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    std::fs::write(p, text).unwrap();
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
-fn steps(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("step").is_some())
-        .collect()
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
 /// CPU seconds (user + system) of the daemon's threads: all of them, and those that serve
 /// agents (`agentos-ipc`, the ring; `agentos-agents…`, the sessions' runtime).
 fn daemon_cpu(pid: u32) -> (f64, f64) {
@@ -187,58 +163,20 @@ struct Run {
 /// One daemon with `--ipc-agent-cpu share` (percent) and `extra` flags, the polite agent, then
 /// the hostile one running `script`.
 fn run(share: f64, script: &str, extra: &[&str]) -> Run {
-    let bus = Bus::start();
-    let cg = TestCgroup::new("ipc-cpu");
-    let dir = tempfile::tempdir().unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    }
-    let files = dir.path().join("t");
-    write(&files.join("hostile.py"), script, 0o644);
-    write(&files.join("polite.py"), POLITE, 0o644);
-    let tools = dir.path().join("tools.d");
-    write(
-        &tools.join("echo-fast.yaml"),
-        r#"apiVersion: agentos/v0.2
-kind: Tool
-name: echo.fast
-description: Answer at once (the well-behaved agent's call).
-risk: low
-timeout_ms: 20000
-exec:
-  command: /bin/sh
-  args: ["-c", "cat >/dev/null; echo '{}'"]
-input_schema: {type: object}
-"#,
-        0o644,
-    );
+    let bed = Bed::new("ipc-cpu", script, POLITE);
     let (share_s, burst_s) = (share.to_string(), BURST_MS.to_string());
     let mut flags = vec![
         "--tools-dir",
-        tools.to_str().unwrap(),
+        bed.tools.to_str().unwrap(),
         "--ipc-agent-cpu",
         &share_s,
         "--ipc-agent-cpu-burst",
         &burst_s,
     ];
     flags.extend_from_slice(extra);
-    let d = Daemon::start_with(&bus, &cg.path, dir.path(), &flags);
-    let t = files.display();
-    let sandbox = format!("  - fs.read: [\"{t}\"]\n  - fs.exec: [/usr, /bin, /lib]\n");
-    let polite = common::contract(
-        dir.path(),
-        "polite",
-        &format!("{{ command: /usr/bin/python3, args: [\"{t}/polite.py\"] }}"),
-        &format!("capabilities:\n  - echo.fast\n{sandbox}compute: {{ pids: 64 }}\n"),
-    );
-    let hostile = common::contract(
-        dir.path(),
-        "hostile",
-        &format!("{{ command: /usr/bin/python3, args: [\"{t}/hostile.py\"] }}"),
-        &format!("capabilities:\n{sandbox}compute: {{ pids: 64 }}\n"),
-    );
-    let log = |a: &str| dir.path().join(format!("logs/default/{a}.log"));
+    let d = Daemon::start_with(&bed.bus, &bed.cg.path, bed.dir.path(), &flags);
+    let (polite, hostile) = bed.contracts(&[]);
+    let log = |a: &str| bed.log(a);
     d.ctl_ok(&["start", polite.to_str().unwrap()]);
     wait_for(&d, "3 calls of the polite agent", || {
         steps(&log("polite")).len() >= 3
@@ -286,7 +224,7 @@ input_schema: {type: object}
     }
     let mut ms: Vec<f64> = calls.iter().map(|c| c["ms"].as_f64().unwrap()).collect();
     ms.sort_by(f64::total_cmp);
-    let records: Vec<Value> = common::audit_records(dir.path())
+    let records: Vec<Value> = common::audit_records(bed.dir.path())
         .into_iter()
         .filter(|r| r.to_string().contains("socket-throttled"))
         .collect();
