@@ -3,6 +3,7 @@
 //! quick tool `echo.fast` the polite agent calls; the two contracts (the polite agent granted
 //! `echo.fast`, the hostile one no tool: what any agent can do); the JSON `step` lines the
 //! programs print.
+#![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 
