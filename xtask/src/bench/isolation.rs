@@ -265,12 +265,14 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     let attacker_log = env.agent_log(&attacker);
     // The daemon's CPU for the attacker by its own account (`--ipc-agent-cpu`), over its life
     // (about the attack window).
-    let account = env
-        .agentctl(&["status", &attacker, "--json"])
-        .ok()
-        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-        .map(|v| v["daemon_cpu"].clone())
-        .unwrap_or(Value::Null);
+    let account_of = |agent: &str| {
+        env.agentctl(&["status", agent, "--json"])
+            .ok()
+            .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+            .map(|v| v["daemon_cpu"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let account = account_of(&attacker);
     let _ = env.agentctl(&["stop", &attacker]);
     let done = PathBuf::from(format!("{}.done", prefix.display()));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -286,6 +288,9 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The polite agent's own account, over both windows: is it held by its own share (a
+    // machine where its calls are dear)?
+    let polite_account = account_of(&polite);
     let _ = env.agentctl(&["stop", &polite]);
     std::thread::sleep(Duration::from_secs(2));
     let rss_after = super::scale_systemd::status_kb(pid, "VmRSS:");
@@ -321,6 +326,8 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
         "rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
         "attacker_daemon_cpu": account,
         "attacker_daemon_cpu_pct": account["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e7 / secs,
+        "polite_daemon_cpu_pct": polite_account["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e7 / (2.0 * secs),
+        "polite_daemon_cpu": polite_account,
         "attacker_log_tail": attacker_log.lines().rev().take(3).collect::<Vec<_>>(),
     }))
 }
@@ -352,7 +359,7 @@ fn print_row(r: &Value) {
     let ms = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1e6;
     let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
     eprintln!(
-        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}% (the attacker's account {:.1}%, held {} times)",
+        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}% (the attacker's account {:.1}%, held {} times; the polite agent's {:.1}%, held {} times)",
         r["attack"].as_str().unwrap_or(""),
         ms(&q["call"]["p99_ns"]),
         ms(&t["call"]["p99_ns"]),
@@ -364,6 +371,8 @@ fn print_row(r: &Value) {
         t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         r["attacker_daemon_cpu"]["throttles"].as_u64().unwrap_or(0),
+        r["polite_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
+        r["polite_daemon_cpu"]["throttles"].as_u64().unwrap_or(0),
     );
 }
 
