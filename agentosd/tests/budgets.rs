@@ -16,17 +16,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::flood::{steps, write};
 use common::{Bus, Daemon, TestCgroup};
 use serde_json::Value;
-
-fn write(p: &Path, text: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    std::fs::write(p, text).unwrap();
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
-}
 
 /// The agent: two MCP connections (the inherited one and one to `$AGENTOS_SOCKET`), a call of
 /// the forking tool and two calls held for consent on the first (three in flight: the limit),
@@ -62,15 +54,6 @@ send(b[1], id="over", method="tools/call", params={"name": "hold.consent", "argu
 step(step="over", reply=recv(b[1]))
 time.sleep(3600)
 "#;
-
-fn steps(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("step").is_some())
-        .collect()
-}
 
 fn procs(cg: &Path) -> Vec<u32> {
     std::fs::read_to_string(cg.join("cgroup.procs"))

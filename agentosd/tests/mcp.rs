@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use common::flood::steps;
 use common::{Bus, Daemon, TestCgroup};
 
 /// The installed peers: `$AGENTOS_MCP_PEERS`, else `target/mcp-peers`.
@@ -57,16 +58,6 @@ fn example(name: &str) -> String {
         .join("../examples/tools")
         .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// The steps the agent printed so far (JSON lines with a "step").
-fn steps(log: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("step").is_some())
-        .collect()
 }
 
 fn step<'a>(all: &'a [Value], name: &str) -> &'a Value {
