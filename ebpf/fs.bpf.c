@@ -252,13 +252,16 @@ static __always_inline int check(struct file *file, __u64 cgid, __u8 hook, __u8 
  * the abstract name's bytes (they may hold NULs: `f_flags` is their count), for
  * lsm/socket_listen `path` is empty and `f_flags` the socket's family, for lsm/file_mprotect
  * `path` is empty (the hook has none) and `f_flags` the file's open flags. */
-static __always_inline int refuse(__u64 cgid, __u8 hook, int err, const char *address, int arg)
+/* A refusal of `hook` counted and its `fs_events` entry reserved with everything but the path
+ * and `f_flags` filled in (the path zeroed), or NULL when the ring buffer is full (counted as
+ * dropped; the refusal stands). The caller fills in the rest and submits. */
+static __always_inline struct agentos_fs_event *refusal(__u64 cgid, __u8 hook)
 {
 	count(AGENTOS_FS_STAT_DENIED);
 	struct agentos_fs_event *e = bpf_ringbuf_reserve(&fs_events, sizeof(*e), 0);
 	if (!e) {
 		count(AGENTOS_FS_STAT_EVENTS_DROPPED);
-		return err;
+		return NULL;
 	}
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	e->cgroup_id = cgid;
@@ -271,6 +274,14 @@ static __always_inline int refuse(__u64 cgid, __u8 hook, int err, const char *ad
 	e->flags = AGENTOS_FS_EV_NO_PREFIX;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	__builtin_memset(e->path, 0, sizeof(e->path));
+	return e;
+}
+
+static __always_inline int refuse(__u64 cgid, __u8 hook, int err, const char *address, int arg)
+{
+	struct agentos_fs_event *e = refusal(cgid, hook);
+	if (!e)
+		return err;
 	e->f_flags = (__u32)arg;
 	if (address) {
 		/* sun_path[1..]: the name after the leading NUL, addrlen - 3 bytes. */
@@ -549,24 +560,10 @@ static __always_inline int unix_check(struct sock *peer, __u8 hook)
 		count(AGENTOS_FS_STAT_ALLOWED);
 		return 0;
 	}
-	count(AGENTOS_FS_STAT_DENIED);
-	struct agentos_fs_event *e = bpf_ringbuf_reserve(&fs_events, sizeof(*e), 0);
-	if (!e) {
-		count(AGENTOS_FS_STAT_EVENTS_DROPPED);
+	struct agentos_fs_event *e = refusal(cgid, hook);
+	if (!e)
 		return -EACCES;
-	}
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	e->cgroup_id = cgid;
-	e->time_ns = bpf_ktime_get_ns();
-	e->pid = pid_tgid >> 32;
-	e->tid = (__u32)pid_tgid;
-	e->hook = hook;
-	e->want = 0;
-	e->granted = 0;
-	e->flags = AGENTOS_FS_EV_NO_PREFIX;
 	e->f_flags = BPF_CORE_READ(peer, sk_type);
-	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	__builtin_memset(e->path, 0, sizeof(e->path));
 	/* The name the peer was bound with (as given to bind(): relative names stay relative). */
 	bpf_probe_read_kernel_str(e->path, 109, sun_path);
 	bpf_ringbuf_submit(e, 0);
