@@ -129,7 +129,20 @@ pub fn destroy_cgroup_tree(path: &Path) {
         }
         let _ = std::fs::remove_dir(p);
     }
-    rm(path);
+    // A cgroup whose last task is still exiting refuses rmdir (EBUSY) for a moment after
+    // `populated 0`: retry the tree until it is gone or the deadline passes, then say so.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        rm(path);
+        if !path.exists() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("test cgroup {} could not be removed", path.display());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 impl Drop for TestCgroup {
