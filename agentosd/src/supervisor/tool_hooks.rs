@@ -41,16 +41,18 @@ impl crate::tools::CgroupHooks for ToolCgroupHooks {
             .sup
             .upgrade()
             .ok_or_else(|| "agentosd is shutting down".to_string())?;
+        let key = tool_key(cg);
+        let id = cgroup_id(cg.path());
+        let mut notes = unix_fence(&sup, caller, cg, &key, id)?;
         let enforcer = match sup.net() {
             Ok(n) => n.clone(),
             Err(why) => {
-                return Ok(vec![format!(
+                notes.push(format!(
                     "network: not enforced by cgroup BPF ({why}); Landlock TCP port rules apply"
-                )]);
+                ));
+                return Ok(notes);
             }
         };
-        let key = tool_key(cg);
-        let id = cgroup_id(cg.path());
         let policy = match sup.dns() {
             // The daemon's DNS: the tool's names are grants its own stub answers, as an
             // agent's (refreshed with their TTL, wildcards too, no DNS elsewhere).
@@ -86,13 +88,17 @@ impl crate::tools::CgroupHooks for ToolCgroupHooks {
                 }
                 format!("network policy of the tool cgroup: {e}")
             })?;
-        Ok(vec![format!("network (cgroup BPF): {}", policy.describe())])
+        notes.push(format!("network (cgroup BPF): {}", policy.describe()));
+        Ok(notes)
     }
 
     fn removed(&self, cg: &Cgroup) {
         let Some(sup) = self.sup.upgrade() else {
             return;
         };
+        if let Ok(f) = sup.fs() {
+            f.clear(&tool_key(cg));
+        }
         if let Ok(n) = sup.net() {
             n.clear(&tool_key(cg));
         }
@@ -100,4 +106,34 @@ impl crate::tools::CgroupHooks for ToolCgroupHooks {
             dns.stop(&tool_key(cg));
         }
     }
+}
+
+/// The BPF LSM fence of the tool cgroup's pathname Unix sockets: only sockets made in its
+/// agent's subtree (the tool cgroup's grandparent, `agents/<tenant>/<name>`). Fails the call
+/// when the fence is active and the entry cannot be made (a tool would reach every host socket
+/// its uid may write where Landlock has no `RESOLVE_UNIX`).
+fn unix_fence(
+    sup: &Supervisor,
+    caller: &crate::tools::Caller,
+    cg: &Cgroup,
+    key: &str,
+    id: u64,
+) -> Result<Vec<String>, String> {
+    let Ok(fs) = sup.fs() else {
+        return Ok(Vec::new());
+    };
+    let agent = cg.path().parent().and_then(|p| p.parent()).ok_or_else(|| {
+        format!(
+            "tool cgroup {} is not beneath an agent's cgroup",
+            cg.path().display()
+        )
+    })?;
+    let fenced = fs
+        .set_tool_unix(key, &caller.tenant, &caller.name, id, cgroup_id(agent))
+        .map_err(|e| format!("the tool cgroup's Unix socket fence (BPF LSM): {e}"))?;
+    Ok(if fenced {
+        vec!["unix sockets (BPF LSM): only sockets made by its agent or its tools".to_string()]
+    } else {
+        Vec::new()
+    })
 }

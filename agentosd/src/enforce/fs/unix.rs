@@ -119,6 +119,38 @@ impl UnixScope {
     }
 }
 
+impl super::FsEnforcer {
+    /// Fence a tool cgroup's pathname Unix sockets (the programs check every cgroup with an
+    /// `fs_unix_agents` entry): a tool may reach only sockets made in its agent's subtree
+    /// (`subtree`, the agent's cgroup), none by a granted directory — what Landlock ABI 9 gives
+    /// tools (no `RESOLVE_UNIX` rule), for kernels without it and under `--no-landlock-unix`.
+    /// Only the Unix socket entry: a tool's files are its manifest's Landlock scopes, not the
+    /// agent's BPF prefixes. `key` (the tool cgroup's, as for the network policy) is what
+    /// [`clear`](super::FsEnforcer::clear) takes to remove it. A no-op where the fence's
+    /// programs did not load.
+    pub fn set_tool_unix(
+        &self,
+        key: &str,
+        tenant: &str,
+        name: &str,
+        cgroup_id: u64,
+        subtree: u64,
+    ) -> Result<bool, super::FsError> {
+        if self.unix_status().is_err() {
+            return Ok(false);
+        }
+        super::lock(&self.maps)
+            .unix_agents
+            .insert(cgroup_id, subtree, 0)
+            .map_err(|e| super::FsError::Map {
+                map: "fs_unix_agents",
+                error: e.to_string(),
+            })?;
+        self.agents.insert(key, cgroup_id, tenant, name);
+        Ok(true)
+    }
+}
+
 /// `--no-landlock-unix` (`off`): accepted only where the BPF LSM fence for pathname Unix sockets
 /// is active (else the agents would have no fence at all: refused, with why); then the agents'
 /// rulesets leave `RESOLVE_UNIX` unhandled. Either way, logs which mechanisms fence the sockets.
