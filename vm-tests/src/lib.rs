@@ -42,6 +42,33 @@ pub fn examples_dir() -> PathBuf {
     PathBuf::from("/usr/local/share/agentos/examples")
 }
 
+/// The MCP handshake an agent's bridge sends before its calls.
+pub const MCP_HANDSHAKE: [&str; 2] = [
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
+    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+];
+
+/// A `tools/call` request of tool `name` with no arguments.
+pub fn tool_call(id: u64, name: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{name}","arguments":{{}}}}}}"#
+    )
+}
+
+/// An agent's shell script that pipes [`MCP_HANDSHAKE`] and `requests` into the installed
+/// `agentos-mcp` bridge (replies go to the agent's log), then prints `bridge-exit=STATUS`;
+/// `before` and `after` are shell run around it (`after` starts with `; ` when given).
+pub fn bridge_script(before: &str, requests: &[String], after: &str) -> String {
+    let lines = MCP_HANDSHAKE
+        .iter()
+        .map(|r| r.to_string())
+        .chain(requests.iter().cloned())
+        .map(|r| format!("'{r}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("{before}printf '%s\\n' {lines} | agentos-mcp; echo bridge-exit=$?{after}")
+}
+
 /// The result of a command, kept for assertions and messages.
 pub struct Out {
     pub what: String,
@@ -376,5 +403,24 @@ mod tests {
             serde_json::json!({"agent": {"Name": "a", "MainPID": 42, "State": "Running"}});
         assert_eq!(find_key(&v, &["main_pid"]), Some(&Value::from(42)));
         assert_eq!(state_of(&v), "running");
+    }
+
+    #[test]
+    fn bridge_script_pipes_the_handshake_then_the_requests() {
+        let s = bridge_script("sleep 1 & ", &[tool_call(2, "a.b")], "; exec sleep 600");
+        assert!(
+            s.starts_with(
+                "sleep 1 & printf '%s\\n' '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\""
+            ),
+            "{s}"
+        );
+        assert!(s.ends_with(
+            r#"'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"a.b","arguments":{}}}' | agentos-mcp; echo bridge-exit=$?; exec sleep 600"#
+        ), "{s}");
+        assert_eq!(
+            s.matches("' '").count(),
+            3,
+            "the format and three requests: {s}"
+        );
     }
 }

@@ -276,19 +276,11 @@ fn a_tool_counts_against_its_agents_pids_max() {
     wait_for("agentosd back", Duration::from_secs(60), || {
         agentctl(&["list"]).success().then_some(())
     });
-    let requests = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"vmt.forker","arguments":{}}}"#,
-    ];
     // The agent holds a few tasks of its own (the shell, sleeps, the bridge) while it calls.
-    let script = format!(
-        "sleep 600 & sleep 600 & printf '%s\\n' {} | agentos-mcp; echo bridge-exit=$?; sleep 600",
-        requests
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(" ")
+    let script = vm_tests::bridge_script(
+        "sleep 600 & sleep 600 & ",
+        &[vm_tests::tool_call(2, "vmt.forker")],
+        "; sleep 600",
     );
     let yaml = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: vmt-tooltasks\nclass: {{ latency: DT }}\n\

@@ -29,20 +29,14 @@ fn an_agent_calls_a_shipped_tool_through_the_bridge() {
     assert!(reload.stdout.contains("3 tool(s) loaded"), "{reload}");
     let tools = agentctl(&["tools"]).ok().stdout;
     assert!(!tools.contains("not loaded"), "{tools}");
-    let requests = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"clock.now","arguments":{}}}"#,
-        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"text.wordcount","arguments":{"text":"one two two"}}}"#,
-        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"crypto.hmac","arguments":{"message":"m","key":"k"}}}"#,
-    ];
-    let script = format!(
-        "printf '%s\\n' {} | agentos-mcp; echo bridge-exit=$?",
-        requests
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(" ")
+    let script = vm_tests::bridge_script(
+        "",
+        &[
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"clock.now","arguments":{}}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"text.wordcount","arguments":{"text":"one two two"}}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"crypto.hmac","arguments":{"message":"m","key":"k"}}}"#.to_string(),
+        ],
+        "",
     );
     let yaml = format!(
         "apiVersion: agentos/v0.2\nkind: AgentContract\nname: vmt-mcp\nclass: {{ latency: DT }}\n\

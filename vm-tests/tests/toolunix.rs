@@ -120,18 +120,10 @@ fn a_tool_cgroup_reaches_only_sockets_of_its_agent() {
     .unwrap();
     let reload = agentctl(&["daemon-reload"]).ok();
     assert!(!reload.stdout.contains("not loaded"), "{reload}");
-    let requests = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"sh","version":"0"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"vmt.waiter","arguments":{}}}"#,
-    ];
-    let script = format!(
-        "printf '%s\\n' {} | agentos-mcp; echo bridge-exit=$?; exec sleep 600",
-        requests
-            .iter()
-            .map(|r| format!("'{r}'"))
-            .collect::<Vec<_>>()
-            .join(" ")
+    let script = vm_tests::bridge_script(
+        "",
+        &[vm_tests::tool_call(2, "vmt.waiter")],
+        "; exec sleep 600",
     );
     let name = "vmt-toolunix";
     let yaml = format!(
