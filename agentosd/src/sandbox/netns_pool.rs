@@ -11,14 +11,15 @@
 //! the start path and never decides anything.
 //!
 //! **When** it refills matters as much: taking a namespace does not wake the refill, the end
-//! of the start does ([`after_start`], called by `spawn` once the child has exec'd). Woken by
-//! the take (before 2026-11-26's fifth session), the refill's `unshare(CLONE_NEWNET)` ran
-//! during the very start that took the namespace: ≈ 0.5 ms of kernel work that a kernel
-//! built without preemption (`PREEMPT_NONE`, this host's and most distributions' server
-//! default) does not interrupt, not even for a nice-0 task woken on its CPU, whatever the
-//! thread's own nice 19. Traced (sched_switch, docs/benchmarks.md), the agent's child sat
-//! 0.5-0.6 ms in the run queue behind `agentos-nspool` in most starts: the ≈ 0.5 ms after
-//! the clone that leaving out every part of the sandbox had not removed.
+//! of the start does ([`after_start`], called by `spawn` once the child has exec'd), and the
+//! thread then waits for a quiet moment ([`QUIET`]). Woken by the take (before 2026-11-26's
+//! fifth session), the refill's `unshare(CLONE_NEWNET)` ran during the very start that took
+//! the namespace: ≈ 0.5 ms of kernel work that a kernel without preemption (`PREEMPT_NONE`,
+//! this host's, common on servers) does not interrupt, not even for a nice-0 task woken on
+//! its CPU, whatever the thread's own nice 19. Traced (sched_switch, docs/benchmarks.md), the
+//! agent's child waited ≈ 0.5 ms in the run queue behind `agentos-nspool` in 58% of starts on
+//! a busy host: the ≈ 0.5 ms after the clone that leaving out every part of the sandbox had
+//! not removed.
 //!
 //! A pooled namespace is exactly what `CLONE_NEWNET` gives: made by root in the initial user
 //! namespace, its only interface the loopback, down; nobody but the daemon has held it. The fds
