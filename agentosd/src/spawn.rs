@@ -277,7 +277,7 @@ pub fn spawn_with_stdio(
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let pid = ret as u32;
 
-    let mut child = wait_exec(
+    let started = wait_exec(
         rd,
         Child {
             pid,
@@ -285,12 +285,20 @@ pub fn spawn_with_stdio(
             broker: None,
         },
         cmd,
-    )?;
-    if let (Some((child_end, ours)), Some(sb)) = (handover, sandbox) {
-        drop(child_end);
-        child.broker = Some(Box::new(start_broker(&child, &ours, sb, cgroup_dir)?));
+    )
+    .and_then(|mut child| {
+        if let (Some((child_end, ours)), Some(sb)) = (handover, sandbox) {
+            drop(child_end);
+            child.broker = Some(Box::new(start_broker(&child, &ours, sb, cgroup_dir)?));
+        }
+        Ok(child)
+    });
+    // Only now, the child past its execve: a refill woken earlier ran its ≈ 0.5 ms of
+    // unpreemptible kernel work during this start (sandbox/netns_pool.rs).
+    if sandbox.is_some() {
+        crate::sandbox::netns_pool::after_start();
     }
-    Ok(child)
+    started
 }
 
 /// Receive the listener the exec'd child sent and start its broker in the same cgroup. On
