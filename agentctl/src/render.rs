@@ -344,6 +344,14 @@ fn model_line(m: &agentos_api::ModelUsage) -> String {
 fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
     let share = if c.permille == 0 {
         "no share set".to_string()
+    } else if c.ceiling_permille > 0 {
+        format!(
+            "share {}.{}% of one CPU, more while all agents take under {}.{}%",
+            c.permille / 10,
+            c.permille % 10,
+            c.ceiling_permille / 10,
+            c.ceiling_permille % 10
+        )
     } else {
         format!("share {}.{}% of one CPU", c.permille / 10, c.permille % 10)
     };
