@@ -379,11 +379,12 @@ fn over_the_ceiling_the_heavy_agents_are_held_and_the_polite_one_never() {
         r.hostile_throttles > 0 && h2_throttles > 0,
         "both flooding agents should be held over the ceiling: {r:?}"
     );
-    // Generous bounds: the accounts are charged after the fact (the requests already read) and
-    // the host is shared. Each alone takes 30-38% of a CPU in a debug build.
+    // Generous bounds: the accounts are charged after the fact (the requests already read, up
+    // to 4 × 64 denied calls per hold: 21.5-26.2% measured for the 20% ceiling) and the host is
+    // shared. Each alone takes 28-39% of a CPU in a debug build, so both unheld 55-80%.
     let both = r.hostile + h2;
     assert!(
-        both <= CEILING_PERCENT * 1.5 + 3.0,
+        both <= CEILING_PERCENT * 1.75 + 2.0,
         "the flooding agents took {:.1}% + {h2:.1}% with a ceiling of {CEILING_PERCENT}%: {r:?}",
         r.hostile
     );

@@ -373,11 +373,12 @@ impl AgentCpu {
         let b = self.bucket.as_ref()?;
         let (debt, agent) = {
             let mut a = lock(b);
-            (a.bucket.wait(now), a.recent.permille(now))
+            let debt = a.bucket.wait(now);
+            if debt.is_zero() {
+                return None;
+            }
+            (debt, a.recent.permille(now))
         };
-        if debt.is_zero() {
-            return None;
-        }
         let Some(pool) = &self.pool else {
             return Some(CpuHold {
                 wait: debt,
