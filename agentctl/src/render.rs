@@ -344,6 +344,14 @@ fn model_line(m: &agentos_api::ModelUsage) -> String {
 fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
     let share = if c.permille == 0 {
         "no share set".to_string()
+    } else if c.ceiling_permille > 0 {
+        format!(
+            "share {}.{}% of one CPU, more while all agents take under {}.{}%",
+            c.permille / 10,
+            c.permille % 10,
+            c.ceiling_permille / 10,
+            c.ceiling_permille % 10
+        )
     } else {
         format!("share {}.{}% of one CPU", c.permille / 10, c.permille % 10)
     };
@@ -364,6 +372,35 @@ fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_daemon_cpu_line_names_the_share_and_the_ceiling() {
+        let mut c = agentos_api::DaemonCpu {
+            used_nsec: 412_300_000,
+            throttles: 0,
+            throttled_ms: 0,
+            permille: 50,
+            ceiling_permille: 500,
+        };
+        assert_eq!(
+            daemon_cpu_line(&c),
+            " Daemon CPU: 412.3 ms spent for it by agentosd (share 5.0% of one CPU, more while \
+             all agents take under 50.0%)\n"
+        );
+        c.ceiling_permille = 0;
+        c.throttles = 44;
+        c.throttled_ms = 3120;
+        assert_eq!(
+            daemon_cpu_line(&c),
+            " Daemon CPU: 412.3 ms spent for it by agentosd (share 5.0% of one CPU; held 44 \
+             time(s), 3120 ms (--ipc-agent-cpu))\n"
+        );
+        // An older daemon's status has no ceiling: read as a hard cap.
+        let old: agentos_api::DaemonCpu =
+            serde_json::from_str(r#"{"used_nsec":1,"throttles":0,"throttled_ms":0,"permille":50}"#)
+                .unwrap();
+        assert_eq!(old.ceiling_permille, 0);
+    }
 
     #[test]
     fn time_formats() {

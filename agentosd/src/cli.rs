@@ -107,12 +107,19 @@ pub struct RunArgs {
     /// agent cannot take the daemon's CPU from the others and the operator. 0: no rate
     #[arg(long, global = true, default_value_t = crate::ipc::rate::DEFAULT_AGENT_RATE, value_name = "BYTES_PER_SEC")]
     pub ipc_agent_rate: u64,
-    /// Percent of one CPU the daemon spends at most for one agent (parsing its requests,
-    /// accepting its connections, its sessions' gate, schema checks and audit records, the model
-    /// gateway's work for it), measured in thread CPU time: past it the daemon stops reading
-    /// that agent's sockets until its share refills. Applies with --ipc-agent-rate. 0: no CPU rate
+    /// Percent of one CPU the daemon guarantees one agent (parsing its requests, accepting its
+    /// connections, its sessions' gate, schema checks and audit records, the model gateway's
+    /// work for it), measured in thread CPU time: past it, while the daemon is contended
+    /// (--ipc-agent-cpu-ceiling), the daemon stops reading that agent's sockets until it is back
+    /// under its fair share. Applies with --ipc-agent-rate. 0: no CPU rate
     #[arg(long, global = true, default_value_t = agentosd_cpu_default(), value_name = "PERCENT")]
     pub ipc_agent_cpu: f64,
+    /// Percent of one CPU the daemon may spend for all agents together (over the last second)
+    /// before --ipc-agent-cpu holds anyone; then the agents over their share that take the most
+    /// are held back to an equal part of it (never below their share). 0: the share is a hard
+    /// cap, held to whether the daemon is busy or not
+    #[arg(long, global = true, default_value_t = agentosd_cpu_ceiling_default(), value_name = "PERCENT")]
+    pub ipc_agent_cpu_ceiling: f64,
     /// Milliseconds of the daemon's CPU an agent that was idle may use at once before
     /// --ipc-agent-cpu holds it (at least half a second's worth of its share)
     #[arg(long, global = true, default_value_t = crate::ipc::cpu::DEFAULT_AGENT_CPU_BURST.as_millis() as u64, value_name = "MS")]
@@ -258,6 +265,11 @@ pub fn known_flags() -> Vec<crate::conf::Known> {
             })
         })
         .collect()
+}
+
+/// `--ipc-agent-cpu-ceiling`'s default, in percent.
+fn agentosd_cpu_ceiling_default() -> f64 {
+    crate::ipc::cpu::DEFAULT_AGENT_CPU_CEILING_PERMILLE as f64 / 10.0
 }
 
 /// `--ipc-agent-cpu`'s default, in percent.

@@ -107,6 +107,7 @@ fn polite_round_trips(ipc: &IpcServer) -> Duration {
 const NO_CPU_SHARE: agentosd::ipc::cpu::CpuRate = agentosd::ipc::cpu::CpuRate {
     permille: 0,
     burst: Duration::ZERO,
+    ceiling_permille: 0,
 };
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -1228,8 +1228,8 @@ fn a_slowloris_agent_costs_the_daemon_a_bounded_number_of_connections() {
 /// requests on 4 connections as fast as it can is read at its rate (`--ipc-agent-rate`, 2 MiB/s
 /// here), not at whatever the daemon could parse; without a rate the same agent is read many
 /// times faster (the figure the rate takes away). And its CPU share (`--ipc-agent-cpu`, 1% of
-/// one CPU here, no byte rate) holds it too: the gateway's work for it is charged to the same
-/// account as its MCP sockets.
+/// one CPU here as a hard cap, `--ipc-agent-cpu-ceiling 0`, no byte rate) holds it too: the
+/// gateway's work for it is charged to the same account as its MCP sockets.
 #[test]
 fn the_gateway_reads_an_agent_at_its_rate() {
     skip_unless_capable!();
@@ -1247,7 +1247,15 @@ fn the_gateway_reads_an_agent_at_its_rate() {
             "0",
         ],
         vec!["--ipc-agent-rate", "0", "--ipc-agent-cpu", "0"],
-        vec!["--ipc-agent-rate", "0", "--ipc-agent-cpu", "1"],
+        // The share as a hard cap: alone, under the ceiling, it would not be held.
+        vec![
+            "--ipc-agent-rate",
+            "0",
+            "--ipc-agent-cpu",
+            "1",
+            "--ipc-agent-cpu-ceiling",
+            "0",
+        ],
     ]
     .into_iter()
     .enumerate()

@@ -129,6 +129,11 @@ pub struct DaemonCpu {
     pub throttled_ms: u64,
     /// Its share, per mille of one CPU (0: none).
     pub permille: u64,
+    /// The ceiling over all agents under which the share is not held to
+    /// (`--ipc-agent-cpu-ceiling`, per mille of one CPU; 0: the share is a hard cap, or an
+    /// older daemon).
+    #[serde(default)]
+    pub ceiling_permille: u64,
 }
 
 /// An agent's use of the model gateway since the daemon started.

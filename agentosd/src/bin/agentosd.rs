@@ -181,6 +181,8 @@ fn main() -> anyhow::Result<()> {
                     agent_cpu: agentosd::ipc::cpu::CpuRate {
                         permille: (r.ipc_agent_cpu.clamp(0.0, 100_000.0) * 10.0).round() as u64,
                         burst: Duration::from_millis(r.ipc_agent_cpu_burst),
+                        ceiling_permille: (r.ipc_agent_cpu_ceiling.clamp(0.0, 100_000.0) * 10.0)
+                            .round() as u64,
                     },
                     stall_timeout: Duration::from_secs_f64(
                         r.ipc_stall_timeout.clamp(0.1, 86_400.0),

@@ -72,8 +72,9 @@ pub struct Limits {
     /// worth, at least one line of `max_line`. Default 16 MiB/s.
     pub agent_rate: u64,
     /// The daemon's CPU time one agent may take, over its sockets, sessions and tool calls and
-    /// the model gateway (`--ipc-agent-cpu`, `--ipc-agent-cpu-burst`; cpu.rs). Default 5% of
-    /// one CPU.
+    /// the model gateway (`--ipc-agent-cpu`, `--ipc-agent-cpu-burst`; cpu.rs), guaranteed, and
+    /// held to only while all agents together take more than the ceiling
+    /// (`--ipc-agent-cpu-ceiling`; 0: a hard cap). Default 5% of one CPU, ceiling 50%.
     pub agent_cpu: cpu::CpuRate,
     /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
     /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
@@ -225,6 +226,9 @@ pub struct Throttle {
     pub pauses: u64,
     /// How long it has been throttled without a break.
     pub throttled: Duration,
+    /// [`ThrottleLimit::Cpu`] under `--ipc-agent-cpu-ceiling`: the daemon was contended and the
+    /// agent over its fair share (None: the share held it as a hard cap, or the byte rate).
+    pub contended: Option<cpu::Contention>,
 }
 
 /// The rate an agent was throttled on.

@@ -76,6 +76,12 @@ impl Bucket {
         self.tokens >= 0.0
     }
 
+    /// Forgive any debt beyond `max_debt`: what was used while nobody else wanted it is not
+    /// owed later (the work-conserving CPU share, ipc/cpu.rs).
+    pub fn forgive(&mut self, max_debt: u64) {
+        self.tokens = self.tokens.max(-(max_debt as f64));
+    }
+
     /// How long until [`Bucket::ready`] (zero when it is).
     pub fn wait(&mut self, now: Instant) -> Duration {
         self.refill(now);

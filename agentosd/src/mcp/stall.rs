@@ -53,8 +53,28 @@ pub fn note_text(d: &Disconnect) -> String {
     )
 }
 
+/// Per mille as a percentage: `52` is `5.2%`.
+fn pct(permille: u64) -> String {
+    format!("{}.{}%", permille / 10, permille % 10)
+}
+
 /// What the agent's journal says when the daemon throttles it (also the log line).
 pub fn throttle_text(t: &Throttle) -> String {
+    if let (ThrottleLimit::Cpu, Some(c)) = (t.limit, t.contended) {
+        return format!(
+            "agentosd paused reading this agent's MCP connections {} time(s): the daemon was \
+             spending {} of one CPU for all agents, over its ceiling of {} \
+             (--ipc-agent-cpu-ceiling), and this agent took {} of it, more than its fair share \
+             of {} (its guaranteed share is {}; --ipc-agent-cpu), throttled for {} ms so far",
+            t.pauses,
+            pct(c.total_permille),
+            pct(c.ceiling_permille),
+            pct(c.agent_permille),
+            pct(c.fair_permille),
+            pct(t.rate),
+            t.throttled.as_millis()
+        );
+    }
     if t.limit == ThrottleLimit::Cpu {
         return format!(
             "agentosd paused reading this agent's MCP connections {} time(s): it made the daemon \
@@ -102,15 +122,32 @@ impl McpService {
                     "pauses": t.pauses,
                     "throttled_ms": t.throttled.as_millis() as u64,
                 }),
-                ThrottleLimit::Cpu => json!({
-                    "event": THROTTLED,
-                    "limit": "cpu",
-                    "reason": "the agent took more than its share of the daemon's CPU; its requests wait",
-                    "cpu_permille": t.rate,
-                    "burst_cpu_us": t.burst / 1000,
-                    "pauses": t.pauses,
-                    "throttled_ms": t.throttled.as_millis() as u64,
-                }),
+                ThrottleLimit::Cpu => match t.contended {
+                    None => json!({
+                        "event": THROTTLED,
+                        "limit": "cpu",
+                        "contended": false,
+                        "reason": "the agent took more than its share of the daemon's CPU; its requests wait",
+                        "cpu_permille": t.rate,
+                        "burst_cpu_us": t.burst / 1000,
+                        "pauses": t.pauses,
+                        "throttled_ms": t.throttled.as_millis() as u64,
+                    }),
+                    Some(c) => json!({
+                        "event": THROTTLED,
+                        "limit": "cpu",
+                        "contended": true,
+                        "reason": "the daemon's CPU for all agents was over its ceiling and the agent took more than its fair share of it; its requests wait",
+                        "cpu_permille": t.rate,
+                        "burst_cpu_us": t.burst / 1000,
+                        "ceiling_permille": c.ceiling_permille,
+                        "agents_permille": c.total_permille,
+                        "fair_permille": c.fair_permille,
+                        "agent_permille": c.agent_permille,
+                        "pauses": t.pauses,
+                        "throttled_ms": t.throttled.as_millis() as u64,
+                    }),
+                },
             };
             trail.submit_or_count(
                 trail
@@ -225,6 +262,7 @@ mod tests {
             burst: 500,
             pauses: 3,
             throttled: Duration::from_millis(1500),
+            contended: None,
         });
         assert!(t.contains("3 time(s)"), "{t}");
         assert!(t.contains("rate of 1000 bytes a second (burst 500"), "{t}");
@@ -237,9 +275,37 @@ mod tests {
             burst: 250_000_000,
             pauses: 2,
             throttled: Duration::from_millis(900),
+            contended: None,
         });
         assert!(t.contains("share of 5.0% of one CPU"), "{t}");
         assert!(t.contains("burst 250 ms of CPU; --ipc-agent-cpu"), "{t}");
         assert!(t.contains("for 900 ms"), "{t}");
+        let t = throttle_text(&Throttle {
+            agent: "t/a".into(),
+            limit: ThrottleLimit::Cpu,
+            rate: 50,
+            burst: 250_000_000,
+            pauses: 2,
+            throttled: Duration::from_millis(900),
+            contended: Some(crate::ipc::cpu::Contention {
+                ceiling_permille: 500,
+                total_permille: 612,
+                fair_permille: 250,
+                agent_permille: 301,
+            }),
+        });
+        assert!(
+            t.contains("spending 61.2% of one CPU for all agents"),
+            "{t}"
+        );
+        assert!(
+            t.contains("ceiling of 50.0% (--ipc-agent-cpu-ceiling)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("took 30.1% of it, more than its fair share of 25.0%"),
+            "{t}"
+        );
+        assert!(t.contains("guaranteed share is 5.0%"), "{t}");
     }
 }

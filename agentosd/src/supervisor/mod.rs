@@ -397,6 +397,7 @@ impl Supervisor {
                 throttles: u.pauses,
                 throttled_ms: u.throttled_ns / 1_000_000,
                 permille: u.permille,
+                ceiling_permille: u.ceiling_permille,
             });
         // Whether the file is there now, not when it was loaded (a deleted file is not enabled).
         st.enabled = self.enabled_now(agent);

@@ -89,19 +89,18 @@ impl Ring {
             .bucket
             .as_mut()
             .map(|b| (b.ready(now), b.rate(), b.burst()));
-        let (limit, rate, burst) = match bytes_over {
-            Some((false, rate, burst)) => (ThrottleLimit::Bytes, rate, burst),
+        let (limit, rate, burst, contended) = match bytes_over {
+            Some((false, rate, burst)) => (ThrottleLimit::Bytes, rate, burst, None),
             _ => {
-                let wait = e.cpu.wait(now);
-                if wait.is_zero() {
+                let Some(hold) = e.cpu.hold(now) else {
                     return false;
-                }
+                };
                 if newly {
-                    e.cpu.note_pause(wait);
+                    e.cpu.note_pause(hold.wait);
                     bump(&self.shared.stats.cpu_pauses, 1);
                 }
                 let (permille, burst) = e.cpu.limit().unwrap_or_default();
-                (ThrottleLimit::Cpu, permille, burst)
+                (ThrottleLimit::Cpu, permille, burst, hold.contended)
             }
         };
         if newly {
@@ -121,6 +120,7 @@ impl Ring {
                     burst,
                     pauses: std::mem::take(&mut r.pauses),
                     throttled: now.saturating_duration_since(since),
+                    contended,
                 };
                 debug!(agent, "ipc: reading paused on the agent's rate ({limit:?})");
                 if self.reports.throttles.try_send(report).is_err() {
