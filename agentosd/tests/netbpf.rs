@@ -929,7 +929,7 @@ fn pins_of_gone_cgroups_are_swept() {
     if skip_without_bpf() {
         return;
     }
-    use agentosd::enforce::net::{NetEnforcer, Pins, is_bpffs};
+    use agentosd::enforce::net::{NetEnforcer, PIN_KIND, Pins, is_bpffs};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("bpffs");
     let _unmount = Unmount(root.clone());
@@ -938,7 +938,7 @@ fn pins_of_gone_cgroups_are_swept() {
     for c in [&gone, &live] {
         std::fs::create_dir_all(c.path.join("agents")).unwrap();
     }
-    let p1 = Pins::prepare(&root, &gone.path.join("agents")).unwrap();
+    let p1 = Pins::prepare(&root, &gone.path.join("agents"), PIN_KIND).unwrap();
     assert!(is_bpffs(&root), "the daemon's bpffs instance");
     let n = NetEnforcer::load_pinned(Some(p1.clone())).unwrap();
     n.attach(&gone.path.join("agents")).unwrap();
@@ -946,10 +946,10 @@ fn pins_of_gone_cgroups_are_swept() {
     let links = std::fs::read_dir(p1.dir.join("links")).unwrap().count();
     // Six sock_addr links and sock_create (and lsm/socket_connect where BPF LSM loads).
     assert!(links >= 7, "{links} links pinned");
-    let p2 = Pins::prepare(&root, &live.path.join("agents")).unwrap();
+    let p2 = Pins::prepare(&root, &live.path.join("agents"), PIN_KIND).unwrap();
     assert!(p1.dir.exists(), "a live cgroup's pins stay");
     drop(gone);
-    let _p3 = Pins::prepare(&root, &live.path.join("agents")).unwrap();
+    let _p3 = Pins::prepare(&root, &live.path.join("agents"), PIN_KIND).unwrap();
     assert!(!p1.dir.exists(), "the pins of a removed cgroup are swept");
     assert!(p2.dir.exists());
 }
