@@ -60,8 +60,8 @@ pub struct Options {
     /// The agents' sockets' bounds (`--ipc-inbound-bytes`, `--ipc-outbound-bytes`,
     /// `--ipc-agent-bytes`, `--ipc-stall-timeout`; the rest are built in). See ipc/.
     pub ipc: crate::ipc::Limits,
-    /// bpffs directory where the network programs' links and maps are pinned so that they
-    /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net/pins.rs `Pins`.
+    /// bpffs directory where the network and filesystem programs' links and maps are pinned so
+    /// that they outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/pins.rs.
     pub bpf_pin_dir: Option<PathBuf>,
     /// D-Bus authorization rules (`--authz`, `authz::Rule` syntax); empty: `authz::DEFAULT_RULE`.
     pub authz: Vec<String>,
