@@ -112,15 +112,6 @@ print("result", " ".join(f"{k} {v}" for k, v in n.items()), flush=True)
 signal.pause()
 "#;
 
-/// Unmounts the test's private bpffs (the daemon mounted it at the pin directory).
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// The agent's counters (`result attempts N unix N …`).
 #[derive(Debug)]
 struct Counts {
@@ -220,12 +211,7 @@ fn restart_loop(pin: &str, tag: &str, rounds: u32) -> Counts {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let state = dir.path().join("state");
-    let pin = if pin == "none" {
-        "none".to_string()
-    } else {
-        dir.path().join(pin).display().to_string()
-    };
-    let _unmount = Unmount(pin.clone().into());
+    let (pin, _unmount) = common::pin_dir(dir.path(), pin);
     let args = ["--bpf-pin-dir", &pin, "--no-landlock-unix"];
     let mut d = Daemon::start_with(&bus, &cg.path, &state, &args);
     let host = dir.path().join("host");
@@ -256,6 +242,13 @@ fn restart_loop(pin: &str, tag: &str, rounds: u32) -> Counts {
     let log = std::path::PathBuf::from(st["log_path"].as_str().unwrap());
     let pid = st["main_pid"].as_i64().unwrap_or(0);
     assert!(pid > 0, "{st}");
+    // The agent's status says when its filesystem programs do not outlive the daemon.
+    let status = d.ctl_ok(&["status", "default/fsprober"]);
+    assert_eq!(
+        status.contains("programs NOT pinned"),
+        pin == "none",
+        "{status}"
+    );
     wait_log(&d, &log, "probing", 120);
     let t0 = Instant::now();
     for _ in 0..rounds {
