@@ -134,8 +134,9 @@ pub struct RunArgs {
     /// first when the CPU is short. 0: same priority, one runtime
     #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
     pub agent_work_nice: i32,
-    /// bpffs directory where the network BPF programs' links and maps are pinned, so that they
-    /// stay attached while agentosd is down or restarting (the next daemon takes them over);
+    /// bpffs directory where the network and BPF LSM filesystem programs' links and maps are
+    /// pinned (net-CGID/, fs-CGID/), so that they stay attached while agentosd is down or
+    /// restarting (the next daemon takes them over);
     /// mounted as a bpffs instance when it is not one. "none": do not pin. Also
     /// AGENTOSD_BPF_PIN_DIR [default: /sys/fs/bpf/agentos]
     #[arg(long, global = true)]

@@ -60,8 +60,8 @@ pub struct Options {
     /// The agents' sockets' bounds (`--ipc-inbound-bytes`, `--ipc-outbound-bytes`,
     /// `--ipc-agent-bytes`, `--ipc-stall-timeout`; the rest are built in). See ipc/.
     pub ipc: crate::ipc::Limits,
-    /// bpffs directory where the network programs' links and maps are pinned so that they
-    /// outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/net/pins.rs `Pins`.
+    /// bpffs directory where the network and filesystem programs' links and maps are pinned so
+    /// that they outlive the daemon (`--bpf-pin-dir`; `None`: not pinned). See enforce/pins.rs.
     pub bpf_pin_dir: Option<PathBuf>,
     /// D-Bus authorization rules (`--authz`, `authz::Rule` syntax); empty: `authz::DEFAULT_RULE`.
     pub authz: Vec<String>,
@@ -416,7 +416,14 @@ pub async fn run(opts: Options) -> Result<()> {
     for line in sup.readopt().await {
         info!("{line}");
     }
-    // Entries a previous daemon left in the pinned policy map for agents that ended meanwhile.
+    // Entries a previous daemon left in the pinned maps for agents that ended meanwhile; the
+    // filesystem programs it pinned go only now, with every re-adopted agent's scope installed.
+    if let Ok(f) = sup.fs() {
+        f.adopted();
+    }
+    // Only now: what the pinned ring buffers hold from while the daemon was down is attributed
+    // to the re-adopted agents.
+    sup.spawn_denial_reader();
     if let Ok(n) = sup.net() {
         let gone = n.forget_unknown();
         if gone > 0 {
@@ -573,9 +580,12 @@ async fn shut_down(
     if opts.stop_agents_on_exit {
         info!("stopping all agents (--stop-agents-on-exit)");
         sup.stop_all().await;
-        // No agent left to guard: the pinned network programs go too.
+        // No agent left to guard: the pinned programs go too.
         if let Ok(n) = sup.net() {
             n.unpin();
+        }
+        if let Ok(f) = sup.fs() {
+            f.unpin();
         }
     } else {
         info!("leaving agents running; they are re-adopted at the next start");
@@ -626,7 +636,7 @@ fn setup_net(
             );
             None
         }
-        Some(root) => match Pins::prepare(root, agents) {
+        Some(root) => match Pins::prepare(root, agents, crate::enforce::net::PIN_KIND) {
             Ok(p) => Some(p),
             Err(e) => {
                 warn!(
@@ -768,7 +778,7 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
             .extend(m.backends.iter().map(|b| b.placement.as_str().to_string()));
     }
     let net = setup_net(&root.join("agents"), opts.bpf_pin_dir.as_deref(), &report);
-    let fs = crate::enforce::fs::setup();
+    let fs = crate::enforce::fs::setup(&root.join("agents"), opts.bpf_pin_dir.as_deref());
     crate::enforce::fs::unix::landlock_option(opts.no_landlock_unix, &fs)
         .map_err(anyhow::Error::msg)?;
     let services = crate::supervisor::Services {
@@ -793,7 +803,6 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let sup = Supervisor::with_services(cfg, services, tx).map_err(anyhow::Error::msg)?;
     watch_storage(&storage, &trail);
-    sup.spawn_denial_reader();
     sup.spawn_kernel_audit_reader();
     sup.spawn_telemetry_sampler();
     setup_mcp(&sup, opts, root);

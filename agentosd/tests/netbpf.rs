@@ -779,15 +779,6 @@ print("result attempts", attempts, "successes", sum(ok.values()), "ok", sorted(o
 signal.pause()
 "#;
 
-/// Unmounts the test's private bpffs (the daemon mounted it at the pin directory).
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// An agent with one grant loops over ungranted connect (IPv4, IPv6, v4-mapped), sendto (the
 /// same) and bind (IPv4, IPv6) while the daemon is killed with SIGKILL and started again
 /// `rounds` times; returns the agent's result line.
@@ -797,12 +788,7 @@ fn restart_loop(pin: &str, tag: &str, rounds: u32) -> (String, usize) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let state = dir.path().join("state");
-    let pin = if pin == "none" {
-        "none".to_string()
-    } else {
-        dir.path().join(pin).display().to_string()
-    };
-    let _unmount = Unmount(pin.clone().into());
+    let (pin, _unmount) = common::pin_dir(dir.path(), pin);
     let mut d = Daemon::start_with(&bus, &cg.path, &state, &["--bpf-pin-dir", &pin]);
     let scripts = dir.path().join("scripts");
     std::fs::create_dir(&scripts).unwrap();
@@ -929,16 +915,16 @@ fn pins_of_gone_cgroups_are_swept() {
     if skip_without_bpf() {
         return;
     }
-    use agentosd::enforce::net::{NetEnforcer, Pins, is_bpffs};
+    use agentosd::enforce::net::{NetEnforcer, PIN_KIND, Pins, is_bpffs};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("bpffs");
-    let _unmount = Unmount(root.clone());
+    let _unmount = common::Unmount(root.clone());
     let gone = TestCgroup::new("netsweep-gone");
     let live = TestCgroup::new("netsweep-live");
     for c in [&gone, &live] {
         std::fs::create_dir_all(c.path.join("agents")).unwrap();
     }
-    let p1 = Pins::prepare(&root, &gone.path.join("agents")).unwrap();
+    let p1 = Pins::prepare(&root, &gone.path.join("agents"), PIN_KIND).unwrap();
     assert!(is_bpffs(&root), "the daemon's bpffs instance");
     let n = NetEnforcer::load_pinned(Some(p1.clone())).unwrap();
     n.attach(&gone.path.join("agents")).unwrap();
@@ -946,10 +932,10 @@ fn pins_of_gone_cgroups_are_swept() {
     let links = std::fs::read_dir(p1.dir.join("links")).unwrap().count();
     // Six sock_addr links and sock_create (and lsm/socket_connect where BPF LSM loads).
     assert!(links >= 7, "{links} links pinned");
-    let p2 = Pins::prepare(&root, &live.path.join("agents")).unwrap();
+    let p2 = Pins::prepare(&root, &live.path.join("agents"), PIN_KIND).unwrap();
     assert!(p1.dir.exists(), "a live cgroup's pins stay");
     drop(gone);
-    let _p3 = Pins::prepare(&root, &live.path.join("agents")).unwrap();
+    let _p3 = Pins::prepare(&root, &live.path.join("agents"), PIN_KIND).unwrap();
     assert!(!p1.dir.exists(), "the pins of a removed cgroup are swept");
     assert!(p2.dir.exists());
 }

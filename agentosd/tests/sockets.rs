@@ -49,15 +49,6 @@ while True:
     time.sleep(0.05)
 "#;
 
-/// Unmounts the test's private bpffs (the daemon mounted it at the pin directory).
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 fn field(pid: u32, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -92,7 +83,7 @@ fn an_agent_with_net_grants_has_its_own_namespace_and_a_broker_that_outlives_the
     // The network programs pinned (as in production): the restart below leaves no window in
     // which the agent's sockets are refused while the new daemon takes over.
     let pin = dir.path().join("bpffs");
-    let _unmount = Unmount(pin.clone());
+    let _unmount = common::Unmount(pin.clone());
     let mut d = Daemon::start_with(
         &bus,
         &cg.path,

@@ -330,3 +330,77 @@ fn bpf_lsm_enforces_filesystem_scopes_independently_of_landlock() {
     let v = agentctl(&["audit", "verify"]);
     assert!(v.success(), "{v}");
 }
+
+/// The `fs-*` link pins under systemd's bpffs: (file name, generation).
+fn fs_links() -> Vec<(String, u64)> {
+    std::fs::read_dir("/sys/fs/bpf/agentos")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fs-"))
+        .flat_map(|e| {
+            std::fs::read_dir(e.path().join("links"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let g = n.rsplit_once('-')?.1.parse().ok()?;
+            Some((n, g))
+        })
+        .collect()
+}
+
+/// The installed daemon pins the filesystem programs next to the network ones; its main process
+/// killed with SIGKILL (systemd restarts it; a running agent keeps the unit's cgroup, hence the
+/// pins' `agents` cgroup id), the next one takes them over: its generation pinned, the previous
+/// one's removed. (Without an agent systemd removes the emptied cgroup and the next daemon
+/// sweeps the pins: nothing to guard. The kill -9 loop with an agent probing is
+/// agentosd/tests/fspin.rs.)
+#[test]
+#[ignore = "needs the guest VM: run `cargo xtask vm test`"]
+fn pinned_filesystem_programs_are_taken_over_after_a_daemon_kill() {
+    require_vm();
+    let journal = cmd("journalctl", &["-u", "agentosd", "--no-pager", "-n", "300"]);
+    assert!(
+        journal
+            .stdout
+            .contains("links and maps pinned in /sys/fs/bpf/agentos/fs-"),
+        "{journal}"
+    );
+    let before = fs_links();
+    for p in ["agentos_lsm_file_open-", "agentos_lsm_unix_stream_connect-"] {
+        assert!(
+            before.iter().any(|(n, _)| n.starts_with(p)),
+            "{p}: {before:?}"
+        );
+    }
+    let old = before.iter().map(|l| l.1).max().expect("fs link pins");
+    let name = "vmt-pinkeep";
+    let c = write_contract(
+        name,
+        &vm_tests::contract_yaml(name, "/bin/sleep", &["600"], "pids: 16"),
+    );
+    let agent = Agent::start(name, &c);
+    agent.wait_state("running", Duration::from_secs(60));
+    systemctl(&["kill", "--kill-whom=main", "-s", "KILL", "agentosd"]).ok();
+    let after = wait_for(
+        "agentosd restarted with new fs pins",
+        Duration::from_secs(240),
+        || {
+            let now = fs_links();
+            let active = systemctl(&["is-active", "agentosd"]).stdout.trim() == "active";
+            (active && !now.is_empty() && now.iter().all(|l| l.1 > old)).then_some(now)
+        },
+    );
+    assert_eq!(after.len(), before.len(), "{before:?} -> {after:?}");
+    agent.wait_state("running", Duration::from_secs(60));
+    let journal = cmd("journalctl", &["-u", "agentosd", "--no-pager", "-n", "300"]);
+    assert!(
+        journal
+            .stdout
+            .contains("took over the filesystem programs pinned in /sys/fs/bpf/agentos/fs-"),
+        "{journal}"
+    );
+}

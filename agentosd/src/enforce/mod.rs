@@ -11,6 +11,7 @@ pub mod fs;
 pub mod kaudit;
 pub mod limit;
 pub mod net;
+pub mod pins;
 pub mod sysc;
 
 /// How fast the daemon takes in kernel denials (BPF ring buffers, the audit netlink socket): at
@@ -159,6 +160,11 @@ impl AgentCgroups {
         }
         gone.push_back((cg, t, n));
         Some(cg)
+    }
+
+    /// The cgroup ids of the agents with entries now (not those cleared).
+    pub fn live_cgroups(&self) -> std::collections::HashSet<u64> {
+        lock(&self.live).values().map(|(c, _, _)| *c).collect()
     }
 
     /// The agent (tenant, name) whose cgroup has this id.

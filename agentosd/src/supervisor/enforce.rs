@@ -80,6 +80,11 @@ impl Supervisor {
             })?;
         let mut notes = vec![format!("filesystem (BPF LSM): {}", policy.describe())];
         notes.push(unix_note);
+        if enforcer.pins().is_none() {
+            notes.push(
+                "filesystem (BPF LSM): programs NOT pinned (--bpf-pin-dir none, or no bpffs): detached while agentosd is down or restarting".into(),
+            );
+        }
         notes.extend(policy.notes.iter().cloned());
         Ok(notes)
     }

@@ -86,6 +86,27 @@ macro_rules! skip_unless_capable {
     };
 }
 
+/// Unmounts a test's private bpffs (the daemon mounted it at the pin directory) when dropped.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// `--bpf-pin-dir` for a test daemon: "none", or `dir/pin` (a private bpffs the daemon mounts
+/// there, unmounted when the guard drops).
+pub fn pin_dir(dir: &Path, pin: &str) -> (String, Unmount) {
+    let pin = if pin == "none" {
+        "none".to_string()
+    } else {
+        dir.join(pin).display().to_string()
+    };
+    let guard = Unmount(PathBuf::from(&pin));
+    (pin, guard)
+}
+
 /// A cgroup root of our own under the cgroup2 mount.
 pub struct TestCgroup {
     pub path: PathBuf,

@@ -24,12 +24,18 @@
 //! prefixes longer than [`PATH_KEY`] bytes are cut back to a directory (widened, with a note);
 //! exec opens of ELF interpreters (`PT_INTERP`) are checked for read here and for execute by
 //! Landlock only. See docs/security.md.
+//!
+//! Enforcement outlives the daemon ([`pins`]): like the network programs' (`net`), the links and
+//! the policy maps are pinned in bpffs (`ROOT/fs-CGID`), so a daemon killed with SIGKILL leaves
+//! the programs attached with the agents' scopes, and the next one takes them over.
 
 mod event;
+mod pins;
 mod policy;
 pub mod unix;
 
 use std::collections::HashMap as StdHashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
@@ -37,6 +43,7 @@ use aya::maps::{Array, HashMap, MapData, RingBuf};
 use serde::Serialize;
 
 pub use event::{Denial, RawEvent};
+pub use pins::{PIN_KIND, setup};
 pub use policy::{Policy, RawKeyData, access_name, key_for};
 pub use unix::{UnixDirKey, UnixScope};
 
@@ -145,6 +152,8 @@ pub enum FsError {
     Program { program: String, error: String },
     #[error("BPF map {map}: {error}")]
     Map { map: &'static str, error: String },
+    #[error(transparent)]
+    Pin(#[from] super::pins::PinError),
 }
 
 /// Counters of the `fs_stats` map.
@@ -179,12 +188,19 @@ pub struct FsEnforcer {
     attached: Mutex<bool>,
     /// For each of [`OPTIONAL`], why it did not load (`None`: loaded).
     optional_errors: [Option<String>; OPTIONAL.len()],
+    /// Where the links and maps are pinned (`None`: they live as long as this value).
+    pins: Option<super::pins::Pins>,
+    /// The links this daemon pinned (the pins keep them attached; the fds are only kept).
+    pinned: Mutex<Vec<aya::programs::links::PinnedLink>>,
+    /// What of the previous daemon's pins goes once the agents are re-adopted.
+    retire: Mutex<pins::Retire>,
 }
 
 impl std::fmt::Debug for FsEnforcer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FsEnforcer")
             .field("attached", &*lock(&self.attached))
+            .field("pins", &self.pins)
             .finish()
     }
 }
@@ -197,10 +213,25 @@ impl FsEnforcer {
     /// Load both LSM programs (not attached yet). Fails with the kernel's reason where BPF LSM
     /// is refused (lockdown, `lsm=` without bpf).
     pub fn load() -> Result<Arc<FsEnforcer>, FsError> {
+        Self::load_pinned(None)
+    }
+
+    /// Load the programs; with `pins`, onto the maps pinned there (those a previous daemon
+    /// left, with its agents' scopes), pinning new ones where there are none.
+    pub fn load_pinned(pins: Option<super::pins::Pins>) -> Result<Arc<FsEnforcer>, FsError> {
         if FS_OBJ.is_empty() {
             return Err(FsError::NotBuilt);
         }
-        let mut bpf = aya::Ebpf::load(FS_OBJ)
+        let mut loader = aya::EbpfLoader::new();
+        let paths: Vec<(&str, PathBuf)> = pins
+            .iter()
+            .flat_map(|p| pins::PINNED_MAPS.map(|m| (m, p.map(m))))
+            .collect();
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut bpf = loader
+            .load(FS_OBJ)
             .map_err(|e| FsError::Load(format!("{e}{}", super::source_chain(&e))))?;
         let btf = aya::Btf::from_sys_fs().map_err(|e| FsError::Program {
             program: PROGRAMS[0].0.into(),
@@ -275,43 +306,71 @@ impl FsEnforcer {
             unix_keys: Mutex::default(),
             attached: Mutex::new(false),
             optional_errors,
+            pins,
+            pinned: Mutex::default(),
+            retire: Mutex::default(),
         }))
     }
 
-    /// Attach both programs (global LSM hooks; they act only on cgroups with an entry). They
-    /// stay attached while this value lives.
+    /// Attach the programs (global LSM hooks; they act only on cgroups with an entry).
+    /// Unpinned, they stay attached while this value lives. Pinned, their links are pinned under
+    /// a new generation; the previous daemon's stay until [`FsEnforcer::adopted`], so the agents
+    /// are never without a complete set.
     pub fn attach(&self) -> Result<(), FsError> {
+        let old = self.pins.as_ref().map(|p| p.links()).unwrap_or_default();
+        let generation = super::pins::next_generation(&old);
+        let keep = self.pins.is_some();
+        let mut links = Vec::new();
         let mut bpf = lock(&self.bpf);
         for (name, hook) in PROGRAMS {
+            let err = |error: String| FsError::Program {
+                program: format!("{name} (lsm/{hook})"),
+                error,
+            };
             let prog = bpf
                 .program_mut(name)
                 .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
-                .ok_or_else(|| FsError::Program {
-                    program: name.into(),
-                    error: "not loaded".into(),
-                })?;
-            prog.attach().map_err(|e| FsError::Program {
-                program: format!("{name} (lsm/{hook})"),
-                error: format!("attach: {e}{}", super::source_chain(&e)),
-            })?;
+                .ok_or_else(|| err("not loaded".into()))?;
+            let id = prog
+                .attach()
+                .map_err(|e| err(format!("attach: {e}{}", super::source_chain(&e))))?;
+            if keep {
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| err(format!("take link: {e}")))?;
+                links.push((name.to_string(), link.into()));
+            }
         }
         *lock(&self.attached) = true;
         for (o, err) in OPTIONAL.iter().zip(&self.optional_errors) {
             if err.is_some() {
                 continue;
             }
-            if let Some(prog) = bpf
+            let Some(prog) = bpf
                 .program_mut(o.name)
                 .and_then(|p| <&mut aya::programs::Lsm>::try_from(p).ok())
-                && let Err(e) = prog.attach()
-            {
-                tracing::warn!(
+            else {
+                continue;
+            };
+            let r = prog.attach().and_then(|id| match keep {
+                true => prog.take_link(id).map(|l| Some(l.into())),
+                false => Ok(None),
+            });
+            match r {
+                Ok(Some(link)) => links.push((o.name.to_string(), link)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
                     "BPF LSM: {} (lsm/{}) did not attach: {e}; {}",
                     o.name,
                     o.hook,
                     o.without
-                );
+                ),
             }
+        }
+        drop(bpf);
+        if let Some(p) = &self.pins {
+            p.pin_links(links, generation, &mut lock(&self.pinned))?;
+            *lock(&self.retire) = pins::Retire::Links { generation, old };
         }
         Ok(())
     }
@@ -407,10 +466,12 @@ impl FsEnforcer {
         maps.agents
             .insert(cgroup_id, 1u32, 0)
             .map_err(map_err("fs_agents"))?;
-        drop(maps);
+        // Recorded before the maps are let go: the sweep of stale entries
+        // ([`FsEnforcer::adopted`]) sees either none of this policy or all of it.
         self.agents.insert(id, cgroup_id, tenant, name);
         lock(&self.keys).insert(id.to_string(), keys.into_iter().map(|(k, _)| k).collect());
         lock(&self.unix_keys).insert(id.to_string(), unix_keys);
+        drop(maps);
         Ok(())
     }
 
@@ -457,45 +518,9 @@ fn key_eq(a: &Key<RawKeyData>, b: &Key<RawKeyData>) -> bool {
     a.prefix_len() == b.prefix_len() && a.data() == b.data()
 }
 
-/// Load and attach the programs for the daemon, saying what is active: `Ok` with the enforcer,
-/// or `Err` with why not (the daemon then relies on Landlock for filesystem scopes).
-pub fn setup() -> Result<Arc<FsEnforcer>, String> {
-    let hooks = PROGRAMS
-        .iter()
-        .map(|(_, h)| format!("lsm/{h}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    match FsEnforcer::load().and_then(|f| f.attach().map(|()| f)) {
-        Ok(f) => {
-            tracing::info!(
-                "BPF LSM: {hooks} attached (agents' filesystem scopes, defence in depth behind Landlock)"
-            );
-            for o in OPTIONAL {
-                match f.optional_status(o.hook) {
-                    Ok(()) => tracing::info!("BPF LSM: lsm/{} attached ({})", o.hook, o.does),
-                    Err(e) => {
-                        tracing::warn!("BPF LSM: lsm/{} not active: {e}; {}", o.hook, o.without)
-                    }
-                }
-            }
-            Ok(f)
-        }
-        Err(e) => {
-            tracing::warn!(
-                "BPF LSM: {hooks} not active: {e}; filesystem scopes are enforced by Landlock alone"
-            );
-            Err(e.to_string())
-        }
-    }
-}
-
 /// `agentosd check`: whether the programs load on this kernel (loaded, not attached).
 pub fn check_line() -> String {
-    let hooks = PROGRAMS
-        .iter()
-        .map(|(_, h)| format!("lsm/{h}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let hooks = pins::hooks();
     match FsEnforcer::load() {
         Ok(f) => {
             let optional = OPTIONAL

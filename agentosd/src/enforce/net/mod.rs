@@ -16,7 +16,6 @@
 
 mod event;
 mod names;
-mod pins;
 mod policy;
 mod sni;
 
@@ -31,14 +30,28 @@ use aya::programs::{
 };
 use serde::Serialize;
 
+pub use super::pins::{DEFAULT_PIN_ROOT, PinError, Pins, is_bpffs, pin_check_line};
 pub use event::{Denial, RawEvent};
 pub use names::{IPPROTO_TCP, IPPROTO_UDP, PortGrant, RawNameKey, RawNameValue};
-pub use pins::{DEFAULT_PIN_ROOT, Pins, is_bpffs, pin_check_line};
 pub use policy::{
     Check, NameGrant, Policy, PolicyError, Proto, RawPolicy, RawRule, Rule, RuleKind, hosts_file,
     policy_from_grants, policy_from_scopes, policy_with_dns, system_resolve,
 };
 pub use sni::SniOrig;
+
+/// The network programs' pins: `ROOT/net-CGID`. Layout v5: the maps hold 16 384 agents (4 096
+/// before; a daemon taking over the smaller maps would stop there). Bump it when a pinned map's
+/// key, value or size changes in `ebpf/intf.h`.
+pub const PIN_KIND: super::pins::PinKind = super::pins::PinKind {
+    prefix: "net",
+    layout: "maps-v5",
+    what: "network",
+};
+
+/// Maps kept across daemons (the ring buffer too: denials while the daemon was down are read by
+/// the next one). `net_names` and `dns_orig` too: addresses learnt from DNS stay allowed, and
+/// replies to queries redirected to a stub keep their source rewritten, across a restart.
+const PINNED_MAPS: [&str; 5] = ["net_policy", "stats", "events", "net_names", "dns_orig"];
 
 /// The embedded object (empty when clang was missing at build time).
 static NET_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/net.bpf.o"));
@@ -209,8 +222,8 @@ pub enum NetError {
     Map { map: &'static str, error: String },
     #[error("opening cgroup {path}: {error}")]
     Cgroup { path: String, error: std::io::Error },
-    #[error("bpffs pin directory {path}: {error} (pass --bpf-pin-dir DIR on a bpffs, or \"none\")")]
-    Pin { path: String, error: String },
+    #[error(transparent)]
+    Pin(#[from] PinError),
 }
 
 /// Counters from the `stats` map.
@@ -277,7 +290,7 @@ impl NetEnforcer {
         let mut loader = aya::EbpfLoader::new();
         let paths: Vec<(&str, PathBuf)> = pins
             .iter()
-            .flat_map(|p| pins::PINNED_MAPS.map(|m| (m, p.map(m))))
+            .flat_map(|p| PINNED_MAPS.map(|m| (m, p.map(m))))
             .collect();
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
@@ -357,7 +370,7 @@ impl NetEnforcer {
             error,
         })?;
         let old = self.pins.as_ref().map(Pins::links).unwrap_or_default();
-        let generation = pins::next_generation(&old);
+        let generation = super::pins::next_generation(&old);
         let mut bpf = lock(&self.bpf);
         let pinned = self.pins.is_some();
         let mut links = attach_cgroup_programs(&mut bpf, agents_cgroup, dir.as_fd(), pinned)?;
