@@ -75,12 +75,39 @@ pub(super) fn split_rules(json: &str, filter: &str) -> Result<Split, SeccompErro
     })
 }
 
+/// The rules of `filters` (installed after the first, in this order) as one verdict per
+/// syscall number: `(nr, errno)`, sorted by number. Each of these filters may only deny whole
+/// syscalls (no argument rules) with an `errno` action; for a number several of them deny, the
+/// errno of the last wins, as in the kernel, where equal actions take the data of the filter
+/// installed last (`compile_single`, tests only, relies on this).
+#[cfg(test)]
+pub(super) fn quiet_rules(json: &str, filters: &[&str]) -> Result<Vec<(u32, u32)>, SeccompError> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for filter in filters {
+        let split = split_rules(json, filter)?;
+        if !split.conditional.is_empty() {
+            return Err(SeccompError::Compile(format!(
+                "filter {filter:?}: argument rules are only supported in the first filter {:?}",
+                FILTERS[0]
+            )));
+        }
+        for nr in split.always {
+            out.retain(|(n, _)| *n != nr);
+            out.push((nr, split.errno));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// A jump target while the prefilter is assembled.
 #[derive(Clone, Copy, PartialEq)]
 enum Label {
     Next,
     Allow,
     Errno,
+    /// `SECCOMP_RET_ERRNO` with this errno (a later filter's rule folded in).
+    Quiet(u32),
     Enosys,
     Program,
     At(usize),
@@ -110,11 +137,15 @@ const fn arg_lo(i: u32) -> u32 {
 /// Architecture check, x32 refusal, then a binary search over the denied numbers: one in
 /// `always` returns `errno`, one in `conditional` falls through to the program that follows
 /// (seccompiler's, which checks the arguments), `socket`/`socketpair`/`listen` go to the
-/// socket section of `shape`; any other returns ALLOW. Both lists sorted.
+/// socket section of `shape`; any other returns ALLOW. Both lists sorted. A number in `quiet`
+/// (from [`quiet_rules`]: later filters folded into this one) returns its errno whatever the
+/// first filter's rules say: in the kernel a later filter's `ERRNO` outranks `ALLOW` and, equal
+/// in action, wins over the first filter's `ERRNO` by being installed last.
 pub(super) fn prefilter(
     always: &[u32],
     conditional: &[u32],
     errno: u32,
+    quiet: &[(u32, u32)],
     shape: NetShape,
 ) -> Result<Vec<libc::sock_filter>, SeccompError> {
     let (sys_socket, sys_socketpair, sys_listen) = (
@@ -123,7 +154,7 @@ pub(super) fn prefilter(
         libc::SYS_listen as u32,
     );
     for nr in [sys_socket, sys_socketpair, sys_listen] {
-        if always.contains(&nr) || conditional.contains(&nr) {
+        if always.contains(&nr) || conditional.contains(&nr) || quiet.iter().any(|q| q.0 == nr) {
             return Err(SeccompError::Compile(format!(
                 "syscall #{nr}: socket, socketpair and listen are decided by the socket rules (seccomp.rs), not by rules in the JSON policy"
             )));
@@ -139,6 +170,8 @@ pub(super) fn prefilter(
     ];
     let mut set: Vec<(u32, Label)> = always.iter().map(|&n| (n, Label::Errno)).collect();
     set.extend(conditional.iter().map(|&n| (n, Label::Program)));
+    set.retain(|(n, _)| !quiet.iter().any(|q| q.0 == *n));
+    set.extend(quiet.iter().map(|&(n, e)| (n, Label::Quiet(e))));
     set.push((sys_socket, Label::Mark(Mark::Socket)));
     set.push((sys_socketpair, Label::Mark(Mark::Socket)));
     if !shape.listen {
@@ -157,12 +190,20 @@ pub(super) fn prefilter(
         Label::Next,
         Label::Next,
     ));
+    let mut quiet_at: Vec<(u32, usize)> = Vec::new();
+    for &(_, e) in quiet {
+        if !quiet_at.iter().any(|q| q.0 == e) {
+            quiet_at.push((e, ins.len()));
+            ins.push((RET_K, SECCOMP_RET_ERRNO | e, Label::Next, Label::Next));
+        }
+    }
     let marks = socket_section(&mut ins, shape);
     let program = ins.len();
     let targets = Targets {
         allow,
         errno: errno_at,
         enosys,
+        quiet: quiet_at,
         program,
         marks,
     };
@@ -177,6 +218,8 @@ struct Targets {
     allow: usize,
     errno: usize,
     enosys: usize,
+    /// The return of each folded-in errno.
+    quiet: Vec<(u32, usize)>,
     /// The first instruction of the program that follows (seccompiler's).
     program: usize,
     marks: Vec<(Mark, usize)>,
@@ -278,6 +321,7 @@ fn resolve(ins: &[Ins], t: &Targets) -> Result<Vec<libc::sock_filter>, SeccompEr
             Label::Allow => t.allow,
             Label::Errno => t.errno,
             Label::Enosys => t.enosys,
+            Label::Quiet(e) => t.quiet.iter().find(|q| q.0 == e).map_or(t.program, |q| q.1),
             Label::Program => t.program,
             Label::At(at) => at,
             Label::Mark(mk) => t
