@@ -12,9 +12,10 @@
 //! the filter for every syscall number when it is installed to build its per-filter action cache,
 //! which made the install cost ≈ 0.2 ms of each agent start. So the first program starts with a
 //! prefilter: after the architecture and x32 checks, a binary search over the denied syscall
-//! numbers returns ALLOW for every other number in about eight instructions, and the errno for a
-//! syscall denied whatever its arguments; only a syscall whose rules check arguments (`clone`,
-//! `unshare`) falls through to seccompiler's program, compiled from those rules alone.
+//! numbers (a run of consecutive ones checked as one) returns ALLOW for every other number in
+//! about eight instructions, and the errno for a syscall denied whatever its arguments; only a
+//! syscall whose rules check arguments (`clone`, `unshare`, `memfd_create`) falls through to
+//! seccompiler's program, compiled from those rules alone.
 //! A unit test runs both programs for every syscall number and argument case and requires the
 //! same action.
 //!
@@ -26,7 +27,7 @@
 //! produced it asked for logging), so in one program the `ENOSYS` of `clone3`, which every
 //! thread and `posix_spawn` of an agent meets before libc falls back to `clone`, would be an
 //! audit record and a denial event each time. Measured (`install_cost` in tests.rs), the second
-//! program costs the start a few microseconds of the install (docs/benchmarks.md, 2026-11-26).
+//! program costs ≈ 13-15 µs of the start (docs/benchmarks.md, 2026-11-26, fifth session).
 //!
 //! The socket rules depend on the contract, so the first program is per contract: its shape
 //! ([`NetShape`]: whether the contract grants `net.connect`/`net.bind`) picks one of four
