@@ -12,11 +12,22 @@
 //! the filter for every syscall number when it is installed to build its per-filter action cache,
 //! which made the install cost ≈ 0.2 ms of each agent start. So the first program starts with a
 //! prefilter: after the architecture and x32 checks, a binary search over the denied syscall
-//! numbers returns ALLOW for every other number in about eight instructions, and the errno for a
-//! syscall denied whatever its arguments; only a syscall whose rules check arguments (`clone`,
-//! `unshare`) falls through to seccompiler's program, compiled from those rules alone.
+//! numbers (a run of consecutive ones checked as one) returns ALLOW for every other number in
+//! about eight instructions, and the errno for a syscall denied whatever its arguments; only a
+//! syscall whose rules check arguments (`clone`, `unshare`, `memfd_create`) falls through to
+//! seccompiler's program, compiled from those rules alone.
 //! A unit test runs both programs for every syscall number and argument case and requires the
 //! same action.
+//!
+//! Why two programs and not one: the second program's rules could be folded into the first
+//! one's prefilter (the search returns per-number errnos: `compile_single`, tests only), and
+//! the unit tests show that one program decides every syscall number, architecture and argument
+//! case exactly as the two do combined by the kernel's precedence. But the kernel's
+//! `SECCOMP_FILTER_FLAG_LOG` is per filter (`seccomp_log` logs an `ERRNO` when the filter that
+//! produced it asked for logging), so in one program the `ENOSYS` of `clone3`, which every
+//! thread and `posix_spawn` of an agent meets before libc falls back to `clone`, would be an
+//! audit record and a denial event each time. Measured (`install_cost` in tests.rs), the second
+//! program costs ≈ 13-15 µs of the start (docs/benchmarks.md, 2026-11-26, fifth session).
 //!
 //! The socket rules depend on the contract, so the first program is per contract: its shape
 //! ([`NetShape`]: whether the contract grants `net.connect`/`net.bind`) picks one of four
@@ -254,6 +265,7 @@ fn compile_policy(
                 &split.always,
                 &split.conditional,
                 split.errno,
+                &[],
                 shape,
             )?);
         }
@@ -266,6 +278,38 @@ fn compile_policy(
         out.push(v);
     }
     Ok(out)
+}
+
+/// The whole policy as one program: the rules of the filters after the first folded into the
+/// first one's prefilter (per-number errnos). Action for action the same as the programs of
+/// [`compile`] installed in order (tests.rs checks it for every number and argument case), but
+/// not what the daemon installs: the first program is installed with `SECCOMP_FILTER_FLAG_LOG`
+/// and the kernel's log flag is per filter, so in one program the `ENOSYS` of `clone3` (every
+/// thread an agent starts) would be logged as a denial too. Kept to measure what a second
+/// program costs (`install_cost`, tests.rs).
+#[cfg(test)]
+pub(crate) fn compile_single(shape: NetShape) -> Result<Vec<libc::sock_filter>, SeccompError> {
+    let split = split_rules(POLICY_JSON, FILTERS[0])?;
+    let quiet = prefilter::quiet_rules(POLICY_JSON, &FILTERS[1..])?;
+    let mut map = seccompiler::compile_from_json(split.rest.as_bytes(), TargetArch::x86_64)
+        .map_err(|e| SeccompError::Compile(e.to_string()))?;
+    let prog = map
+        .remove(FILTERS[0])
+        .ok_or(SeccompError::Missing(FILTERS[0]))?;
+    let mut v = prefilter(
+        &split.always,
+        &split.conditional,
+        split.errno,
+        &quiet,
+        shape,
+    )?;
+    v.extend(prog.into_iter().map(|f| libc::sock_filter {
+        code: f.code,
+        jt: f.jt,
+        jf: f.jf,
+        k: f.k,
+    }));
+    Ok(v)
 }
 
 /// The syscall names the policy has rules for (the policy test checks the dangerous ones are

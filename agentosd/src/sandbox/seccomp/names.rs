@@ -54,6 +54,8 @@ pub(super) fn syscall_nr(name: &str) -> Option<libc::c_long> {
         "unshare" => SYS_unshare,
         "clone" => SYS_clone,
         "clone3" => SYS_clone3,
+        "inotify_init" => SYS_inotify_init,
+        "inotify_init1" => SYS_inotify_init1,
         "setns" => SYS_setns,
         "settimeofday" => SYS_settimeofday,
         "clock_settime" => SYS_clock_settime,

@@ -10,6 +10,7 @@ pub(super) const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 pub(super) const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
 const JEQ_K: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
 const JGE_K: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+const JGT_K: u32 = libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K;
 pub(super) const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
 
 /// The first filter's rules, split for the prefilter.
@@ -75,12 +76,39 @@ pub(super) fn split_rules(json: &str, filter: &str) -> Result<Split, SeccompErro
     })
 }
 
+/// The rules of `filters` (installed after the first, in this order) as one verdict per
+/// syscall number: `(nr, errno)`, sorted by number. Each of these filters may only deny whole
+/// syscalls (no argument rules) with an `errno` action; for a number several of them deny, the
+/// errno of the last wins, as in the kernel, where equal actions take the data of the filter
+/// installed last (`compile_single`, tests only, relies on this).
+#[cfg(test)]
+pub(super) fn quiet_rules(json: &str, filters: &[&str]) -> Result<Vec<(u32, u32)>, SeccompError> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for filter in filters {
+        let split = split_rules(json, filter)?;
+        if !split.conditional.is_empty() {
+            return Err(SeccompError::Compile(format!(
+                "filter {filter:?}: argument rules are only supported in the first filter {:?}",
+                FILTERS[0]
+            )));
+        }
+        for nr in split.always {
+            out.retain(|(n, _)| *n != nr);
+            out.push((nr, split.errno));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 /// A jump target while the prefilter is assembled.
 #[derive(Clone, Copy, PartialEq)]
 enum Label {
     Next,
     Allow,
     Errno,
+    /// `SECCOMP_RET_ERRNO` with this errno (a later filter's rule folded in).
+    Quiet(u32),
     Enosys,
     Program,
     At(usize),
@@ -110,11 +138,15 @@ const fn arg_lo(i: u32) -> u32 {
 /// Architecture check, x32 refusal, then a binary search over the denied numbers: one in
 /// `always` returns `errno`, one in `conditional` falls through to the program that follows
 /// (seccompiler's, which checks the arguments), `socket`/`socketpair`/`listen` go to the
-/// socket section of `shape`; any other returns ALLOW. Both lists sorted.
+/// socket section of `shape`; any other returns ALLOW. Both lists sorted. A number in `quiet`
+/// (from [`quiet_rules`]: later filters folded into this one) returns its errno whatever the
+/// first filter's rules say: in the kernel a later filter's `ERRNO` outranks `ALLOW` and, equal
+/// in action, wins over the first filter's `ERRNO` by being installed last.
 pub(super) fn prefilter(
     always: &[u32],
     conditional: &[u32],
     errno: u32,
+    quiet: &[(u32, u32)],
     shape: NetShape,
 ) -> Result<Vec<libc::sock_filter>, SeccompError> {
     let (sys_socket, sys_socketpair, sys_listen) = (
@@ -123,7 +155,7 @@ pub(super) fn prefilter(
         libc::SYS_listen as u32,
     );
     for nr in [sys_socket, sys_socketpair, sys_listen] {
-        if always.contains(&nr) || conditional.contains(&nr) {
+        if always.contains(&nr) || conditional.contains(&nr) || quiet.iter().any(|q| q.0 == nr) {
             return Err(SeccompError::Compile(format!(
                 "syscall #{nr}: socket, socketpair and listen are decided by the socket rules (seccomp.rs), not by rules in the JSON policy"
             )));
@@ -139,13 +171,15 @@ pub(super) fn prefilter(
     ];
     let mut set: Vec<(u32, Label)> = always.iter().map(|&n| (n, Label::Errno)).collect();
     set.extend(conditional.iter().map(|&n| (n, Label::Program)));
+    set.retain(|(n, _)| !quiet.iter().any(|q| q.0 == *n));
+    set.extend(quiet.iter().map(|&(n, e)| (n, Label::Quiet(e))));
     set.push((sys_socket, Label::Mark(Mark::Socket)));
     set.push((sys_socketpair, Label::Mark(Mark::Socket)));
     if !shape.listen {
         set.push((sys_listen, Label::Mark(Mark::NoListen)));
     }
     set.sort_unstable_by_key(|e| e.0);
-    search(&mut ins, &set);
+    search(&mut ins, &runs(&set));
     let allow = ins.len();
     ins.push((RET_K, SECCOMP_RET_ALLOW, Label::Next, Label::Next));
     let errno_at = ins.len();
@@ -157,12 +191,20 @@ pub(super) fn prefilter(
         Label::Next,
         Label::Next,
     ));
+    let mut quiet_at: Vec<(u32, usize)> = Vec::new();
+    for &(_, e) in quiet {
+        if !quiet_at.iter().any(|q| q.0 == e) {
+            quiet_at.push((e, ins.len()));
+            ins.push((RET_K, SECCOMP_RET_ERRNO | e, Label::Next, Label::Next));
+        }
+    }
     let marks = socket_section(&mut ins, shape);
     let program = ins.len();
     let targets = Targets {
         allow,
         errno: errno_at,
         enosys,
+        quiet: quiet_at,
         program,
         marks,
     };
@@ -177,28 +219,51 @@ struct Targets {
     allow: usize,
     errno: usize,
     enosys: usize,
+    /// The return of each folded-in errno.
+    quiet: Vec<(u32, usize)>,
     /// The first instruction of the program that follows (seccompiler's).
     program: usize,
     marks: Vec<(Mark, usize)>,
 }
 
-/// A binary search over `set` (sorted by number): each leaf compares up to three numbers and
-/// jumps to their label, anything else to ALLOW.
-fn search(ins: &mut Vec<Ins>, set: &[(u32, Label)]) {
-    if set.len() <= 3 {
-        for &(nr, to) in set {
-            ins.push((JEQ_K, nr, to, Label::Next));
+/// `set` (sorted by number) as runs of consecutive numbers with the same label: `(first, last,
+/// label)`. The denied numbers cluster (the mount family, `io_uring_*`, the module and clock
+/// calls): a run costs the search what one number did, and the program is shorter (the kernel
+/// converts, JITs and emulates every instruction when it attaches the filter).
+fn runs(set: &[(u32, Label)]) -> Vec<(u32, u32, Label)> {
+    let mut out: Vec<(u32, u32, Label)> = Vec::new();
+    for &(nr, to) in set {
+        match out.last_mut() {
+            Some(last) if last.1.checked_add(1) == Some(nr) && last.2 == to => last.1 = nr,
+            _ => out.push((nr, nr, to)),
+        }
+    }
+    out
+}
+
+/// A binary search over `runs` (sorted, disjoint): each leaf checks up to three runs in
+/// ascending order and jumps to their label, anything else to ALLOW. In a leaf the number is
+/// above the runs already checked, so one below a run's first number is in none.
+fn search(ins: &mut Vec<Ins>, runs: &[(u32, u32, Label)]) {
+    if runs.len() <= 3 {
+        for &(first, last, to) in runs {
+            if first == last {
+                ins.push((JEQ_K, first, to, Label::Next));
+            } else {
+                ins.push((JGE_K, first, Label::Next, Label::Allow));
+                ins.push((JGT_K, last, Label::Next, to));
+            }
         }
         ins.push((libc::BPF_JMP | libc::BPF_JA, 0, Label::Allow, Label::Allow));
         return;
     }
-    let mid = set.len() / 2;
+    let mid = runs.len() / 2;
     let at = ins.len();
-    ins.push((JGE_K, set[mid].0, Label::At(0), Label::Next));
-    search(ins, &set[..mid]);
+    ins.push((JGE_K, runs[mid].0, Label::At(0), Label::Next));
+    search(ins, &runs[..mid]);
     let right = ins.len();
     ins[at].2 = Label::At(right);
-    search(ins, &set[mid..]);
+    search(ins, &runs[mid..]);
 }
 
 /// The socket section of `shape` (it decides like `socket_verdict`), appended to `ins`;
@@ -278,6 +343,7 @@ fn resolve(ins: &[Ins], t: &Targets) -> Result<Vec<libc::sock_filter>, SeccompEr
             Label::Allow => t.allow,
             Label::Errno => t.errno,
             Label::Enosys => t.enosys,
+            Label::Quiet(e) => t.quiet.iter().find(|q| q.0 == e).map_or(t.program, |q| q.1),
             Label::Program => t.program,
             Label::At(at) => at,
             Label::Mark(mk) => t

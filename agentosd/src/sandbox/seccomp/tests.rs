@@ -386,3 +386,321 @@ fn a_json_rule_for_a_socket_syscall_is_refused() {
         assert!(e.contains("decided by the socket rules"), "{name}: {e}");
     }
 }
+
+/// The filters' verdict as the kernel combines them (`seccomp_run_filters`, and
+/// Documentation/userspace-api/seccomp_filter.rst, "Return values"): every filter runs, the most
+/// recently installed first; the action with the highest precedence wins (the lowest
+/// `SECCOMP_RET_ACTION_FULL` bits as a signed number: KILL_PROCESS < … < ERRNO < … < ALLOW), and
+/// of equal actions the data of the filter installed last (the one evaluated first: a later
+/// filter replaces the result only when strictly more restrictive). `progs` in install order.
+fn chain(progs: &[&[libc::sock_filter]], nr: u32, arch: u32, args: [u64; 6]) -> u32 {
+    let action = |r: u32| (r & 0xffff_0000) as i32;
+    let mut ret = SECCOMP_RET_ALLOW;
+    for p in progs.iter().rev() {
+        let cur = run(p, nr, arch, args);
+        if action(cur) < action(ret) {
+            ret = cur;
+        }
+    }
+    ret
+}
+
+fn plain_programs(json: &str) -> Vec<Vec<libc::sock_filter>> {
+    let mut m = seccompiler::compile_from_json(json.as_bytes(), TargetArch::x86_64).unwrap();
+    FILTERS
+        .iter()
+        .map(|f| {
+            m.remove(*f)
+                .unwrap()
+                .into_iter()
+                .map(|f| libc::sock_filter {
+                    code: f.code,
+                    jt: f.jt,
+                    jf: f.jf,
+                    k: f.k,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Syscall numbers, architectures and arguments every comparison below runs.
+fn all_cases() -> Vec<(u32, u32, [u64; 6])> {
+    let newuser = libc::CLONE_NEWUSER as u64;
+    let arg_cases = [
+        [0u64; 6],
+        [newuser, 0, 0, 0, 0, 0],
+        [u64::MAX; 6],
+        [newuser | 0xff, 1, 2, 3, 4, 5],
+        [libc::AF_INET as u64, 1, 6, 0, 0, 0],
+        [libc::AF_PACKET as u64, 3, 0, 0x10, 0, 0],
+        [0, 8, 0, 0, 0, 0],
+    ];
+    let mut out = Vec::new();
+    for nr in (0..600u32).chain((0..600u32).map(|n| n | X32_SYSCALL_BIT)) {
+        for arch in [AUDIT_ARCH_X86_64, 0x4000_0003] {
+            for args in arg_cases {
+                out.push((nr, arch, args));
+            }
+        }
+    }
+    out
+}
+
+/// What the installed programs must decide, from seccompiler's compile of the whole policy
+/// (every filter, in order, combined as the kernel does), with the two decisions seccompiler
+/// does not make: the socket rules ([`socket_verdict`]) and the refusal of x32 numbers.
+fn want(plain: &[Vec<libc::sock_filter>], shape: NetShape, nr: u32, arch: u32, a: [u64; 6]) -> u32 {
+    let rest: Vec<&[libc::sock_filter]> = plain[1..].iter().map(|p| p.as_slice()).collect();
+    let first = match socket_verdict(shape, nr, [a[0] as u32, a[1] as u32, a[2] as u32]) {
+        _ if arch != AUDIT_ARCH_X86_64 => run(&plain[0], nr, arch, a),
+        _ if nr & X32_SYSCALL_BIT != 0 => SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        Some(v) => v,
+        None => run(&plain[0], nr, arch, a),
+    };
+    // The first filter's verdict as a one-instruction program, then the others.
+    let ret = [libc::sock_filter {
+        code: RET_K as u16,
+        jt: 0,
+        jf: 0,
+        k: first,
+    }];
+    let mut progs: Vec<&[libc::sock_filter]> = vec![&ret];
+    progs.extend(rest);
+    chain(&progs, nr, arch, a)
+}
+
+/// The programs the daemon installs, combined as the kernel combines them, and the single
+/// program of [`compile_single`] decide every syscall number (x32 ones included), architecture
+/// and argument case like seccompiler's compile of the whole policy; with the broker's filter
+/// installed last, too.
+#[test]
+fn installed_programs_decide_like_the_whole_policy() {
+    let plain = plain_programs(POLICY_JSON);
+    let notify = crate::sandbox::sockets::notify_filter();
+    let cases = all_cases();
+    for (connect, bind) in [(false, false), (true, false), (false, true), (true, true)] {
+        let shape = NetShape::for_grants(connect, bind);
+        let progs = compile(shape).unwrap();
+        assert_eq!(progs.len(), FILTERS.len());
+        let installed: Vec<&[libc::sock_filter]> = progs.iter().map(|p| p.as_slice()).collect();
+        let single = compile_single(shape).unwrap();
+        let mut brokered = installed.clone();
+        brokered.push(&notify);
+        let mut denied = 0;
+        for &(nr, arch, a) in &cases {
+            let w = want(&plain, shape, nr, arch, a);
+            let got = chain(&installed, nr, arch, a);
+            assert_eq!(got, w, "{shape:?} nr {nr:#x} arch {arch:#x} args {a:?}");
+            assert_eq!(
+                run(&single, nr, arch, a),
+                w,
+                "single: {shape:?} nr {nr:#x} arch {arch:#x} args {a:?}"
+            );
+            let mut plain_b: Vec<&[libc::sock_filter]> = vec![&single];
+            plain_b.push(&notify);
+            assert_eq!(chain(&brokered, nr, arch, a), chain(&plain_b, nr, arch, a));
+            denied += (w != SECCOMP_RET_ALLOW) as u32;
+        }
+        assert!(denied > 60 * 7, "{denied}");
+    }
+    let enosys = SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+    for n in [
+        libc::SYS_clone3,
+        libc::SYS_inotify_init,
+        libc::SYS_inotify_init1,
+    ] {
+        let single = compile_single(NetShape::default()).unwrap();
+        assert_eq!(run(&single, n as u32, AUDIT_ARCH_X86_64, [0; 6]), enosys);
+    }
+}
+
+/// Precedence where both filters have rules for the same syscall: the later filter's errno
+/// wins over the first's (equal actions: the filter installed last) and over its argument
+/// rules; folded into one program, the same.
+#[test]
+fn a_later_filters_errno_wins_for_a_syscall_both_deny() {
+    let json = r#"{"agent": {"default_action": "allow", "filter_action": {"errno": 1}, "filter": [
+        {"syscall": "ptrace"}, {"syscall": "mount"},
+        {"syscall": "clone", "args": [{"index": 0, "type": "qword", "op": {"masked_eq": 268435456}, "val": 268435456}]}
+    ]}, "agent_enosys": {"default_action": "allow", "filter_action": {"errno": 38}, "filter": [
+        {"syscall": "ptrace"}, {"syscall": "clone"}, {"syscall": "clone3"}
+    ]}}"#;
+    let plain = plain_programs(json);
+    let split = split_rules(json, FILTERS[0]).unwrap();
+    let quiet = quiet_rules(json, &FILTERS[1..]).unwrap();
+    let mut map =
+        seccompiler::compile_from_json(split.rest.as_bytes(), TargetArch::x86_64).unwrap();
+    let mut single = prefilter(
+        &split.always,
+        &split.conditional,
+        split.errno,
+        &quiet,
+        NetShape::for_grants(true, true),
+    )
+    .unwrap();
+    single.extend(
+        map.remove("agent")
+            .unwrap()
+            .into_iter()
+            .map(|f| libc::sock_filter {
+                code: f.code,
+                jt: f.jt,
+                jf: f.jf,
+                k: f.k,
+            }),
+    );
+    let shape = NetShape::for_grants(true, true);
+    for (nr, arch, a) in all_cases() {
+        assert_eq!(
+            run(&single, nr, arch, a),
+            want(&plain, shape, nr, arch, a),
+            "nr {nr:#x} arch {arch:#x} {a:?}"
+        );
+    }
+    let e = |e: i32| SECCOMP_RET_ERRNO | e as u32;
+    let at = |nr: i64, a0: u64| run(&single, nr as u32, AUDIT_ARCH_X86_64, [a0, 0, 0, 0, 0, 0]);
+    assert_eq!(at(libc::SYS_ptrace, 0), e(libc::ENOSYS));
+    assert_eq!(
+        at(libc::SYS_clone, libc::CLONE_NEWUSER as u64),
+        e(libc::ENOSYS)
+    );
+    assert_eq!(at(libc::SYS_clone, 0), e(libc::ENOSYS));
+    assert_eq!(at(libc::SYS_mount, 0), e(libc::EPERM));
+    // Argument rules in a filter after the first cannot be folded: the compile says so.
+    let bad = json.replace(
+        r#"{"syscall": "clone3"}"#,
+        r#"{"syscall": "clone3", "args": [{"index": 0, "type": "dword", "op": "eq", "val": 1}]}"#,
+    );
+    let err = quiet_rules(&bad, &FILTERS[1..]).unwrap_err().to_string();
+    assert!(err.contains("only supported in the first filter"), "{err}");
+}
+
+/// What installing each program costs, in a forked child as the agent's child does it (with
+/// `no_new_privs`, the first program with `SECCOMP_FILTER_FLAG_LOG`, the broker's with a
+/// listener): the programs of [`compile`], the broker's, and [`compile_single`] instead of the
+/// first two. `cargo test -p agentosd --lib install_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run it alone"]
+fn install_cost() {
+    use crate::sys::seccomp::{SECCOMP_FILTER_FLAG_LOG, set_mode_filter};
+    let shape = NetShape::for_grants(false, false);
+    let progs = compile(shape).unwrap();
+    let single = compile_single(shape).unwrap();
+    let notify = crate::sandbox::sockets::notify_filter();
+    let listener = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER as libc::c_uint;
+    /// A layout: its name and the programs installed, in order, with their flags.
+    type Layout<'a> = (&'a str, Vec<(&'a [libc::sock_filter], libc::c_uint)>);
+    let configs: Vec<Layout> = vec![
+        (
+            "two (agent, agent_enosys)",
+            vec![(&progs[0], SECCOMP_FILTER_FLAG_LOG), (&progs[1], 0)],
+        ),
+        ("single", vec![(&single, SECCOMP_FILTER_FLAG_LOG)]),
+        (
+            "two + broker",
+            vec![
+                (&progs[0], SECCOMP_FILTER_FLAG_LOG),
+                (&progs[1], 0),
+                (&notify, listener),
+            ],
+        ),
+        (
+            "single + broker",
+            vec![(&single, SECCOMP_FILTER_FLAG_LOG), (&notify, listener)],
+        ),
+    ];
+    let split = split_rules(POLICY_JSON, FILTERS[0]).unwrap();
+    let pre = prefilter(&split.always, &split.conditional, split.errno, &[], shape).unwrap();
+    eprintln!(
+        "agent: {} instructions, of them the prefilter (search and socket section) {}",
+        progs[0].len(),
+        pre.len()
+    );
+    let runs = 300;
+    let mut times: Vec<Vec<Vec<u64>>> = configs
+        .iter()
+        .map(|c| vec![Vec::new(); c.1.len() + 1])
+        .collect();
+    for _ in 0..runs {
+        for (ci, (_, list)) in configs.iter().enumerate() {
+            let fprogs: Vec<(libc::sock_fprog, libc::c_uint)> = list
+                .iter()
+                .map(|(p, f)| {
+                    (
+                        libc::sock_fprog {
+                            len: p.len() as u16,
+                            filter: p.as_ptr() as *mut _,
+                        },
+                        *f,
+                    )
+                })
+                .collect();
+            let mut fds = [0; 2];
+            // SAFETY: pipe writes two fds into the live array.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: the child makes only async-signal-safe calls on memory prepared before the
+            // fork (prctl, clock_gettime, seccomp, write, _exit).
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: as above: the child only makes these calls, then `_exit`s.
+                unsafe {
+                    let now = || {
+                        let mut ts: libc::timespec = std::mem::zeroed();
+                        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+                        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+                    };
+                    libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                    let mut out = [0u64; 8];
+                    let t0 = now();
+                    let mut t = t0;
+                    for (i, (fp, flags)) in fprogs.iter().enumerate() {
+                        if set_mode_filter(*flags, fp) < 0 {
+                            libc::_exit(1);
+                        }
+                        let t1 = now();
+                        out[i] = t1 - t;
+                        t = t1;
+                    }
+                    out[fprogs.len()] = t - t0;
+                    libc::write(fds[1], out.as_ptr() as *const libc::c_void, 64);
+                    libc::_exit(0);
+                }
+            }
+            let mut out = [0u64; 8];
+            // SAFETY: reads into / waits on what this test owns.
+            unsafe {
+                libc::close(fds[1]);
+                assert_eq!(
+                    libc::read(fds[0], out.as_mut_ptr() as *mut libc::c_void, 64),
+                    64
+                );
+                libc::close(fds[0]);
+                let mut st = 0;
+                libc::waitpid(pid, &mut st, 0);
+                assert_eq!(st, 0);
+            }
+            for (i, v) in times[ci].iter_mut().enumerate() {
+                v.push(out[i]);
+            }
+        }
+    }
+    let pct = |v: &mut Vec<u64>, p: usize| {
+        v.sort_unstable();
+        v[(v.len() - 1) * p / 100] as f64 / 1000.0
+    };
+    for ((name, list), t) in configs.iter().zip(times.iter_mut()) {
+        let n = list.len();
+        let parts: Vec<String> = (0..n)
+            .map(|i| format!("{} insns {:.1}", list[i].0.len(), pct(&mut t[i], 50)))
+            .collect();
+        let total = &mut t[n];
+        eprintln!(
+            "{name}: total p50 {:.1} µs p90 {:.1} p99 {:.1}; per program p50: {}",
+            pct(total, 50),
+            pct(total, 90),
+            pct(total, 99),
+            parts.join(", ")
+        );
+    }
+}
