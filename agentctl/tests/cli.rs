@@ -62,15 +62,26 @@ fn check_without_agentosd_fails_closed_naming_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("agentctl");
     std::fs::copy(AGENTCTL, &bin).unwrap();
-    let out = Command::new(&bin)
-        .env(
-            "AGENTOS_BUS_ADDRESS",
-            "unix:path=/nonexistent/agentctl-test-bus",
-        )
-        .env("PATH", dir.path().join("empty"))
-        .arg("check")
-        .output()
-        .unwrap();
+    // ETXTBSY: a child another test thread forks while the copy's write fd is open holds it
+    // until that child execs; the copy is complete, the exec only has to wait for that moment.
+    let mut tries = 0;
+    let out = loop {
+        match Command::new(&bin)
+            .env(
+                "AGENTOS_BUS_ADDRESS",
+                "unix:path=/nonexistent/agentctl-test-bus",
+            )
+            .env("PATH", dir.path().join("empty"))
+            .arg("check")
+            .output()
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
