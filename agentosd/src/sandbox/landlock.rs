@@ -5,8 +5,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
 use super::path_cache::{Checked, PathCache, Resolve, RuleFd};
@@ -96,6 +96,13 @@ pub struct Plan {
 pub enum LandlockError {
     #[error("landlock: {0}")]
     Ruleset(#[from] ::landlock::RulesetError),
+    /// The kernel refused a path rule (`EINVAL`: a right the ruleset does not handle, or a
+    /// directory right on a file).
+    #[error("landlock: landlock_add_rule for {path}: {errno}")]
+    AddRule {
+        path: PathBuf,
+        errno: nix::errno::Errno,
+    },
     #[error("landlock: invalid network scope {0:?} (want HOST:PORT)")]
     Scope(String),
     /// A filesystem scope that does not resolve safely: the agent is not started.
@@ -256,6 +263,15 @@ fn is_dir(fd: &OwnedFd) -> bool {
     rustix::fs::fstat(fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
 }
 
+/// A path rule: the fd [`Opener`] opened and the rights granted there, already reduced to file
+/// rights for a file (the daemon knows each fd's type: kept fds carry it from the cache, fresh
+/// ones are `fstat`ed once when opened).
+struct FsRule {
+    path: PathBuf,
+    fd: RuleFd,
+    access: BitFlags<AccessFs>,
+}
+
 /// Rules for `paths` with `access`, each from an fd [`Opener`] opened (file rights only for a
 /// file, as Landlock requires).
 fn rules(
@@ -264,21 +280,61 @@ fn rules(
     access: BitFlags<AccessFs>,
     abi: ABI,
     checked: &mut Checked,
-) -> Result<Vec<PathBeneath<RuleFd>>, LandlockError> {
+) -> Result<Vec<FsRule>, LandlockError> {
     let mut out = Vec::new();
     for p in paths {
         if let Some((fd, dir)) = opener.open_rule(p, checked)? {
-            let a = if dir {
-                access
-            } else {
-                // `ResolveUnix` applies to a socket file too (it is only in `access` where
-                // the ruleset handles it).
-                access & (AccessFs::from_file(abi) | AccessFs::ResolveUnix)
-            };
-            out.push(PathBeneath::new(fd, a));
+            out.push(FsRule {
+                path: p.clone(),
+                fd,
+                access: rule_access(access, dir, abi),
+            });
         }
     }
     Ok(out)
+}
+
+/// The rights of a rule on a directory (`dir`) or on anything else: the file rights of `access`
+/// only (Landlock refuses directory-only rights on a file with `EINVAL`). `ResolveUnix`
+/// applies to a socket file too (it is only in `access` where the ruleset handles it).
+fn rule_access(access: BitFlags<AccessFs>, dir: bool, abi: ABI) -> BitFlags<AccessFs> {
+    if dir {
+        access
+    } else {
+        access & (AccessFs::from_file(abi) | AccessFs::ResolveUnix)
+    }
+}
+
+/// The filesystem rights a ruleset that asked for `requested` handles on a kernel of Landlock
+/// ABI `kernel`: what the landlock crate's `Ruleset::create` passed to the kernel (the requested
+/// rights the kernel knows, as the crate's own ABI table has them). A rule may grant only these.
+fn handled_fs(requested: BitFlags<AccessFs>, kernel: Option<u32>) -> BitFlags<AccessFs> {
+    let abi = ABI::from(kernel.map_or(0, |v| i32::try_from(v).unwrap_or(i32::MAX)));
+    requested & AccessFs::from_all(abi)
+}
+
+/// Add `rules` to the ruleset `fd` handling `handled`: each rule's rights reduced to those
+/// handled (the crate's best-effort downgrade on an older kernel; with `required` the ruleset
+/// was refused before unless it handles them all), none added whose rights that leaves empty.
+fn add_fs_rules(
+    fd: &OwnedFd,
+    rules: &[FsRule],
+    handled: BitFlags<AccessFs>,
+) -> Result<(), LandlockError> {
+    use std::os::fd::AsFd;
+    for r in rules {
+        let a = r.access & handled;
+        if a.is_empty() {
+            continue;
+        }
+        crate::sys::landlock::add_path_beneath(fd.as_fd(), r.fd.as_fd(), a.bits()).map_err(
+            |errno| LandlockError::AddRule {
+                path: r.path.clone(),
+                errno,
+            },
+        )?;
+    }
+    Ok(())
 }
 
 /// Build the ruleset in the calling (daemon) process and return its fd. `required`: fail
@@ -356,16 +412,20 @@ pub fn build_with(
         fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi, &mut checked)?);
     }
     let mut created = rs.create()?;
-    for r in fs_rules {
-        created = created.add_rule(r)?;
-    }
     for p in plan.connect.iter().flatten() {
         created = created.add_rule(NetPort::new(*p, AccessNet::ConnectTcp))?;
     }
     for p in plan.bind.iter().flatten() {
         created = created.add_rule(NetPort::new(*p, AccessNet::BindTcp))?;
     }
-    Ok(created.into())
+    // No ruleset: no Landlock here and best effort (the crate refused it when required).
+    let fd: Option<OwnedFd> = created.into();
+    if let Some(fd) = &fd {
+        // The path rules directly, not through the crate's `PathBeneath`: it `fstat`s every fd
+        // to tell files from directories, which the daemon already knows (≈ 1 µs a rule).
+        add_fs_rules(fd, &fs_rules, handled_fs(fs_all, kernel_abi()))?;
+    }
+    Ok(fd)
 }
 
 /// The first Landlock ABI with `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (Linux 7.1): connecting and
@@ -399,8 +459,10 @@ pub fn landlock_handles_unix(abi: Option<u32>) -> bool {
 }
 
 /// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0, VERSION)`), or `None`.
+/// Asked once: it does not change while the system runs (and every start asks).
 pub fn kernel_abi() -> Option<u32> {
-    crate::sys::landlock::abi_version().ok().filter(|v| *v > 0)
+    static ABI_VERSION: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *ABI_VERSION.get_or_init(|| crate::sys::landlock::abi_version().ok().filter(|v| *v > 0))
 }
 
 #[cfg(test)]
@@ -454,6 +516,140 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("link"), "{e}");
         assert_eq!(o.resolve(&home.path().join("link")), None);
+    }
+
+    /// `path` opened for reading and for writing (each `Ok` or the errno) in a thread that first
+    /// restricts itself with `ruleset` (Landlock confines the calling thread and its children
+    /// only: the test process is untouched).
+    fn tries_under(
+        ruleset: &OwnedFd,
+        paths: &[PathBuf],
+    ) -> Vec<(Result<(), i32>, Result<(), i32>)> {
+        use std::os::fd::AsRawFd;
+        let fd = ruleset.as_raw_fd();
+        let paths = paths.to_vec();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // SAFETY: no_new_privs and a Landlock domain for this (test) thread alone,
+                // which ends right after; `fd` is a ruleset fd open for the whole scope.
+                unsafe {
+                    assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+                    assert_eq!(crate::sys::landlock::restrict_self(fd, 0), 0);
+                }
+                let err = |r: std::io::Result<std::fs::File>| {
+                    r.map(drop).map_err(|e| e.raw_os_error().unwrap_or(0))
+                };
+                paths
+                    .iter()
+                    .map(|p| {
+                        let w = std::fs::OpenOptions::new().append(true).open(p);
+                        (err(std::fs::File::open(p)), err(w))
+                    })
+                    .collect()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// A file scope gets file rights only (else the kernel refuses the rule: the start fails),
+    /// a directory scope everything granted, whether the fd is fresh or kept in the path cache
+    /// (whose recorded type then replaces an `fstat`): both build, and enforce what they say.
+    #[test]
+    fn file_and_directory_scopes_build_and_enforce() {
+        if kernel_abi().is_none() {
+            eprintln!("file_and_directory_scopes_build_and_enforce: skipped: no Landlock");
+            return;
+        }
+        // Under /run (root's alone) the host paths are kept in the cache; elsewhere (not root)
+        // they are opened afresh on each build.
+        let root = rustix::process::geteuid().is_root();
+        let t = if root {
+            tempfile::Builder::new()
+                .prefix("agentos-llrules-")
+                .tempdir_in("/run")
+        } else {
+            tempfile::tempdir()
+        }
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let kept =
+            root && safe_fs::resolve_trusted_walk(t.path()).is_ok_and(|(_, _, w)| w.root_only());
+        let p = |s: &str| t.path().join(s);
+        std::fs::create_dir_all(p("files")).unwrap();
+        std::fs::create_dir_all(p("tree/sub")).unwrap();
+        for f in [
+            "files/rw",
+            "files/ro",
+            "files/x",
+            "files/sibling",
+            "tree/sub/f",
+            "outside",
+        ] {
+            std::fs::write(p(f), b"x").unwrap();
+        }
+        let plan = Plan {
+            read: vec![p("files/ro"), p("tree")],
+            read_exec: vec![p("files/x")],
+            read_write: vec![p("files/rw")],
+            ..Default::default()
+        };
+        for cache in [None, Some(PathCache::new(true))] {
+            let o = Opener {
+                beneath: vec![],
+                system: vec![],
+                cache: cache.as_ref(),
+            };
+            // Twice: the second build takes the kept fds (and their type) from the cache.
+            build_with(&plan, false, &o).unwrap().expect("a ruleset");
+            let rs = build_with(&plan, true, &o).unwrap().expect("a ruleset");
+            if let (Some(c), true) = (&cache, kept) {
+                let st = c.stats();
+                assert_eq!((st.stored, st.hits), (4, 4), "{st:?}");
+            }
+            let got = tries_under(
+                &rs,
+                &[
+                    p("files/rw"),
+                    p("files/ro"),
+                    p("files/x"),
+                    p("tree/sub/f"),
+                    p("files/sibling"),
+                    p("outside"),
+                ],
+            );
+            let eacces = Err(libc::EACCES);
+            assert_eq!(
+                got,
+                vec![
+                    (Ok(()), Ok(())),
+                    (Ok(()), eacces),
+                    (Ok(()), eacces),
+                    (Ok(()), eacces),
+                    (eacces, eacces),
+                    (eacces, eacces),
+                ],
+                "cache: {}",
+                cache.is_some()
+            );
+        }
+    }
+
+    #[test]
+    fn handled_rights_follow_the_kernel_abi() {
+        let all = AccessFs::from_all(TARGET_ABI) | AccessFs::ResolveUnix;
+        assert!(handled_fs(all, None).is_empty());
+        assert_eq!(handled_fs(all, Some(1)), AccessFs::from_all(ABI::V1));
+        assert!(!handled_fs(all, Some(1)).contains(AccessFs::Refer));
+        assert_eq!(handled_fs(all, Some(6)), AccessFs::from_all(ABI::V6));
+        assert_eq!(handled_fs(all, Some(99)), all);
+        let rw = AccessFs::ReadFile | AccessFs::ReadDir | AccessFs::from_write(TARGET_ABI);
+        assert_eq!(
+            rule_access(rw, false, TARGET_ABI),
+            AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev
+        );
+        assert_eq!(rule_access(rw, true, TARGET_ABI), rw);
     }
 
     #[test]
