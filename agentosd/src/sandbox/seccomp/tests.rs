@@ -46,20 +46,8 @@ fn run_counted(prog: &[libc::sock_filter], nr: u32, arch: u32, args: [u64; 6]) -
 
 #[test]
 fn prefilter_decides_like_the_plain_program() {
-    let plain = {
-        let mut m =
-            seccompiler::compile_from_json(POLICY_JSON.as_bytes(), TargetArch::x86_64).unwrap();
-        m.remove("agent")
-            .unwrap()
-            .into_iter()
-            .map(|f| libc::sock_filter {
-                code: f.code,
-                jt: f.jt,
-                jf: f.jf,
-                k: f.k,
-            })
-            .collect::<Vec<_>>()
-    };
+    // seccompiler's own program for `agent` (FILTERS[0]).
+    let plain = plain_programs(POLICY_JSON).swap_remove(0);
     let fast = &compile(NetShape::for_grants(true, true)).unwrap()[0];
     let newuser = libc::CLONE_NEWUSER as u64;
     let arg_cases = [
