@@ -203,6 +203,16 @@ pub fn compiled_for(shape: NetShape) -> Result<Vec<Vec<libc::sock_filter>>, Secc
     }
 }
 
+/// seccompiler's instruction as the kernel takes it.
+fn to_libc(f: seccompiler::sock_filter) -> libc::sock_filter {
+    libc::sock_filter {
+        code: f.code,
+        jt: f.jt,
+        jf: f.jf,
+        k: f.k,
+    }
+}
+
 /// `sock_filter` is not `Sync` in libc's eyes (it is plain data); this copy is.
 #[derive(Clone, Copy)]
 struct Filter {
@@ -269,12 +279,7 @@ fn compile_policy(
                 shape,
             )?);
         }
-        v.extend(prog.into_iter().map(|f| libc::sock_filter {
-            code: f.code,
-            jt: f.jt,
-            jf: f.jf,
-            k: f.k,
-        }));
+        v.extend(prog.into_iter().map(to_libc));
         out.push(v);
     }
     Ok(out)
@@ -303,12 +308,7 @@ pub(crate) fn compile_single(shape: NetShape) -> Result<Vec<libc::sock_filter>, 
         &quiet,
         shape,
     )?;
-    v.extend(prog.into_iter().map(|f| libc::sock_filter {
-        code: f.code,
-        jt: f.jt,
-        jf: f.jf,
-        k: f.k,
-    }));
+    v.extend(prog.into_iter().map(to_libc));
     Ok(v)
 }
 

@@ -401,12 +401,7 @@ fn plain_programs(json: &str) -> Vec<Vec<libc::sock_filter>> {
             m.remove(*f)
                 .unwrap()
                 .into_iter()
-                .map(|f| libc::sock_filter {
-                    code: f.code,
-                    jt: f.jt,
-                    jf: f.jf,
-                    k: f.k,
-                })
+                .map(super::to_libc)
                 .collect()
         })
         .collect()
@@ -527,17 +522,7 @@ fn a_later_filters_errno_wins_for_a_syscall_both_deny() {
         NetShape::for_grants(true, true),
     )
     .unwrap();
-    single.extend(
-        map.remove("agent")
-            .unwrap()
-            .into_iter()
-            .map(|f| libc::sock_filter {
-                code: f.code,
-                jt: f.jt,
-                jf: f.jf,
-                k: f.k,
-            }),
-    );
+    single.extend(map.remove("agent").unwrap().into_iter().map(super::to_libc));
     let shape = NetShape::for_grants(true, true);
     for (nr, arch, a) in all_cases() {
         assert_eq!(
