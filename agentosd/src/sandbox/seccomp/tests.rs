@@ -44,21 +44,22 @@ fn run_counted(prog: &[libc::sock_filter], nr: u32, arch: u32, args: [u64; 6]) -
     }
 }
 
+/// Arguments every comparison runs: none, `CLONE_NEWUSER` alone and with other bits, all ones.
+const ARG_CASES: [[u64; 6]; 4] = [
+    [0; 6],
+    [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
+    [u64::MAX; 6],
+    [libc::CLONE_NEWUSER as u64 | 0xff, 1, 2, 3, 4, 5],
+];
+
 #[test]
 fn prefilter_decides_like_the_plain_program() {
     // seccompiler's own program for `agent` (FILTERS[0]).
     let plain = plain_programs(POLICY_JSON).swap_remove(0);
     let fast = &compile(NetShape::for_grants(true, true)).unwrap()[0];
-    let newuser = libc::CLONE_NEWUSER as u64;
-    let arg_cases = [
-        [0u64; 6],
-        [newuser, 0, 0, 0, 0, 0],
-        [u64::MAX; 6],
-        [newuser | 0xff, 1, 2, 3, 4, 5],
-    ];
     let mut denied = 0;
     for nr in 0..600u32 {
-        for args in arg_cases {
+        for args in ARG_CASES {
             if let Some(v) = socket_verdict(
                 NetShape::for_grants(true, true),
                 nr,
@@ -409,20 +410,16 @@ fn plain_programs(json: &str) -> Vec<Vec<libc::sock_filter>> {
 
 /// Syscall numbers, architectures and arguments every comparison below runs.
 fn all_cases() -> Vec<(u32, u32, [u64; 6])> {
-    let newuser = libc::CLONE_NEWUSER as u64;
-    let arg_cases = [
-        [0u64; 6],
-        [newuser, 0, 0, 0, 0, 0],
-        [u64::MAX; 6],
-        [newuser | 0xff, 1, 2, 3, 4, 5],
+    let arg_cases = ARG_CASES.into_iter().chain([
         [libc::AF_INET as u64, 1, 6, 0, 0, 0],
         [libc::AF_PACKET as u64, 3, 0, 0x10, 0, 0],
         [0, 8, 0, 0, 0, 0],
-    ];
+    ]);
+    let arg_cases: Vec<[u64; 6]> = arg_cases.collect();
     let mut out = Vec::new();
     for nr in (0..600u32).chain((0..600u32).map(|n| n | X32_SYSCALL_BIT)) {
         for arch in [AUDIT_ARCH_X86_64, 0x4000_0003] {
-            for args in arg_cases {
+            for &args in &arg_cases {
                 out.push((nr, arch, args));
             }
         }
