@@ -234,6 +234,8 @@ pub fn spawn_with_stdio(
         envp: envp.as_ptr(),
         sandbox,
         handover: handover.as_ref().map_or(-1, |(child, _)| child.as_raw_fd()),
+        // Read here, on the thread that clones: the child's credentials are this thread's.
+        bounding_set_empty: sandbox.is_some() && crate::sandbox::bounding::this_thread_is_empty(),
     };
 
     let ret = if vfork() {
@@ -337,6 +339,8 @@ struct ChildSetup<'a> {
     sandbox: Option<&'a crate::sandbox::PreparedSandbox>,
     /// The child's end of the socket broker's hand-over pair, or -1.
     handover: RawFd,
+    /// The spawning thread's capability bounding set is empty (the child's is then too).
+    bounding_set_empty: bool,
 }
 
 /// The environment switch: `AGENTOSD_SPAWN=fork` makes every start a fork-like `clone3` (the
@@ -425,7 +429,7 @@ unsafe fn exec_child(c: &ChildSetup<'_>) -> ! {
         }
         if ok && let Some(sb) = c.sandbox {
             // SAFETY: we are the child between clone3 and execve.
-            if let Err(st) = sb.apply_in_child() {
+            if let Err(st) = sb.apply_in_child(c.bounding_set_empty) {
                 stage = st;
                 ok = false;
             }
@@ -539,6 +543,78 @@ mod tests {
             Err(SpawnError::Syscall(e)) => eprintln!("skip: {e}"),
             Err(e) => panic!("expected a chdir failure, got {e}"),
             Ok(c) => panic!("a child without a working directory ran (pid {})", c.pid),
+        }
+    }
+
+    /// A sandboxed child's capability bounding set is empty whether the thread that spawned
+    /// it had a full one (the child drops it, one `prctl` per capability) or an empty one (the
+    /// daemon's threads, sandbox/bounding.rs: the child inherits it and skips the loop).
+    #[test]
+    fn a_sandboxed_child_has_an_empty_bounding_set_from_either_thread() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skip: a sandboxed start needs root");
+            return;
+        }
+        let Some(dir) = crate::cgroup::open_own_cgroup2() else {
+            eprintln!("skip: no cgroup2 mount or membership, or its directory cannot be opened");
+            return;
+        };
+        let dir = OwnedFd::from(dir);
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let state = tmp.path().join("state");
+        let contract = contracts::parse_contract(
+            "apiVersion: agentos/v0.2\nkind: AgentContract\nname: bset\ntenant: test\n\
+             exec: { command: /bin/cat }\n",
+            "bset.yaml",
+        )
+        .expect("contract");
+        for emptied in [false, true] {
+            let status = std::thread::scope(|s| {
+                s.spawn(|| {
+                    if emptied {
+                        crate::sandbox::bounding::empty_this_thread().expect("empty");
+                    }
+                    assert_eq!(crate::sandbox::bounding::this_thread_is_empty(), emptied);
+                    let sb = crate::sandbox::prepare(&state, "test", "bset", Some(&contract))
+                        .expect("prepare");
+                    let log = tmp.path().join(format!("status-{emptied}"));
+                    let cmd = Command {
+                        program: "/bin/cat".into(),
+                        args: vec!["/proc/self/status".into()],
+                        env: Vec::new(),
+                        cwd: "/".into(),
+                        log_file: log.clone(),
+                        err_file: None,
+                        sandbox: Some(sb),
+                        sched: crate::sched::ChildSched::None,
+                        inherit_fd: None,
+                    };
+                    let child = spawn(&cmd, &dir).expect("spawn");
+                    let mut st = 0;
+                    // SAFETY: waiting for our own child; `st` is writable.
+                    let r = unsafe { libc::waitpid(child.pid as libc::pid_t, &mut st, 0) };
+                    assert_eq!(r, child.pid as libc::pid_t);
+                    assert_eq!(st, 0, "cat exited with {st:#x}");
+                    std::fs::read_to_string(log).expect("the child's output")
+                })
+                .join()
+                .expect("the spawning thread")
+            });
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .map(|v| v.trim().to_string())
+                    .unwrap_or_else(|| panic!("no {k} in {status}"))
+            };
+            for k in ["CapBnd:", "CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
+                assert_eq!(
+                    field(k),
+                    "0000000000000000",
+                    "{k}, thread emptied: {emptied}"
+                );
+            }
+            assert_ne!(field("Uid:").split_whitespace().next(), Some("0"));
         }
     }
 

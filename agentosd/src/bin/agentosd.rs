@@ -148,6 +148,15 @@ fn main() -> anyhow::Result<()> {
                 Some(n) => tracing::info!("malloc: {n} arena (MALLOC_ARENA_MAX overrides)"),
                 None => tracing::info!("malloc: arenas as the environment or libc sets them"),
             }
+            // Before any thread exists: every thread inherits the empty bounding set, so the
+            // agents' and tools' children need not drop it one capability at a time
+            // (sandbox/bounding.rs). The daemon itself never execs.
+            if let Err(e) = agentosd::sandbox::bounding::empty_this_thread() {
+                tracing::warn!(
+                    "the daemon's capability bounding set was not emptied \
+                     (prctl(PR_CAPBSET_DROP): {e}); every start drops it in the child instead"
+                );
+            }
             let r = cli.run;
             agentosd::ipc::files::AGENT_CONN_FILES.set_max(r.agent_conn_files);
             let opts = agentosd::daemon::Options {

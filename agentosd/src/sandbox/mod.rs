@@ -5,6 +5,7 @@
 //! and exec, and reports the failing stage and errno through spawn's exec-status pipe.
 //! The model is described in docs/security.md.
 
+pub mod bounding;
 pub mod identity;
 pub mod landlock;
 pub mod netns_pool;
@@ -372,7 +373,11 @@ impl PreparedSandbox {
     ///
     /// # Safety
     /// Call only in a child between clone and execve.
-    pub unsafe fn apply_in_child(&self) -> Result<(), i32> {
+    ///
+    /// `bounding_set_empty`: the spawning thread's bounding set is empty already
+    /// ([`bounding::this_thread_is_empty`], read before the clone), so the child inherited it
+    /// empty and skips its `PR_CAPBSET_DROP` loop.
+    pub unsafe fn apply_in_child(&self, bounding_set_empty: bool) -> Result<(), i32> {
         // SAFETY: plain system calls on values and on buffers owned by `self`, which the
         // child's copy of the address space keeps alive until execve.
         unsafe {
@@ -403,11 +408,13 @@ impl PreparedSandbox {
                 0,
                 0,
             );
-            for cap in 0..=self.last_cap {
-                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-                    && *libc::__errno_location() != libc::EINVAL
-                {
-                    return Err(STAGE_CAPBSET);
+            if !bounding_set_empty {
+                for cap in 0..=self.last_cap {
+                    if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                        && *libc::__errno_location() != libc::EINVAL
+                    {
+                        return Err(STAGE_CAPBSET);
+                    }
                 }
             }
             if creds::set_uid(self.uid) != 0 {

@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `fork+exec` | `std::process::Command::spawn` (posix_spawn/fork + exec), no cgroup, no sandbox |
 //! | `clone3+cgroup` | mkdir a fresh cgroup, `clone3(CLONE_INTO_CGROUP)` + exec via agentosd's `spawn` |
-//! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, Landlock ruleset built from the contract, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec |
+//! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, Landlock ruleset built from the contract, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec; from a thread whose capability bounding set is empty, as the daemon's are (the clone3 modes each run a start on a thread of their own) |
 //! | `agentos+net` | `agentos` with a `net.connect` grant: its own network namespace plus its socket broker (a second clone3 of the daemon into the agent's cgroup, sandbox/sockets.rs), timed to the agent's first instruction (the broker starts after the agent's exec) |
 //! | `bwrap` | `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --cap-drop ALL --new-session --die-with-parent` |
 //! | `systemd-run (service)`, `systemd-run (bare service)`, `systemd-run --scope`, `agentosd (D-Bus)` | where systemd is PID 1 (the VM): see sandbox_peers.rs; elsewhere reported as unavailable, with the reason |
@@ -110,9 +110,11 @@ pub(super) struct Bench {
     pub(super) sandboxed: usize,
     pub(super) pool_empty: usize,
     /// Start request → just before `clone3` (cgroup made, sandbox prepared), for
-    /// `clone3+cgroup`, `agentos` and `agentos -all4`: the rest of a start is the clone, the
+    /// `clone3+cgroup`, `agentos`, `agentos -all4` and `agentos -prepare`: the rest of a start is the clone, the
     /// child's setup and the exec.
-    pub(super) before_clone: [Vec<u64>; 3],
+    pub(super) before_clone: [Vec<u64>; 4],
+    /// `agentos -prepare`: the sandbox its first start prepared, used by every later one.
+    prepared_once: Option<agentosd::sandbox::PreparedSandbox>,
 }
 
 impl Bench {
@@ -143,6 +145,28 @@ impl Bench {
         Ok(parse_stamp(&out)?.saturating_sub(t0))
     }
 
+    /// One start on a thread of its own, as the daemon starts agents from its blocking
+    /// threads; with `empty_bset` that thread's capability bounding set is emptied first, as
+    /// the daemon empties its own at start-up (agentosd/src/sandbox/bounding.rs), so the child
+    /// inherits it empty and skips its drop loop. Outside the time measured.
+    fn on_thread(
+        &mut self,
+        empty_bset: bool,
+        f: impl FnOnce(&mut Self) -> Result<u64> + Send,
+    ) -> Result<u64> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                if empty_bset {
+                    agentosd::sandbox::bounding::empty_this_thread()
+                        .context("emptying the start thread's bounding set")?;
+                }
+                f(self)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the start thread panicked"))?
+        })
+    }
+
     fn clone3(&mut self, sandboxed: bool) -> Result<u64> {
         self.clone3_with(sandboxed, false)
     }
@@ -164,7 +188,11 @@ impl Bench {
         let t0 = mono_ns();
         cg.create()?;
         let mut kept = Vec::new();
-        let sandbox = if sandboxed {
+        // `agentos -prepare`: the sandbox prepared once (at the first start) and reused.
+        let once = without == Some("prepare");
+        let sandbox = if sandboxed && once && self.prepared_once.is_some() {
+            self.prepared_once.take()
+        } else if sandboxed {
             // `agentos -pathcache`: every host path resolved afresh, as before the cache.
             let cache = agentosd::sandbox::path_cache::PathCache::global();
             cache.set_enabled(!without.is_some_and(|w| w.split('+').any(|p| p == "pathcache")));
@@ -182,7 +210,7 @@ impl Bench {
             if sb.namespaces.net && sb.netns.is_none() {
                 self.pool_empty += 1;
             }
-            if let Some(part) = without {
+            if let Some(part) = without.filter(|_| !once) {
                 kept = super::sandbox_parts::strip(&mut sb, part);
             }
             Some(sb)
@@ -192,7 +220,7 @@ impl Bench {
         let fd = cg.open_dir()?;
         // Up to the clone: the cgroup (and the sandbox's preparation), by mode.
         let before_clone = mono_ns().saturating_sub(t0);
-        let cmd = agentosd::spawn::Command {
+        let mut cmd = agentosd::spawn::Command {
             program: self.stamp.clone(),
             args: vec![],
             env: vec![],
@@ -204,6 +232,9 @@ impl Bench {
             inherit_fd: None,
         };
         let child = agentosd::spawn::spawn(&cmd, &fd)?;
+        if once {
+            self.prepared_once = cmd.sandbox.take();
+        }
         let status = wait_pid(child.pid)?;
         if let Some(b) = &child.broker {
             // It ends once the agent is reaped.
@@ -218,6 +249,7 @@ impl Bench {
             (false, _, _) => Some(0),
             (true, false, None) => Some(1),
             (true, false, Some("all4")) => Some(2),
+            (true, false, Some("prepare")) => Some(3),
             _ => None,
         };
         if let Some(k) = key {
@@ -417,6 +449,7 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
         sandboxed: 0,
         pool_empty: 0,
         before_clone: Default::default(),
+        prepared_once: None,
     };
     let load_before = loadavg();
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(a.runs); modes.len()];
@@ -428,9 +461,9 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
                 }
                 let t = match mode.name {
                     "fork+exec" => b.fork_exec(),
-                    "clone3+cgroup" => b.clone3(false),
-                    "agentos" => b.clone3(true),
-                    "agentos+net" => b.clone3_with(true, true),
+                    "clone3+cgroup" => b.on_thread(false, |b| b.clone3(false)),
+                    "agentos" => b.on_thread(true, |b| b.clone3(true)),
+                    "agentos+net" => b.on_thread(true, |b| b.clone3_with(true, true)),
                     "bwrap" => b.bwrap(),
                     "systemd-run (service)" => sandbox_peers::systemd_service(&b.stamp, true),
                     "systemd-run (bare service)" => sandbox_peers::systemd_service(&b.stamp, false),
@@ -439,7 +472,12 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
                         Ok(d) => d.start(),
                         Err(_) => unreachable!("an unavailable mode is not run"),
                     },
-                    m => b.clone3_without(true, false, super::sandbox_parts::part_of(m)),
+                    m => {
+                        let part = super::sandbox_parts::part_of(m);
+                        b.on_thread(part != Some("emptybset"), |b| {
+                            b.clone3_without(true, false, part)
+                        })
+                    }
                 }
                 .with_context(|| format!("mode {}, run {i}", mode.name))?;
                 if i >= a.warmup {

@@ -6,6 +6,12 @@
 //!   part's cost in the child is `agentos` p50 minus that mode's p50. `-pathcache` switches the
 //!   daemon's path cache off for `prepare`; `-nspool` makes both namespaces in `clone3` instead
 //!   of joining ones made ahead.
+//! - `agentos -emptybset`: started from a thread whose capability bounding set is full (the
+//!   daemon's are empty, sandbox/bounding.rs), so the child drops it one capability at a time.
+//! - `agentos -prepare`: the sandbox prepared once, at its first start, and used again by every
+//!   later one (the same ruleset, seccomp programs and namespaces: what no daemon may do, as
+//!   nothing is checked again): the child's side alone over the floor, what a start would cost if
+//!   `prepare` were free.
 //! - The daemon's side: after the interleaved runs, the parts of `sandbox::prepare` called one
 //!   by one, each timed on its own (the same library calls `prepare_with` makes, in its order).
 
@@ -17,7 +23,8 @@ use anyhow::Result;
 use super::sandbox::{Bench, pct};
 
 /// The extra modes: `agentos` without one part.
-pub const MODES: [&str; 11] = [
+pub const MODES: [&str; 12] = [
+    "agentos -prepare",
     "agentos -pathcache+nspool",
     "agentos -pathcache",
     "agentos -nspool",
@@ -25,7 +32,7 @@ pub const MODES: [&str; 11] = [
     "agentos -seccomp",
     "agentos -netns",
     "agentos -ipcns",
-    "agentos -capbset",
+    "agentos -emptybset",
     "agentos -all4",
     "agentos -ids",
     "agentos -all",
@@ -66,8 +73,9 @@ fn strip_one(sb: &mut PreparedSandbox, part: &str, out: &mut Vec<std::os::fd::Ow
         out.extend(sb.ipcns.take());
         sb.namespaces.ipc = part == "nspool";
     }
-    if part == "all" || part == "capbset" {
-        // The loop drops capability 0 only (one prctl instead of cap_last_cap + 1).
+    if part == "all" {
+        // The loop drops capability 0 only (one prctl instead of cap_last_cap + 1), where it
+        // runs at all (`agentos -emptybset`).
         sb.last_cap = 0;
     }
     if part == "all" || part == "ids" {
@@ -164,13 +172,18 @@ pub fn print(p: &Parts) {
 
 /// Each start split at the clone: request → just before `clone3` (cgroup, `prepare`) and
 /// the rest (clone, the child's setup, exec, the first instruction), p50 of each.
-pub fn print_split(before: &[Vec<u64>; 3], samples: &[Vec<u64>], modes: &[&str]) {
+pub fn print_split(before: &[Vec<u64>; 4], samples: &[Vec<u64>], modes: &[&str]) {
     println!("\nstarts split at the clone (p50 of each half; the halves' p50s need not add up)\n");
     println!("| mode | request → clone3 µs | whole start p50 µs |");
     println!("|---|---:|---:|");
-    for (k, mode) in ["clone3+cgroup", "agentos", "agentos -all4"]
-        .iter()
-        .enumerate()
+    for (k, mode) in [
+        "clone3+cgroup",
+        "agentos",
+        "agentos -all4",
+        "agentos -prepare",
+    ]
+    .iter()
+    .enumerate()
     {
         let Some(m) = modes.iter().position(|x| x == mode) else {
             continue;
