@@ -44,6 +44,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::rate::Bucket;
+use super::turns::{Admit, TaskWake, Turns};
 
 /// The default `--ipc-agent-cpu`: per mille of one CPU per agent (5%).
 pub const DEFAULT_AGENT_CPU_PERMILLE: u64 = 50;
@@ -276,6 +277,9 @@ pub struct AgentCpu {
     used_ns: AtomicU64,
     pauses: AtomicU64,
     throttled_ns: AtomicU64,
+    /// Its place in the turns on the agents' runtime (ipc/turns.rs; None: polled in tokio's
+    /// order, an account outside a ledger).
+    turn: Option<(Arc<Turns>, usize)>,
 }
 
 impl Default for AgentCpu {
@@ -323,7 +327,14 @@ impl AgentCpu {
             used_ns: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
+            turn: None,
         }
+    }
+
+    /// The same account, its tasks polled in turns with the other agents of `turns`.
+    pub fn in_turns(mut self, turns: &Arc<Turns>) -> AgentCpu {
+        self.turn = Some((turns.clone(), turns.join()));
+        self
     }
 
     /// `ns` of the daemon's CPU were spent for the agent.
@@ -465,6 +476,8 @@ pub struct CpuLedger {
     /// None: `--ipc-agent-cpu-ceiling 0` (hard caps) or no rate.
     pool: Option<Arc<Mutex<Pool>>>,
     agents: Mutex<HashMap<String, Arc<AgentCpu>>>,
+    /// The order the agents' tasks are polled in (ipc/turns.rs).
+    turns: Arc<Turns>,
 }
 
 impl Default for CpuLedger {
@@ -481,6 +494,7 @@ impl CpuLedger {
             pool: (rate.ceiling_permille > 0 && rate.permille > 0)
                 .then(|| Arc::new(Mutex::new(Pool::new(rate.ceiling_permille, Instant::now())))),
             agents: Mutex::new(HashMap::new()),
+            turns: Arc::new(Turns::default()),
         }
     }
 
@@ -488,16 +502,20 @@ impl CpuLedger {
         self.rate
     }
 
+    /// The turns of this ledger's agents on the agents' runtime.
+    pub fn turns(&self) -> &Arc<Turns> {
+        &self.turns
+    }
+
     /// The account of agent `id`, opened on first use.
     pub fn agent(&self, id: &str) -> Arc<AgentCpu> {
         lock(&self.agents)
             .entry(id.to_string())
             .or_insert_with(|| {
-                Arc::new(AgentCpu::in_pool(
-                    self.rate,
-                    self.pool.clone(),
-                    Instant::now(),
-                ))
+                Arc::new(
+                    AgentCpu::in_pool(self.rate, self.pool.clone(), Instant::now())
+                        .in_turns(&self.turns),
+                )
             })
             .clone()
     }
@@ -510,16 +528,22 @@ impl CpuLedger {
 
 /// A future whose every poll is measured in thread CPU time and charged to an agent: the
 /// synchronous work of one poll runs on one thread, so its CPU time is exactly that work's.
+/// When the account is in a ledger's turns, the future is polled only in its agent's turn
+/// (ipc/turns.rs): it waits in its agent's queue while that agent is ahead of another with
+/// work ready.
 pub struct Measured<F> {
     fut: Pin<Box<F>>,
     cpu: Arc<AgentCpu>,
+    task: Option<Arc<TaskWake>>,
 }
 
 impl<F: Future> Measured<F> {
     pub fn new(fut: F, cpu: Arc<AgentCpu>) -> Measured<F> {
+        let task = cpu.turn.as_ref().map(|(t, i)| t.task(*i));
         Measured {
             fut: Box::pin(fut),
             cpu,
+            task,
         }
     }
 }
@@ -529,10 +553,32 @@ impl<F: Future> Future for Measured<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
+        let (Some(task), Some((turns, _))) = (&this.task, &this.cpu.turn) else {
+            let t0 = thread_cpu_ns();
+            let r = this.fut.as_mut().poll(cx);
+            this.cpu.charge(thread_cpu_ns().saturating_sub(t0));
+            return r;
+        };
+        if turns.admit(task, cx.waker()) == Admit::Park {
+            return Poll::Pending;
+        }
+        // The future sees the wrapped waker, so that its wakes mark it runnable in the turns.
+        let waker = std::task::Waker::from(task.clone());
+        let mut inner = Context::from_waker(&waker);
         let t0 = thread_cpu_ns();
-        let r = this.fut.as_mut().poll(cx);
-        this.cpu.charge(thread_cpu_ns().saturating_sub(t0));
+        let r = this.fut.as_mut().poll(&mut inner);
+        let ns = thread_cpu_ns().saturating_sub(t0);
+        this.cpu.charge(ns);
+        turns.polled(task, ns, r.is_ready());
         r
+    }
+}
+
+impl<F> Drop for Measured<F> {
+    fn drop(&mut self) {
+        if let (Some(task), Some((turns, _))) = (&self.task, &self.cpu.turn) {
+            turns.end(task);
+        }
     }
 }
 

@@ -12,12 +12,14 @@
 
 pub mod budget;
 pub mod cpu;
+pub mod drr;
 pub mod files;
 mod halves;
 mod lines;
 mod peer;
 pub mod rate;
 mod ring;
+pub mod turns;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

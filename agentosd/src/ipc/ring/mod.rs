@@ -47,6 +47,7 @@ mod rate;
 mod stall;
 
 use super::budget::{self, ConnBytes};
+use super::drr::Drr;
 use super::lines::LineSplitter;
 use super::peer::{self, Identity, Refused};
 use super::{
@@ -254,8 +255,9 @@ pub(super) struct Ring {
     listeners: HashMap<u64, Listener>,
     conns: HashMap<u64, Conn>,
     next_id: u64,
-    /// Completions reaped but not yet handled.
-    backlog: VecDeque<(u64, i32)>,
+    /// Completions reaped but not yet handled, queued per agent (keyed by its CPU account) and
+    /// handled in deficit round robin (ipc/drr.rs); the daemon's own first.
+    backlog: Drr<usize, (u64, i32)>,
     shutdown_deadline: Option<Instant>,
     /// A stall tick is in flight.
     stall_armed: bool,
@@ -356,7 +358,7 @@ impl Ring {
             listeners: HashMap::new(),
             conns: HashMap::new(),
             next_id: 1,
-            backlog: VecDeque::new(),
+            backlog: Drr::new(super::drr::QUANTUM),
             shutdown_deadline: None,
             stall_armed: false,
             rate_waiting: HashSet::new(),
@@ -386,12 +388,7 @@ impl Ring {
                 Ok(_) => {}
                 Err(err) if err.raw_os_error() == Some(libc::EBUSY) => {
                     // Completion queue full: move completions aside to make room.
-                    let reaped: Vec<(u64, i32)> = self
-                        .ring
-                        .completion()
-                        .map(|c| (c.user_data(), c.result()))
-                        .collect();
-                    self.backlog.extend(reaped);
+                    self.reap();
                 }
                 Err(err) if err.raw_os_error() == Some(libc::EINTR) => {}
                 Err(err) => {
@@ -437,24 +434,39 @@ impl Ring {
                     }
                 }
             }
-            let reaped: Vec<(u64, i32)> = self
-                .ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
-            self.backlog.extend(reaped);
-            while let Some((u, res)) = self.backlog.pop_front() {
+            self.reap();
+            // Agents take turns (ipc/drr.rs): one agent's burst of completions does not delay
+            // another's by more than a quantum.
+            while let Some((key, (u, res))) = self.backlog.pop() {
                 // The CPU of a completion of an agent's socket is that agent's (ipc/cpu.rs).
                 match self.cpu_of(u) {
                     Some(cpu) => {
-                        let _charge = cpu.measure();
+                        let t0 = crate::ipc::cpu::thread_cpu_ns();
                         self.on_cqe(u, res);
+                        let ns = crate::ipc::cpu::thread_cpu_ns().saturating_sub(t0);
+                        cpu.charge(ns);
+                        if let Some(k) = key {
+                            self.backlog.charge(&k, ns);
+                        }
                     }
                     None => self.on_cqe(u, res),
                 }
             }
         }
         self.stop();
+    }
+
+    /// Move the completions the kernel posted into the backlog, each in its agent's queue.
+    fn reap(&mut self) {
+        let reaped: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (u, res) in reaped {
+            let key = self.cpu_of(u).map(|c| Arc::as_ptr(&c) as usize);
+            self.backlog.push(key, (u, res));
+        }
     }
 
     /// The CPU account of the agent whose socket completion `u` is for.
