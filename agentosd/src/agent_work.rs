@@ -70,6 +70,15 @@ pub fn at_daemon_priority<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Worker threads of the agents' runtime for `--agent-workers requested`: that many, or with 0
+/// one per CPU the daemon may use (its affinity and cgroup quota), at least 1, at most 4.
+pub fn workers(requested: usize) -> usize {
+    match requested {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4)),
+        n => n,
+    }
+}
+
 /// A multi-thread runtime for the agents' sessions whose threads (workers and blocking pool)
 /// run at `nice`.
 pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime> {
@@ -88,6 +97,19 @@ pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_has_the_workers_asked_for() {
+        // `--agent-workers 1`: one worker, whatever the host's CPUs.
+        assert_eq!(workers(1), 1);
+        let rt = runtime(thread_nice().unwrap(), workers(1)).unwrap();
+        assert_eq!(rt.handle().metrics().num_workers(), 1);
+        // 0: one per CPU, 1 to 4.
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(workers(0), cpus.clamp(1, 4));
+        let rt = runtime(thread_nice().unwrap(), workers(0)).unwrap();
+        assert_eq!(rt.handle().metrics().num_workers(), cpus.clamp(1, 4));
+    }
 
     #[test]
     fn threads_of_the_runtime_run_at_its_nice_and_tools_fork_at_the_daemons() {

@@ -134,6 +134,12 @@ pub struct RunArgs {
     /// first when the CPU is short. 0: same priority, one runtime
     #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
     pub agent_work_nice: i32,
+    /// Worker threads of the runtime that serves the agents' MCP sessions (with
+    /// `--agent-work-nice` above 0). 0: one per CPU, at most 4. On a host with two CPUs, 1 saves
+    /// the spurious wake-up of the second worker on every request (docs/benchmarks.md, "Tool
+    /// calls", sixth session) at the cost of serving the sessions' own work on one CPU
+    #[arg(long, global = true, default_value_t = 0, value_name = "N")]
+    pub agent_workers: usize,
     /// bpffs directory where the network and BPF LSM filesystem programs' links and maps are
     /// pinned (net-CGID/, fs-CGID/), so that they stay attached while agentosd is down or
     /// restarting (the next daemon takes them over);

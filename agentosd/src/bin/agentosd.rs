@@ -182,6 +182,7 @@ fn main() -> anyhow::Result<()> {
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
                 max_tool_calls_per_agent: r.max_tool_calls_per_agent,
                 agent_work_nice: r.agent_work_nice,
+                agent_workers: r.agent_workers,
                 ipc: agentosd::ipc::Limits {
                     inbound_bytes: r.ipc_inbound_bytes,
                     outbound_bytes: r.ipc_outbound_bytes,
