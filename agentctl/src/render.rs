@@ -214,6 +214,9 @@ pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String 
             .map(fmt_bytes)
             .unwrap_or_else(|| "n/a (no memory controller)".to_string())
     ));
+    if let Some(d) = &st.disk {
+        s.push_str(&disk_line(d));
+    }
     s.push_str(&format!(
         "        CPU: {}\n",
         st.cpu_usage_nsec
@@ -240,6 +243,25 @@ pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String 
         }
     }
     s
+}
+
+/// `       Disk: 3.0 MiB of 8.0 MiB, 12 of 100 inodes (user quota)`.
+fn disk_line(d: &agentos_api::DiskUsage) -> String {
+    let of = |max: u64, f: &dyn Fn(u64) -> String| {
+        if max == 0 {
+            " (no limit)".to_string()
+        } else {
+            format!(" of {}", f(max))
+        }
+    };
+    format!(
+        "       Disk: {}{}, {} inodes{} (user quota on the state file system{})\n",
+        fmt_bytes(d.bytes),
+        of(d.bytes_max, &fmt_bytes),
+        d.inodes,
+        of(d.inodes_max, &|n| n.to_string()),
+        if d.enforced { "" } else { ", counted, NOT enforced" }
+    )
 }
 
 /// `├─PID cmdline` lines, children under their parents.
