@@ -3,6 +3,7 @@
 //! here are killed (by PID), only cgroups made here are killed (cgroup.kill) and removed.
 #![allow(dead_code)]
 
+pub mod caller;
 pub mod flood;
 pub mod mem;
 pub mod models;
