@@ -260,7 +260,11 @@ fn disk_line(d: &agentos_api::DiskUsage) -> String {
         of(d.bytes_max, &fmt_bytes),
         d.inodes,
         of(d.inodes_max, &|n| n.to_string()),
-        if d.enforced { "" } else { ", counted, NOT enforced" }
+        if d.enforced {
+            ""
+        } else {
+            ", counted, NOT enforced"
+        }
     )
 }
 
@@ -394,6 +398,24 @@ fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_disk_line_shows_usage_against_the_quota() {
+        let mut d = agentos_api::DiskUsage {
+            bytes: 3 << 20,
+            inodes: 12,
+            bytes_max: 8 << 20,
+            inodes_max: 200,
+            enforced: true,
+        };
+        assert_eq!(
+            disk_line(&d),
+            "       Disk: 3.0M of 8.0M, 12 inodes of 200 (user quota on the state file system)\n"
+        );
+        (d.inodes_max, d.enforced) = (0, false);
+        assert!(disk_line(&d).contains("12 inodes (no limit)"));
+        assert!(disk_line(&d).contains("counted, NOT enforced"));
+    }
 
     #[test]
     fn the_daemon_cpu_line_names_the_share_and_the_ceiling() {

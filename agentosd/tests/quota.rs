@@ -100,11 +100,16 @@ fn daemon(state: &Path, base: &Path, cg: &TestCgroup, bus: &Bus) -> Daemon {
     std::fs::set_permissions(base, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     let tools = base.join("tools.d");
     std::fs::create_dir_all(&tools).unwrap();
-    std::fs::copy(
+    // The examples' clock.now, from the checkout or (in the VM) where `cargo xtask install`
+    // put it.
+    let manifest = [
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/tools/clock-now.yaml"),
-        tools.join("clock-now.yaml"),
-    )
-    .unwrap();
+        PathBuf::from("/usr/local/share/agentos/examples/tools/clock-now.yaml"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("examples/tools/clock-now.yaml");
+    std::fs::copy(manifest, tools.join("clock-now.yaml")).unwrap();
     let agents_dir = base.join("agents.d");
     std::fs::create_dir_all(&agents_dir).unwrap();
     let mut d = Daemon {
@@ -151,7 +156,13 @@ fn must_disk_budget_is_refused_without_quotas() {
     let o = d.ctl(&["start", strict.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_ne!(o.status.code(), Some(0), "{err}");
-    for want in ["compute.must", "user quota", "no quota support", "usrquota", "tmpfs"] {
+    for want in [
+        "compute.must",
+        "user quota",
+        "no quota support",
+        "usrquota",
+        "tmpfs",
+    ] {
         assert!(err.contains(want), "the refusal names {want:?}: {err}");
     }
     // Without must: started, and the budget is reported as not enforced.
@@ -163,7 +174,10 @@ fn must_disk_budget_is_refused_without_quotas() {
         unenforced.contains("disk 8.0 MiB") && unenforced.contains("not enforced"),
         "{st}"
     );
-    assert!(st["disk"].is_null(), "no usage where nothing counts it: {st}");
+    assert!(
+        st["disk"].is_null(),
+        "no usage where nothing counts it: {st}"
+    );
     // Started agents with no disk budget get the default, reported as a note.
     let plain = contract(base.path(), "plain", sleep, "");
     d.ctl_ok(&["start", plain.to_str().unwrap()]);
@@ -219,7 +233,9 @@ fn quota_ext4(img: &Path, dir: &Path) -> Result<Tmpfs, String> {
 }
 
 fn wait_json_line(d: &Daemon, agent: &str, key: &str, secs: u64) -> serde_json::Value {
-    wait_answer(d, agent, secs, &format!("with {key}"), |a| a.get(key).is_some())
+    wait_answer(d, agent, secs, &format!("with {key}"), |a| {
+        a.get(key).is_some()
+    })
 }
 
 #[test]
@@ -280,7 +296,9 @@ fn quota_bounds_what_an_agent_writes_as_itself() {
     // The daemon and the other agent never noticed.
     assert_eq!(daemon_status(&d)["storage_state"], "normal");
     let from = answers(&d, "work").last().unwrap()["i"].as_u64().unwrap();
-    wait_answer(&d, "work", 30, "5 more", |a| a["i"].as_u64() >= Some(from + 5));
+    wait_answer(&d, "work", 30, "5 more", |a| {
+        a["i"].as_u64() >= Some(from + 5)
+    });
     assert!(
         answers(&d, "work")
             .iter()
@@ -295,11 +313,16 @@ fn quota_bounds_what_an_agent_writes_as_itself() {
     assert_eq!(disk["enforced"], true, "{st}");
     assert!(disk["bytes"].as_u64().unwrap() >= 7 * MIB, "{st}");
     let text = d.ctl_ok(&["status", "hog"]);
-    assert!(text.contains("Disk: ") && text.contains("of 8.0M"), "{text}");
+    assert!(
+        text.contains("Disk: ") && text.contains("of 8.0M"),
+        "{text}"
+    );
 
     // Re-adoption sets the quota again: clear it behind the daemon's back, kill -9 the daemon,
     // start it again.
-    let uid = std::fs::metadata(state.join("home/default/hog")).unwrap().uid();
+    let uid = std::fs::metadata(state.join("home/default/hog"))
+        .unwrap()
+        .uid();
     let dirfd = std::fs::File::open(&state).unwrap();
     agentosd::sys::quota::set_user_limits(dirfd.as_fd(), uid, 0, 0).unwrap();
     assert_eq!(
@@ -338,7 +361,9 @@ fn quota_bounds_what_an_agent_writes_as_itself() {
     );
     assert_eq!(daemon_status(&d)["storage_state"], "low");
     let from = answers(&d, "work").last().unwrap()["i"].as_u64().unwrap();
-    wait_answer(&d, "work", 30, "5 more", |a| a["i"].as_u64() >= Some(from + 5));
+    wait_answer(&d, "work", 30, "5 more", |a| {
+        a["i"].as_u64() >= Some(from + 5)
+    });
     assert!(
         answers(&d, "work")
             .iter()

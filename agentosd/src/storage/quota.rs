@@ -143,7 +143,9 @@ pub fn limits(
 ) -> Option<Limits> {
     let l = Limits {
         bytes: disk.or_else(|| defaults.bytes.of(fs.bytes)).unwrap_or(0),
-        inodes: inodes.or_else(|| defaults.inodes.of(fs.inodes)).unwrap_or(0),
+        inodes: inodes
+            .or_else(|| defaults.inodes.of(fs.inodes))
+            .unwrap_or(0),
     };
     (l.bytes > 0 || l.inodes > 0).then_some(l)
 }
@@ -167,7 +169,11 @@ fn kernel_has_quota() -> bool {
 impl Support {
     /// From the kernel's answer; `kernel_quota`: whether the kernel has quota support at all
     /// (it tells an ENOSYS of the kernel from one of the file system).
-    pub fn classify(r: Result<UserQuotaState, Errno>, kernel_quota: bool, fs_type: &str) -> Support {
+    pub fn classify(
+        r: Result<UserQuotaState, Errno>,
+        kernel_quota: bool,
+        fs_type: &str,
+    ) -> Support {
         match r {
             Ok(UserQuotaState {
                 accounting: true,
@@ -298,10 +304,7 @@ pub fn quota_dirs(
     let mut out = vec![state_dir.to_path_buf()];
     if let Some(audit) = audit_dir {
         let a = near(audit);
-        if a.is_some()
-            && a != near(state_dir)
-            && write_scopes.iter().any(|s| near(s) == a)
-        {
+        if a.is_some() && a != near(state_dir) && write_scopes.iter().any(|s| near(s) == a) {
             out.push(audit.to_path_buf());
         }
     }
@@ -325,7 +328,11 @@ pub fn check_line(state_dir: &Path, audit_dir: &Path, defaults: &DiskDefaults) -
                     "{} ({role}): {} [{}]",
                     q.dir.display(),
                     q.support.describe(),
-                    if q.support.enforced() { "ok" } else { "NOT ENFORCED" }
+                    if q.support.enforced() {
+                        "ok"
+                    } else {
+                        "NOT ENFORCED"
+                    }
                 ));
             }
             Err(e) => {
@@ -438,19 +445,32 @@ mod tests {
                 enforcing: e,
             })
         };
-        assert_eq!(Support::classify(on(Some(true)), true, "ext4"), Support::Enforced);
+        assert_eq!(
+            Support::classify(on(Some(true)), true, "ext4"),
+            Support::Enforced
+        );
         assert_eq!(Support::classify(on(None), true, "ext4"), Support::Enforced);
         let counted = Support::classify(on(Some(false)), true, "ext4");
         assert_eq!(counted, Support::CountedOnly);
-        assert!(counted.describe().contains("usrquota"), "{}", counted.describe());
+        assert!(
+            counted.describe().contains("usrquota"),
+            "{}",
+            counted.describe()
+        );
         let off = Support::classify(Err(Errno::ESRCH), true, "ext4");
         assert!(!off.enforced());
         let d = off.describe();
-        assert!(d.contains("user quotas are off") && d.contains("tune2fs -O quota"), "{d}");
+        assert!(
+            d.contains("user quotas are off") && d.contains("tune2fs -O quota"),
+            "{d}"
+        );
         let nokernel = Support::classify(Err(Errno::ENOSYS), false, "ext4").describe();
         assert!(nokernel.contains("CONFIG_QUOTA"), "{nokernel}");
         let tmpfs = Support::classify(Err(Errno::ENOSYS), true, "tmpfs").describe();
-        assert!(tmpfs.contains("tmpfs") && tmpfs.contains("usrquota"), "{tmpfs}");
+        assert!(
+            tmpfs.contains("tmpfs") && tmpfs.contains("usrquota"),
+            "{tmpfs}"
+        );
         let xfs = Support::classify(Err(Errno::EINVAL), true, "xfs").describe();
         assert!(xfs.contains("uquota"), "{xfs}");
     }
@@ -488,11 +508,18 @@ mod tests {
     #[test]
     fn the_check_line_names_the_remedy_when_not_enforced() {
         let dir = tempfile::tempdir().unwrap();
-        let line = check_line(dir.path(), &dir.path().join("audit"), &DiskDefaults::default());
+        let line = check_line(
+            dir.path(),
+            &dir.path().join("audit"),
+            &DiskDefaults::default(),
+        );
         assert!(line.starts_with("disk quotas: "), "{line}");
         let q = probe(dir.path()).unwrap();
         if !q.support.enforced() {
-            assert!(line.contains("NOT ENFORCED") && line.contains("usrquota"), "{line}");
+            assert!(
+                line.contains("NOT ENFORCED") && line.contains("usrquota"),
+                "{line}"
+            );
         }
         assert!(q.size.bytes > 0, "{q:?}");
     }

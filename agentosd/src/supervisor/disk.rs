@@ -32,9 +32,8 @@ impl DiskQuota<'_> {
         let b = &run.spec.budgets;
         let declared = b.disk_bytes.is_some() || b.disk_inodes.is_some();
         let state_dir = &sup.cfg.state_dir;
-        let uid = identity::uid_for(state_dir, &run.agent.id).map_err(|e| {
-            Error::Kernel(format!("agent {}: disk quota: {e}", run.agent.id))
-        })?;
+        let uid = identity::uid_for(state_dir, &run.agent.id)
+            .map_err(|e| Error::Kernel(format!("agent {}: disk quota: {e}", run.agent.id)))?;
         if let Some(s) = sup.storage() {
             s.register_uid(&run.agent.id, uid);
         }
@@ -92,9 +91,8 @@ impl DiskQuota<'_> {
             if declared {
                 out.unenforced.push(format!("{what}: not enforced: {why}"));
             } else {
-                out.notes.push(format!(
-                    "default disk quota ({what}): not enforced: {why}"
-                ));
+                out.notes
+                    .push(format!("default disk quota ({what}): not enforced: {why}"));
             }
         }
         Ok(out)
@@ -115,9 +113,10 @@ impl Mechanism for DiskQuota<'_> {
 
     fn adopt(&self, run: &RunCtx<'_>) -> Vec<String> {
         // Set again: the limits may have been changed (or a newer daemon computes them
-        // differently); a failure is reported, the running agent is kept.
+        // differently); a failure is reported, the running agent is kept. The default quota's
+        // note was made at its start already.
         match self.set(run) {
-            Ok(o) => o.unenforced.into_iter().chain(o.notes).collect(),
+            Ok(o) => o.unenforced,
             Err(e) => vec![format!("disk quota: {e}")],
         }
     }

@@ -79,7 +79,12 @@ struct QuotaStatV {
 
 /// # Safety
 /// `addr` is null or points to memory of the layout `cmd` reads or writes, valid for the call.
-unsafe fn quotactl_fd(fd: BorrowedFd<'_>, cmd: u32, id: u32, addr: *mut libc::c_void) -> Result<(), Errno> {
+unsafe fn quotactl_fd(
+    fd: BorrowedFd<'_>,
+    cmd: u32,
+    id: u32,
+    addr: *mut libc::c_void,
+) -> Result<(), Errno> {
     // SAFETY: the caller's contract on `addr`; `fd` is open for the call.
     let r = unsafe {
         libc::syscall(

@@ -93,4 +93,3 @@ pub fn wait_answer(
         std::thread::sleep(Duration::from_millis(100));
     }
 }
-
