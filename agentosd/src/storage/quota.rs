@@ -300,7 +300,7 @@ pub fn quota_dirs(
     write_scopes: &[PathBuf],
     dev: &dyn Fn(&Path) -> Option<u64>,
 ) -> Vec<PathBuf> {
-    let near = |p: &Path| p.ancestors().find_map(|a| dev(a));
+    let near = |p: &Path| p.ancestors().find_map(dev);
     let mut out = vec![state_dir.to_path_buf()];
     if let Some(audit) = audit_dir {
         let a = near(audit);

@@ -73,10 +73,7 @@ impl DiskQuota<'_> {
                 fs.dir.display()
             );
             let failed = match &fs.support {
-                Support::Enforced => match fs.apply(uid, limits) {
-                    Ok(()) => None,
-                    Err(e) => Some(e),
-                },
+                Support::Enforced => fs.apply(uid, limits).err(),
                 other => Some(other.describe()),
             };
             let Some(why) = failed else {
