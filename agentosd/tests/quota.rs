@@ -259,6 +259,27 @@ fn more_ok(d: &Daemon, agent: &str, from: usize, n: usize) {
     );
 }
 
+/// [`quota_ext4`] on `base/state`, or `None` after saying why this host skips (never in the VM,
+/// whose kernel has ext4 quotas).
+fn quota_ext4_or_skip(base: &Path, test: &str) -> Option<Tmpfs> {
+    match quota_ext4(&base.join("state.img"), &base.join("state")) {
+        Ok(m) => Some(m),
+        Err(why) => {
+            assert!(
+                std::env::var("AGENTOS_VM_TEST").as_deref() != Ok("1"),
+                "the VM's kernel has ext4 quotas: {why}"
+            );
+            common::skip_by_design(
+                test,
+                &format!(
+                    "this kernel cannot mount ext4 with user quotas (CONFIG_QUOTA and CONFIG_QFMT_V2 are needed): {why}; `cargo xtask vm test quota` runs this"
+                ),
+            );
+            None
+        }
+    }
+}
+
 fn wait_json_line(d: &Daemon, agent: &str, key: &str, secs: u64) -> serde_json::Value {
     wait_answer(d, agent, secs, &format!("with {key}"), |a| {
         a.get(key).is_some()
@@ -274,17 +295,8 @@ fn without_the_quota_the_same_agent_fills_the_file_system() {
     skip_unless_capable!();
     let base = tempfile::tempdir().unwrap();
     let state = base.path().join("state");
-    let in_vm = std::env::var("AGENTOS_VM_TEST").as_deref() == Ok("1");
-    let fs = match quota_ext4(&base.path().join("state.img"), &state) {
-        Ok(m) => m,
-        Err(why) => {
-            assert!(!in_vm, "the VM's kernel has ext4 quotas: {why}");
-            common::skip_by_design(
-                module_path!(),
-                &format!("this kernel cannot mount ext4 with user quotas: {why}"),
-            );
-            return;
-        }
+    let Some(fs) = quota_ext4_or_skip(base.path(), module_path!()) else {
+        return;
     };
     let (cg, bus) = (TestCgroup::new("noquota"), Bus::start());
     let off = [
@@ -311,19 +323,8 @@ fn quota_bounds_what_an_agent_writes_as_itself() {
     skip_unless_capable!();
     let base = tempfile::tempdir().unwrap();
     let state = base.path().join("state");
-    let in_vm = std::env::var("AGENTOS_VM_TEST").as_deref() == Ok("1");
-    let fs = match quota_ext4(&base.path().join("state.img"), &state) {
-        Ok(m) => m,
-        Err(why) => {
-            assert!(!in_vm, "the VM's kernel has ext4 quotas: {why}");
-            common::skip_by_design(
-                module_path!(),
-                &format!(
-                    "this kernel cannot mount ext4 with user quotas (CONFIG_QUOTA and CONFIG_QFMT_V2 are needed): {why}; `cargo xtask vm test quota` runs this"
-                ),
-            );
-            return;
-        }
+    let Some(fs) = quota_ext4_or_skip(base.path(), module_path!()) else {
+        return;
     };
     let (cg, bus) = (TestCgroup::new("quota"), Bus::start());
     let mut d = daemon(&state, base.path(), &cg, &bus, &[]);
