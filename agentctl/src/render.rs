@@ -214,6 +214,9 @@ pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String 
             .map(fmt_bytes)
             .unwrap_or_else(|| "n/a (no memory controller)".to_string())
     ));
+    if let Some(d) = &st.disk {
+        s.push_str(&disk_line(d));
+    }
     s.push_str(&format!(
         "        CPU: {}\n",
         st.cpu_usage_nsec
@@ -240,6 +243,29 @@ pub fn render_status(st: &AgentStatus, log: &[agentos_api::LogEntry]) -> String 
         }
     }
     s
+}
+
+/// `       Disk: 3.0 MiB of 8.0 MiB, 12 of 100 inodes (user quota)`.
+fn disk_line(d: &agentos_api::DiskUsage) -> String {
+    let of = |max: u64, f: &dyn Fn(u64) -> String| {
+        if max == 0 {
+            " (no limit)".to_string()
+        } else {
+            format!(" of {}", f(max))
+        }
+    };
+    format!(
+        "       Disk: {}{}, {} inodes{} (user quota on the state file system{})\n",
+        fmt_bytes(d.bytes),
+        of(d.bytes_max, &fmt_bytes),
+        d.inodes,
+        of(d.inodes_max, &|n| n.to_string()),
+        if d.enforced {
+            ""
+        } else {
+            ", counted, NOT enforced"
+        }
+    )
 }
 
 /// `├─PID cmdline` lines, children under their parents.
@@ -372,6 +398,24 @@ fn daemon_cpu_line(c: &agentos_api::DaemonCpu) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_disk_line_shows_usage_against_the_quota() {
+        let mut d = agentos_api::DiskUsage {
+            bytes: 3 << 20,
+            inodes: 12,
+            bytes_max: 8 << 20,
+            inodes_max: 200,
+            enforced: true,
+        };
+        assert_eq!(
+            disk_line(&d),
+            "       Disk: 3.0M of 8.0M, 12 inodes of 200 (user quota on the state file system)\n"
+        );
+        (d.inodes_max, d.enforced) = (0, false);
+        assert!(disk_line(&d).contains("12 inodes (no limit)"));
+        assert!(disk_line(&d).contains("counted, NOT enforced"));
+    }
 
     #[test]
     fn the_daemon_cpu_line_names_the_share_and_the_ceiling() {

@@ -603,6 +603,8 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            disk_bytes: None,
+            disk_inodes: None,
             must: false,
         };
         let f = budget_files(&b);

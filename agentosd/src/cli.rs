@@ -236,6 +236,15 @@ pub struct RunArgs {
         value_name = "FIRST-LAST"
     )]
     pub agent_uids: crate::sandbox::identity::UidRange,
+    /// Disk quota of an agent whose contract sets no compute.disk: a size (2GiB), a share of
+    /// the state file system (10%) or off. A user quota on the agent's uid, set at each start;
+    /// needs a state file system with user quotas (`agentosd check`; docs/install.md)
+    #[arg(long, global = true, default_value = "10%", value_name = "SIZE|PERCENT|off", value_parser = crate::storage::quota::Share::parse_size)]
+    pub agent_disk_default: crate::storage::quota::Share,
+    /// Inode limit of the same quota where the contract sets no compute.disk_inodes: a count,
+    /// a share of the file system's inodes (10%) or off
+    #[arg(long, global = true, default_value = "10%", value_name = "COUNT|PERCENT|off", value_parser = crate::storage::quota::Share::parse_count)]
+    pub agent_disk_inodes_default: crate::storage::quota::Share,
 }
 
 #[derive(Subcommand, Debug)]

@@ -93,6 +93,9 @@ pub struct Options {
     pub storage_check_interval: Duration,
     /// Uids handed to agents (`--agent-uids`); see sandbox/identity.rs.
     pub agent_uids: crate::sandbox::identity::UidRange,
+    /// Agents' disk quotas where the contract sets none (`--agent-disk-default`,
+    /// `--agent-disk-inodes-default`); see storage/quota.rs.
+    pub agent_disk: crate::storage::quota::DiskDefaults,
 }
 
 impl Default for Options {
@@ -131,6 +134,7 @@ impl Default for Options {
             storage_reserve: Default::default(),
             storage_check_interval: crate::storage::DEFAULT_CHECK_INTERVAL,
             agent_uids: Default::default(),
+            agent_disk: Default::default(),
         }
     }
 }
@@ -760,6 +764,7 @@ fn build_supervisor(opts: &Options, root: &Path) -> Result<Built> {
         stop_timeout: opts.stop_timeout,
         freeze_timeout: Duration::from_secs(5),
         denial_records: opts.denial_records,
+        disk: opts.agent_disk,
     };
     // The cgroup layout first: the network enforcer attaches to `agents/`.
     Supervisor::prepare_root(&cfg).map_err(anyhow::Error::msg)?;

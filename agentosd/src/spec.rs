@@ -64,6 +64,13 @@ pub struct Budgets {
     /// Per-device `io.max` limits (absent in records of older daemons).
     #[serde(default)]
     pub io: Vec<IoBudget>,
+    /// `compute.disk`: bytes the agent's uid may own on the state file system (a user quota;
+    /// storage/quota.rs); absent in records of older daemons.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
+    /// `compute.disk_inodes`: files it may own there.
+    #[serde(default)]
+    pub disk_inodes: Option<u64>,
     pub must: bool,
 }
 
@@ -159,6 +166,8 @@ impl AgentSpec {
                 memory_high_bytes: b.memory_high_bytes,
                 pids: b.pids,
                 io: b.io.iter().map(IoBudget::from).collect(),
+                disk_bytes: b.disk_bytes,
+                disk_inodes: b.disk_inodes,
                 must: b.must,
             },
             sched: crate::sched::SchedSpec::from_contract(c),

@@ -28,6 +28,8 @@ fn spec(name: &str, script: &str, restart: Restart) -> AgentSpec {
             memory_high_bytes: None,
             pids: Some(64),
             io: vec![],
+            disk_bytes: None,
+            disk_inodes: None,
             must: false,
         },
         sched: Default::default(),
@@ -48,6 +50,7 @@ fn setup(tag: &str) -> (common::TestCgroup, tempfile::TempDir, Arc<Supervisor>) 
             stop_timeout: Duration::from_secs(2),
             freeze_timeout: Duration::from_secs(5),
             denial_records: Default::default(),
+            disk: Default::default(),
         },
         tx,
     )

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 pub use error::ApiError;
 pub use wire::{
-    AgentRow, AgentStatus, ConsentRequest, ConsentRow, DaemonCpu, ListRow, LogEntry, ModelUsage,
+    AgentRow, AgentStatus, ConsentRequest, ConsentRow, DaemonCpu, DiskUsage, ListRow, LogEntry,
+    ModelUsage,
 };
 
 /// The daemon's well-known bus name.

@@ -101,6 +101,10 @@ pub struct AgentStatus {
     /// daemon never served it or is older.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon_cpu: Option<DaemonCpu>,
+    /// The agent's disk quota and usage on the state file system (its uid's files, read with
+    /// `Q_GETQUOTA`); absent where that file system has no user quotas, or from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskUsage>,
     pub log_path: String,
     pub origin: String,
     /// A file of the agents directory holds its contract (started at boot).
@@ -117,6 +121,19 @@ pub struct AgentStatus {
     pub command: String,
     /// `(pid, ppid, command line)` of every process in the cgroup.
     pub processes: Vec<(u32, u32, String)>,
+}
+
+/// An agent's disk quota on the daemon's state file system and what its uid owns there.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Bytes and inodes its uid owns (its home, its tools' scratch, files an earlier run left).
+    pub bytes: u64,
+    pub inodes: u64,
+    /// The quota's hard limits (0: none).
+    pub bytes_max: u64,
+    pub inodes_max: u64,
+    /// Whether the file system enforces them (false: counted only).
+    pub enforced: bool,
 }
 
 /// The daemon's CPU spent for one agent since the daemon started.

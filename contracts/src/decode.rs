@@ -1181,7 +1181,17 @@ fn decode_compute(n: &N, dec: &mut Dec, c: &mut Compute) {
     let Some(f) = dec.fields(
         n,
         "compute",
-        &["cpu", "mem", "mem_high", "pids", "cpuset", "io", "must"],
+        &[
+            "cpu",
+            "mem",
+            "mem_high",
+            "pids",
+            "cpuset",
+            "io",
+            "disk",
+            "disk_inodes",
+            "must",
+        ],
     ) else {
         return;
     };
@@ -1201,6 +1211,7 @@ fn decode_compute(n: &N, dec: &mut Dec, c: &mut Compute) {
     for (key, out) in [
         ("mem", &mut c.mem_bytes),
         ("mem_high", &mut c.mem_high_bytes),
+        ("disk", &mut c.disk_bytes),
     ] {
         let field = format!("compute.{key}");
         if let Some(x) = f.get(key)
@@ -1216,6 +1227,11 @@ fn decode_compute(n: &N, dec: &mut Dec, c: &mut Compute) {
     }
     if let Some(x) = f.get("pids") {
         c.pids = dec.uint(x, "compute.pids", 1, 4_194_304);
+    }
+    if let Some(x) = f.get("disk_inodes") {
+        // A quota's inode limit is a 64-bit count; more than 2^32 files is no limit on any
+        // file system agentos runs on.
+        c.disk_inodes = dec.uint(x, "compute.disk_inodes", 1, u64::from(u32::MAX));
     }
     if let Some(x) = f.get("cpuset") {
         match &x.v {

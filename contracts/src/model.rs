@@ -96,6 +96,13 @@ pub struct Budgets {
     pub pids: Option<u64>,
     /// Per-device I/O limits (`compute.io`).
     pub io: Vec<IoLimit>,
+    /// Bytes the agent's uid may own on the daemon's state file system (`compute.disk`): a
+    /// user quota's block limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Files and directories it may own there (`compute.disk_inodes`): the quota's inode limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_inodes: Option<u64>,
     /// True when the contract marks budgets as hard requirements (`compute.must: true`).
     pub must: bool,
 }
@@ -169,6 +176,12 @@ pub struct Compute {
     pub cpuset: Vec<u32>,
     /// Per-device I/O limits (`io.max`).
     pub io: Vec<IoLimit>,
+    /// `compute.disk`: bytes on the state file system (a user quota on the agent's uid).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// `compute.disk_inodes`: files on the state file system (the same quota's inode limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_inodes: Option<u64>,
     pub must: bool,
 }
 
@@ -475,6 +488,8 @@ impl Contract {
             memory_high_bytes: self.compute.mem_high_bytes,
             pids: self.compute.pids,
             io: self.compute.io.clone(),
+            disk_bytes: self.compute.disk_bytes,
+            disk_inodes: self.compute.disk_inodes,
             must: self.compute.must,
         }
     }
@@ -561,6 +576,9 @@ impl Contract {
         }
         if let Some(m) = self.compute.mem_bytes {
             parts.push(format!("mem {}", crate::units::format_memory(m)));
+        }
+        if let Some(d) = self.compute.disk_bytes {
+            parts.push(format!("disk {}", crate::units::format_memory(d)));
         }
         if let Some(d) = self.deadline() {
             parts.push(format!(

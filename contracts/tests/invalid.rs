@@ -12,6 +12,13 @@ const EXPECTED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "bad-disk.yaml",
+        &[
+            "3:9: compute.disk: memory \"lots\" is not a size (write \"2GiB\", \"512MiB\" or a number of bytes)",
+            "4:16: compute.disk_inodes: must be positive, found 0",
+        ],
+    ),
+    (
         "bad-io.yaml",
         &[
             "4:17: compute.io[0].device: \"sda\" is neither a path under /dev/ nor MAJOR:MINOR",

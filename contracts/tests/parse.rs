@@ -41,6 +41,8 @@ fn canonical_paper_example() {
             memory_high_bytes: None,
             pids: None,
             io: vec![],
+            disk_bytes: None,
+            disk_inodes: None,
             must: false
         }
     );
@@ -190,6 +192,34 @@ fn runnable_examples() {
     assert_eq!(c.cpuset(), [1]);
     assert_eq!(c.restart().policy, RestartPolicy::Always);
     assert_eq!(c.restart().limit, 3);
+}
+
+#[test]
+fn disk_budget_parses_as_a_size_and_a_count() {
+    let c = parse_contract(
+        "name: x\ncompute: { disk: 64MiB, disk_inodes: 1000, must: true }\n",
+        "disk.yaml",
+    )
+    .unwrap();
+    let b = c.budgets();
+    assert_eq!(
+        (b.disk_bytes, b.disk_inodes, b.must),
+        (Some(64 << 20), Some(1000), true)
+    );
+    assert!(c.summary().contains("disk 64MiB"), "{}", c.summary());
+    // A plain number of bytes, and no inode limit (the daemon's default applies).
+    let c = parse_contract("name: x\ncompute: { disk: 1048576 }\n", "disk.yaml").unwrap();
+    assert_eq!(
+        (c.budgets().disk_bytes, c.budgets().disk_inodes),
+        (Some(1 << 20), None)
+    );
+    // Without the field the canonical form (and so every existing contract's hash) is unchanged.
+    let c = parse_contract("name: x\ncompute: { mem: 1GiB }\n", "a").unwrap();
+    assert!(
+        !c.to_canonical_json().contains("disk"),
+        "{}",
+        c.to_canonical_json()
+    );
 }
 
 #[test]

@@ -125,6 +125,14 @@ fn main() -> anyhow::Result<()> {
                     "{}",
                     agentosd::storage::check_line(reserve, &audit, &r.state_dir)
                 );
+                let disk = agentosd::storage::quota::DiskDefaults {
+                    bytes: r.agent_disk_default,
+                    inodes: r.agent_disk_inodes_default,
+                };
+                println!(
+                    "{}",
+                    agentosd::storage::quota::check_line(&r.state_dir, &audit, &disk)
+                );
                 // What the daemon would get: it raises its soft limit to the hard one.
                 let nofile = agentosd::sys::rlimit::raise_nofile()
                     .unwrap_or_else(|_| agentosd::sys::rlimit::nofile());
@@ -239,6 +247,10 @@ fn main() -> anyhow::Result<()> {
                     r.storage_check_interval.clamp(0.01, 3600.0),
                 ),
                 agent_uids: r.agent_uids,
+                agent_disk: agentosd::storage::quota::DiskDefaults {
+                    bytes: r.agent_disk_default,
+                    inodes: r.agent_disk_inodes_default,
+                },
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(4)

@@ -11,7 +11,13 @@
 //! once space returns; everything recovers without a restart. The state is the Manager's
 //! `StorageState` on D-Bus (signalled once per change), `agentctl status` and `agentosd check`,
 //! and one line in the daemon's log per transition. See docs/daemon.md, "Storage reserve".
+//!
+//! What an agent writes itself (its home, its tools' scratch, as its own uid) the daemon does not
+//! see being written: it is bounded by the agent's disk quota ([`quota`]), and while storage is
+//! low the uids' quota usage (`Q_GETQUOTA`) makes the agents owning the most of the state file
+//! system offenders too ([`usage::owners`]).
 
+pub mod quota;
 pub mod reserve;
 pub mod usage;
 
@@ -164,6 +170,10 @@ pub struct Storage {
     low: AtomicBool,
     status: Mutex<Status>,
     usage: Mutex<usage::Usage>,
+    /// Agents' uids (registered at each start and re-adoption), for their quota usage.
+    uids: Mutex<std::collections::HashMap<String, u32>>,
+    /// While low: the agents owning the most of the state file system (their uids' files).
+    owners: Mutex<Vec<(String, u64)>>,
     refusals: Mutex<(usage::Refusals, Instant)>,
     /// A write failed: check now.
     kicked: AtomicBool,
@@ -204,6 +214,8 @@ impl Storage {
             low: AtomicBool::new(false),
             status: Mutex::default(),
             usage: Mutex::new(usage::Usage::new(now)),
+            uids: Mutex::default(),
+            owners: Mutex::default(),
             refusals: Mutex::new((usage::Refusals::default(), now)),
             kicked: AtomicBool::new(false),
             thread: Mutex::new(None),
@@ -276,6 +288,11 @@ impl Storage {
             file_systems: seen.into_iter().map(|(_, r)| r).collect(),
         };
         *lock(&self.status) = status.clone();
+        *lock(&self.owners) = if status.low {
+            self.read_owners(&status)
+        } else {
+            Vec::new()
+        };
         self.low.store(status.low, Ordering::Relaxed);
         if status.low != was {
             let fs = status
@@ -291,6 +308,60 @@ impl Storage {
             self.changes.send_replace(status.clone());
         }
         status
+    }
+
+    /// Remember that agent `id` runs as `uid` (its files on the state file system are its own).
+    pub fn register_uid(&self, id: &str, uid: u32) {
+        let mut g = lock(&self.uids);
+        if g.contains_key(id) || g.len() < usage::MAX_AGENTS {
+            g.insert(id.to_string(), uid);
+        }
+    }
+
+    /// The audit directory watched.
+    pub fn audit_dir(&self) -> Option<&Path> {
+        self.watched
+            .iter()
+            .find(|(r, _)| *r == "audit")
+            .map(|(_, d)| d.as_path())
+    }
+
+    /// The uid registered for agent `id`.
+    pub fn uid_of(&self, id: &str) -> Option<u32> {
+        lock(&self.uids).get(id).copied()
+    }
+
+    /// The state directory watched.
+    fn state_dir(&self) -> Option<&Path> {
+        self.watched
+            .iter()
+            .find(|(r, _)| *r == "state")
+            .map(|(_, d)| d.as_path())
+    }
+
+    /// Every registered agent's bytes on the state file system (`Q_GETQUOTA` of its uid: one
+    /// system call each, only while low), ranked by [`usage::owners`]. Empty where the file
+    /// system has no quotas.
+    fn read_owners(&self, status: &Status) -> Vec<(String, u64)> {
+        let Some(dir) = self.state_dir() else {
+            return Vec::new();
+        };
+        let Ok(q) = quota::probe(dir) else {
+            return Vec::new();
+        };
+        if matches!(q.support, quota::Support::Unavailable(_)) {
+            return Vec::new();
+        }
+        let owned: Vec<(String, u64)> = lock(&self.uids)
+            .iter()
+            .filter_map(|(id, uid)| q.usage(*uid).ok().map(|u| (id.clone(), u.bytes)))
+            .collect();
+        let total = status
+            .file_systems
+            .iter()
+            .find(|r| r.roles.iter().any(|x| x == "state"))
+            .map_or(q.size.bytes, |r| r.total);
+        usage::owners(&owned, total)
     }
 
     /// A write failed (perhaps for want of space): check at once rather than at the next tick.
@@ -323,15 +394,23 @@ impl Storage {
         }
         let now = Instant::now();
         let offenders = lock(&self.usage).offenders(now);
-        let (_, bytes) = offenders.iter().find(|(o, _)| o == id)?;
+        let fs = self
+            .status()
+            .worst()
+            .map_or_else(|| "no reading".into(), Reading::describe);
+        if let Some((_, bytes)) = offenders.iter().find(|(o, _)| o == id) {
+            self.count_refusal(id, "storage-low");
+            return Some(format!(
+                "refused: storage low: {fs}; agent {id} made agentosd write {} in the last {} s, the most of any agent, so its requests are refused first until space returns",
+                human(*bytes),
+                2 * usage::WINDOW.as_secs()
+            ));
+        }
+        let bytes = lock(&self.owners).iter().find(|(o, _)| o == id)?.1;
         self.count_refusal(id, "storage-low");
         Some(format!(
-            "refused: storage low: {}; agent {id} made agentosd write {} in the last {} s, the most of any agent, so its requests are refused first until space returns",
-            self.status()
-                .worst()
-                .map_or_else(|| "no reading".into(), Reading::describe),
-            human(*bytes),
-            2 * usage::WINDOW.as_secs()
+            "refused: storage low: {fs}; agent {id} owns {} there (its uid's files: its home, its tools' scratch; user quota usage), the most of any agent, so its requests are refused first until space returns",
+            human(bytes)
         ))
     }
 
@@ -340,12 +419,19 @@ impl Storage {
         lock(&self.usage).charge(id, bytes, Instant::now());
     }
 
-    /// The agents writing the most, while low (empty otherwise).
+    /// The agents writing the most, then those owning the most of the state file system not
+    /// already named, while low (empty otherwise).
     pub fn offenders(&self) -> Vec<(String, u64)> {
         if !self.is_low() {
             return Vec::new();
         }
-        lock(&self.usage).offenders(Instant::now())
+        let mut all = lock(&self.usage).offenders(Instant::now());
+        for (id, b) in lock(&self.owners).iter() {
+            if !all.iter().any(|(o, _)| o == id) {
+                all.push((id.clone(), *b));
+            }
+        }
+        all
     }
 
     /// While low: count a refusal of `agent` (`what` it was) for its summary record instead of

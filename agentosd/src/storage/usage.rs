@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 pub const WINDOW: Duration = Duration::from_secs(10);
 
 /// Agents tracked at most; past that, the rest share [`OVERFLOW`].
-const MAX_AGENTS: usize = 16_384;
+pub const MAX_AGENTS: usize = 16_384;
 
 /// The bucket agents share once [`MAX_AGENTS`] are tracked.
 pub const OVERFLOW: &str = "(other agents)";
@@ -95,6 +95,23 @@ impl Usage {
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         all
     }
+}
+
+/// The agents that own the most of a file system of `total` bytes by their uids' files (their
+/// quota usage), most first: those with at least [`OFFENDER_MIN`] and 1/32 of the file system
+/// (an agent keeping its working files is not one), and at least half the bytes of the agent
+/// owning the most — the same shape as [`Usage::offenders`].
+pub fn owners(owned: &[(String, u64)], total: u64) -> Vec<(String, u64)> {
+    let floor = OFFENDER_MIN.max(total / 32);
+    let mut all: Vec<(String, u64)> = owned
+        .iter()
+        .filter(|(id, b)| !id.is_empty() && *b >= floor)
+        .cloned()
+        .collect();
+    let top = all.iter().map(|(_, b)| *b).max().unwrap_or(0);
+    all.retain(|(_, b)| b.saturating_mul(2) >= top);
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all
 }
 
 /// One agent's refusals counted instead of recorded.
@@ -199,6 +216,24 @@ mod tests {
         assert!(u.offenders(t0).is_empty());
         u.charge("acme/a", 1, t0);
         assert_eq!(u.offenders(t0), vec![("acme/a".to_string(), OFFENDER_MIN)]);
+    }
+
+    #[test]
+    fn owners_are_the_agents_whose_files_fill_the_file_system() {
+        let total = 64 << 20;
+        let owned = vec![
+            ("acme/hog".to_string(), 40 << 20),
+            ("acme/data".to_string(), 21 << 20),
+            ("acme/small".to_string(), 1 << 20),
+            ("acme/tiny".to_string(), 4 << 10),
+        ];
+        let o = owners(&owned, total);
+        let ids: Vec<&str> = o.iter().map(|(i, _)| i.as_str()).collect();
+        assert_eq!(ids, ["acme/hog", "acme/data"], "half of the top or more");
+        // 1 MiB of 64 MiB is below 1/32 of the file system: a working agent, not an offender.
+        assert!(owners(&owned[2..], total).is_empty());
+        // On a large file system the floor scales.
+        assert!(owners(&owned[..1], 100 << 30).is_empty());
     }
 
     #[test]

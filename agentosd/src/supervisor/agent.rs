@@ -151,6 +151,7 @@ impl Agent {
                     models: None,
                     tool_calls: 0,
                     daemon_cpu: None,
+                    disk: None,
                     log_path: self.log_path.display().to_string(),
                     origin: i.origin.clone(),
                     enabled: i.enabled,

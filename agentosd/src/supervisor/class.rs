@@ -226,6 +226,8 @@ mod tests {
                 wbps: Some(4096),
                 ..Default::default()
             }],
+            disk_bytes: None,
+            disk_inodes: None,
             must: false,
         };
         let all: Vec<String> = ["cpu", "memory", "pids", "io"].map(String::from).to_vec();

@@ -32,6 +32,8 @@ pub(super) struct RunCtx<'a> {
 pub(super) struct Prepared {
     /// For `agentctl status`.
     pub notes: Vec<String>,
+    /// Budgets the contract declared that this host does not enforce (`unenforced_budgets`).
+    pub unenforced: Vec<String>,
     /// Environment of the main process, set after the contract's (it cannot override them).
     pub env: Vec<(String, String)>,
     /// An fd the main process inherits.
@@ -180,6 +182,7 @@ impl Supervisor {
     /// [`RunMechanism`] added here.
     pub(super) fn mechanisms(&self) -> Vec<Box<dyn RunMechanism + '_>> {
         vec![
+            Box::new(super::disk::DiskQuota(self)),
             Box::new(super::enforce::FsScopes(self)),
             Box::new(super::enforce::NetPolicy(self)),
             Box::new(super::enforce::SyscCounts(self)),
@@ -314,6 +317,7 @@ pub(super) mod tests {
     fn the_real_list_is_in_preparation_order() {
         // The names tie the real registration to the order the fakes below are tested in.
         let names = [
+            "disk",
             "fs",
             "net",
             "sysc",

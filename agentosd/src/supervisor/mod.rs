@@ -13,6 +13,7 @@ mod agents_dir;
 mod audit;
 mod class;
 mod denials;
+mod disk;
 mod enforce;
 mod error;
 mod exit;
@@ -132,6 +133,9 @@ pub struct Config {
     /// Denial records per agent (`--denial-records-per-sec`, `--denial-records-burst`); the
     /// rest are counted in a summary record every 2 s (enforce/limit.rs).
     pub denial_records: crate::enforce::limit::Limits,
+    /// Agents' disk quotas where the contract sets none (`--agent-disk-default`,
+    /// `--agent-disk-inodes-default`); see storage/quota.rs.
+    pub disk: crate::storage::quota::DiskDefaults,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -298,6 +302,7 @@ impl Supervisor {
             stop_timeout: Duration::from_secs(1),
             freeze_timeout: Duration::from_secs(1),
             denial_records: Default::default(),
+            disk: Default::default(),
         };
         Self::assemble(cfg, Services::default(), events, base, String::new())
     }
@@ -388,6 +393,7 @@ impl Supervisor {
         st.syscalls = self.sysc().ok().map(|c| c.count(&agent.id));
         st.models = self.models.get().and_then(|m| m.gateway.usage(&agent.id));
         st.tool_calls = self.mcp.get().map_or(0, |m| m.service.calls_of(&agent.id));
+        st.disk = self.disk_usage(&agent.id);
         st.daemon_cpu = self
             .mcp
             .get()

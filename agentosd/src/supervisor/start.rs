@@ -393,10 +393,11 @@ impl Supervisor {
             contract: contract.as_deref(),
             main: &main,
         };
-        let prepared = prepare_all(&self.mechanisms(), &run).await?;
+        let mut prepared = prepare_all(&self.mechanisms(), &run).await?;
         let cg = &agent.cgroup;
         let available = cg.controllers().unwrap_or_default();
-        let unenforced = self.write_budgets(agent, spec, &available)?;
+        let mut unenforced = self.write_budgets(agent, spec, &available)?;
+        unenforced.append(&mut prepared.unenforced);
         let (child_sched, mut notes, unenforced) =
             self.apply_class(agent, spec, cg, &available, prepared.cpu, unenforced)?;
         let sandbox = sandbox_for(

@@ -16,6 +16,7 @@
 //! - [`mountinfo`]: `/proc/self/mountinfo` parsed (where cgroup2 and cgroup v1 live).
 //! - [`rlimit`]: the daemon's open-file limit, raised at start and given back to its children.
 //! - [`malloc`]: glibc's malloc arenas, limited at start (memory per agent).
+//! - [`quota`]: `quotactl_fd(2)`: user quotas (the agents' disk budgets, storage/quota.rs).
 //!
 //! Wrappers used by the daemon proper return [`SyscallError`] (naming the call and its object);
 //! those used only by the probe return the bare [`nix::errno::Errno`] the probe classifies.
@@ -31,6 +32,7 @@ pub mod malloc;
 pub mod mountinfo;
 pub mod pidfd;
 pub mod process;
+pub mod quota;
 pub mod rlimit;
 pub mod sched;
 pub mod seccomp;

@@ -52,12 +52,16 @@ const GUEST_PACKAGES: &[&str] = &[
     // `cargo xtask vm bench -- hrt`: the kernel's floor, cyclicdeadline and cyclictest
     // (xtask/src/bench/hrt.rs).
     "rt-tests",
+    // The disk quota test (agentosd/tests/quota.rs) makes its state file system with
+    // `mkfs.ext4 -O quota`.
+    "e2fsprogs",
 ];
 /// Kernel modules copied (decompressed, with their dependencies) into the guest; `loop` gives
 /// the io.max test a block device; `virtio_net` the guest's one link to the host, QEMU's user
 /// network, over which the example model agent reaches the model server on the host's loopback
-/// (vm-tests/tests/examples.rs).
-const MODULES: &[&str] = &["veth", "dummy", "loop", "virtio_net"];
+/// (vm-tests/tests/examples.rs); `ext4` and `quota_v2` (the format of ext4's quota files) the
+/// disk quota test's loop-mounted state file system (agentosd/tests/quota.rs).
+const MODULES: &[&str] = &["veth", "dummy", "loop", "virtio_net", "ext4", "quota_v2"];
 /// Units that only cost boot time in a throwaway guest.
 const MASKED_UNITS: &[&str] = &[
     "apt-daily.timer",

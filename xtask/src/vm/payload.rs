@@ -13,7 +13,7 @@ use super::image::{Image, pack_cpio};
 use super::{host, workspace_root};
 
 /// agentosd's host test suites (agentosd/tests/NAME.rs) that run in the guest too.
-const HOST_SUITES: &[&str] = &["escape", "dns", "dns_rest", "sni", "fspin"];
+const HOST_SUITES: &[&str] = &["escape", "dns", "dns_rest", "sni", "fspin", "quota"];
 
 /// Where the test harness lives in the guest.
 pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
