@@ -1276,10 +1276,18 @@ fn the_gateway_reads_an_agent_at_its_rate() {
         let all = steps(&s, "bigflood", 90);
         let r = step(&all, "bigflood");
         let mib = r["mib_per_s"].as_f64().unwrap();
-        // Every request was answered (refused: the model is not granted), none dropped.
+        // Every request was answered (refused: the model is not granted), none dropped. Under
+        // the hard cap of 1% (i == 2) the daemon reads so slowly that a keep-alive connection's
+        // next request can wait longer than the gateway's header read timeout (30 s,
+        // models/serve.rs) once the agent's 6 s are over: hyper then closes it with the request
+        // unread (a reset at ≈ 30 s, measured on this host 2026-11-26). That is the budget
+        // working, so there a reset is allowed, but answers must still have come.
         let statuses = r["statuses"].as_object().unwrap();
         assert!(
-            statuses.keys().all(|k| k.starts_with('4')),
+            statuses.keys().any(|k| k.starts_with('4'))
+                && statuses
+                    .keys()
+                    .all(|k| k.starts_with('4') || (i == 2 && k == "ReadError")),
             "statuses {statuses:?}"
         );
         let cpu = s.d.status_json("bigflood")["daemon_cpu"].clone();
