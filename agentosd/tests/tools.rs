@@ -102,6 +102,8 @@ impl Bed {
                 "clock.now",
                 "crypto.hmac",
                 "files",
+                "slow.a",
+                "slow.b",
             ]
             .iter()
             .map(|c| (c.to_string(), vec!["*".to_string()]))
@@ -958,6 +960,78 @@ async fn mcp_server_is_proxied_sandboxed_restarted_and_forgotten() {
         0,
         "scratch left behind"
     );
+}
+
+/// An MCP server that answers `initialize` only once `@ROOT@/granted/go` exists.
+const GATED_PY: &str = r#"
+import json, os, sys, time
+go = sys.argv[1]
+while not os.path.exists(go): time.sleep(0.05)
+def send(m): sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    meth, id = m.get("method"), m.get("id")
+    if meth == "initialize":
+        send({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": m["params"]["protocolVersion"],
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "gated", "version": "1"}}})
+    elif meth == "tools/list":
+        send({"jsonrpc": "2.0", "id": id, "result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}})
+    elif id is not None: send({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "no " + meth}})
+"#;
+
+fn gated_manifest(name: &str) -> String {
+    format!(
+        r#"
+name: {name}
+description: starts when the test says so
+risk: low
+mcp:
+  command: /usr/bin/python3
+  args: ["@ROOT@/bin/gated.py", "@ROOT@/granted/go"]
+  startup_timeout_ms: 30000
+sandbox:
+  runtime: ["@ROOT@/bin/gated.py"]
+  fs.read: [/]
+"#
+    )
+}
+
+/// A listing starts the caller's MCP servers together: it waits for the slowest start, not
+/// for the sum of them (a caller with several slow servers would otherwise see its listing
+/// time out while each server is within its own startup timeout).
+#[tokio::test]
+async fn a_listing_starts_the_callers_servers_together() {
+    skip_unless_capable!();
+    let bed = Bed::new("gated", true);
+    bed.program("gated.py", GATED_PY);
+    let (a, b) = (gated_manifest("slow.a"), gated_manifest("slow.b"));
+    let tools = bed.tools(&[("slow.a.yaml", &a), ("slow.b.yaml", &b)]);
+    let listing = {
+        let (tools, c) = (tools.clone(), bed.caller.clone());
+        tokio::spawn(async move { tools.list(&c).await })
+    };
+    // Both servers are started (each in its own tool cgroup) before either may answer.
+    let t0 = Instant::now();
+    let mut seen = 0;
+    while t0.elapsed() < Duration::from_secs(15) {
+        seen = bed.tool_cgroups().len();
+        if seen == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(bed.root().join("granted/go"), "").unwrap();
+    let list = listing.await.unwrap();
+    let mut names: Vec<&str> = list.iter().map(|d| d.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["slow.a.t", "slow.b.t"], "{list:?}");
+    assert_eq!(
+        seen,
+        2,
+        "the second server was not started while the first waited for its answer: {:?}",
+        bed.tool_cgroups()
+    );
+    tools.shutdown().await;
 }
 
 /// examples/tools/files.yaml with the published `@modelcontextprotocol/server-filesystem`,

@@ -584,14 +584,17 @@ impl Session {
 
 impl McpService {
     async fn list(&self, ctx: &CallerCtx, id: &Value) -> Vec<u8> {
-        let Ok(listed) = tokio::time::timeout(LIST_TIMEOUT, self.tools().list(&ctx.caller)).await
-        else {
+        let tools = self.tools();
+        // Each server's start is bounded by its own startup timeout; the listing by the longest
+        // of them plus LIST_TIMEOUT for the answers.
+        let budget = LIST_TIMEOUT + tools.longest_startup(&ctx.caller);
+        let Ok(listed) = tokio::time::timeout(budget, tools.list(&ctx.caller)).await else {
             return jsonrpc::error(
                 id,
                 jsonrpc::INTERNAL_ERROR,
                 &format!(
                     "listing the tools took longer than {} s (a tool server did not answer; see the daemon's journal)",
-                    LIST_TIMEOUT.as_secs()
+                    budget.as_secs()
                 ),
                 Value::Null,
             );
@@ -634,7 +637,8 @@ pub fn bounded(v: Value, max: usize) -> Value {
     })
 }
 
-/// How long a tools/list may take before the session gives up on a slow tool server.
+/// How long a tools/list may take, beyond the longest startup timeout of the caller's MCP
+/// servers, before the session gives up on a slow tool server.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[cfg(test)]

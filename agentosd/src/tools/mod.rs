@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use contracts::tool::{Risk, ToolDurability, ToolManifest};
+use contracts::tool::{Risk, ToolDurability, ToolKind, ToolManifest};
 use serde_json::Value;
 
 use crate::cgroup::Cgroup;
@@ -405,12 +405,24 @@ impl Tools {
     /// The tools `caller` may use. MCP servers are started (in the caller's sandbox) to learn
     /// their tools; one that fails to start is left out with a warning.
     pub async fn list(&self, caller: &Caller) -> Vec<ToolDesc> {
+        let granted: Vec<&Loaded> = self
+            .tools
+            .values()
+            .filter(|l| caller.granted(&l.manifest.name))
+            .collect();
+        // The caller's MCP servers start together: a listing waits for the slowest server's
+        // start, not for the sum of them (each is bounded by its own startup timeout).
+        let started = futures_util::future::join_all(
+            granted
+                .iter()
+                .filter(|l| l.manifest.is_mcp())
+                .map(|l| self.server(l, caller)),
+        )
+        .await;
+        let mut started = started.into_iter();
         let mut out = Vec::new();
-        for l in self.tools.values() {
+        for l in granted {
             let m = &l.manifest;
-            if !caller.granted(&m.name) {
-                continue;
-            }
             if !m.is_mcp() {
                 out.push(ToolDesc {
                     name: m.name.clone(),
@@ -427,8 +439,8 @@ impl Tools {
                 });
                 continue;
             }
-            match self.server(l, caller).await {
-                Ok(s) => out.extend(s.tools().iter().map(|t| ToolDesc {
+            match started.next() {
+                Some(Ok(s)) => out.extend(s.tools().iter().map(|t| ToolDesc {
                     name: format!("{}.{}", m.name, t.name),
                     capability: m.name.clone(),
                     title: t.title.clone(),
@@ -438,10 +450,27 @@ impl Tools {
                     annotations: t.annotations.clone(),
                     risk: m.risk,
                 })),
-                Err(e) => tracing::warn!("{e}"),
+                Some(Err(e)) => tracing::warn!("{e}"),
+                None => {}
             }
         }
         out
+    }
+
+    /// The longest startup timeout (`mcp.startup_timeout_ms`) of the MCP tools granted to
+    /// `caller`: what a listing may have to wait for before the servers answer.
+    pub fn longest_startup(&self, caller: &Caller) -> Duration {
+        self.tools
+            .values()
+            .filter(|l| caller.granted(&l.manifest.name))
+            .filter_map(|l| match &l.manifest.kind {
+                ToolKind::Mcp {
+                    startup_timeout, ..
+                } => Some(*startup_timeout),
+                ToolKind::Exec(_) => None,
+            })
+            .max()
+            .unwrap_or_default()
     }
 
     /// Call `tool_name` for `caller`. Checks, in order: the tool exists, the caller's contract
