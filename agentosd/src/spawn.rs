@@ -118,6 +118,23 @@ pub fn open_log(path: &Path) -> Result<OwnedFd, SpawnError> {
     })
 }
 
+/// The agent writes its stdout/stderr files itself (it holds them open across daemon restarts):
+/// they belong to its uid, so what it writes counts against its disk quota (storage/quota.rs)
+/// like its home does, instead of against root's, which no quota bounds. The group stays the
+/// daemon's and the mode is set back to 0640 at every start (an owner may chmod its file); the
+/// directory above is the daemon's, so the agent reaches the file only through the descriptor
+/// it inherits, and the file is outside every exec grant.
+fn charge_log_to(fd: &OwnedFd, uid: u32, path: &Path) -> Result<(), SpawnError> {
+    let err = |what: String| SpawnError::Log {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(what),
+    };
+    rustix::fs::fchown(fd, Some(rustix::fs::Uid::from_raw(uid)), None)
+        .map_err(|e| err(format!("fchown to the agent's uid {uid}: {e}")))?;
+    rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(0o640))
+        .map_err(|e| err(format!("fchmod 0640: {e}")))
+}
+
 /// Start `cmd` inside the cgroup whose directory fd is `cgroup_dir`. Blocks until the child has
 /// exec'd (or failed to): call it from a blocking thread.
 pub fn spawn(cmd: &Command, cgroup_dir: &OwnedFd) -> Result<Child, SpawnError> {
@@ -163,6 +180,14 @@ pub fn spawn_with_stdio(
         (None, Some(p)) => Some(open_log(p)?),
         _ => None,
     };
+    if let Some(sb) = cmd.sandbox.as_ref() {
+        let err_path = cmd.err_file.as_ref().unwrap_or(&cmd.log_file);
+        for (fd, path) in [(&log, &cmd.log_file), (&err_log, err_path)] {
+            if let Some(fd) = fd {
+                charge_log_to(fd, sb.uid, path)?;
+            }
+        }
+    }
     let devnull = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -174,6 +174,28 @@ fn start_freeze_thaw_stop_via_agentctl() {
     }
     let logs = d.ctl_ok(&["logs", "ticker", "-n", "3"]);
     assert!(logs.contains("tick"), "{logs}");
+    // Its output files are its uid's (its disk quota counts them), still 0640 in the daemon's
+    // directory.
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid: u32 = proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .unwrap();
+    assert_ne!(uid, 0);
+    let out = Path::new(st["log_path"].as_str().unwrap()).to_path_buf();
+    let err = out.with_file_name("ticker.stderr.log");
+    for f in [&out, &err] {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::metadata(f).unwrap();
+        assert_eq!(
+            (m.uid(), m.mode() & 0o7777),
+            (uid, 0o640),
+            "{}",
+            f.display()
+        );
+    }
 
     // freeze of a frozen-able state only; thaw of a running one is a no-op
     d.ctl_ok(&["thaw", "ticker"]);

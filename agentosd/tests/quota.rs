@@ -12,6 +12,13 @@
 //! first because its uid owns the most (the offender rule reads `Q_GETQUOTA`), while the other
 //! agent's calls still work.
 //!
+//! `a_tools_scratch_counts_against_its_callers_quota` (the VM): a tool runs as its caller's uid,
+//! so its scratch files count against the caller's quota (EDQUOT near 8 MiB, twice: the
+//! scratch removed after a call gives the room back).
+//!
+//! `an_agents_output_counts_against_its_quota` (the VM): its stdout file is its uid's, so writing
+//! it as fast as the disk goes stops with EDQUOT instead of filling the file system.
+//!
 //! `must_disk_budget_is_refused_without_quotas` (host and VM): on a tmpfs without quotas an agent
 //! with `compute.disk` and `compute.must` is refused with what to do; without `must` it starts
 //! and its status says the budget is not enforced.
@@ -427,6 +434,143 @@ fn quota_bounds_what_an_agent_writes_as_itself() {
     more_ok(&d, "work", answers(&d, "work").len(), 5);
     d.ctl_ok(&["stop", "bulk"]);
     d.ctl_ok(&["stop", "work"]);
+    drop(d);
+    drop(fs);
+}
+
+/// An exec tool that writes its scratch directory ($TMPDIR) until an error and reports it.
+const SCRATCH_TOOL: &str = r#"
+apiVersion: agentos/v0.2
+kind: Tool
+name: scratch.fill
+description: Writes its scratch directory until the file system says no.
+risk: low
+timeout_ms: 60000
+exec:
+  command: /usr/bin/python3
+  args:
+    - -c
+    - |
+      import json, os
+      out = {"written": 0}
+      try:
+          with open(os.path.join(os.environ["TMPDIR"], "fill"), "wb", buffering=0) as f:
+              while out["written"] < (1 << 30):
+                  out["written"] += f.write(b"\x3c" * 65536)
+              os.fsync(f.fileno())
+      except OSError as e:
+          out["errno"] = e.errno
+      os.unlink(os.path.join(os.environ["TMPDIR"], "fill"))
+      print(json.dumps(out))
+input_schema: {type: object}
+limits: { must: false, output: 4096 }
+"#;
+
+/// A tool runs as its caller's uid, so what it writes in its scratch directory counts against
+/// the caller's quota: the tool of an 8 MiB agent stops with EDQUOT near 8 MiB (not ENOSPC at
+/// the file system's ~50 MiB), and its scratch removed after the call returns the room (the
+/// next call writes as much again).
+#[test]
+fn a_tools_scratch_counts_against_its_callers_quota() {
+    skip_unless_capable!();
+    let base = tempfile::tempdir().unwrap();
+    let state = base.path().join("state");
+    let Some(fs) = quota_ext4_or_skip(base.path(), module_path!()) else {
+        return;
+    };
+    let (cg, bus) = (TestCgroup::new("qscratch"), Bus::start());
+    std::fs::create_dir_all(base.path().join("tools.d")).unwrap();
+    std::fs::write(base.path().join("tools.d/scratch-fill.yaml"), SCRATCH_TOOL).unwrap();
+    let d = daemon(&state, base.path(), &cg, &bus, &[]);
+    let filler = python_contract(
+        base.path(),
+        "filler",
+        common::caller::CALLER_PY,
+        r#", "scratch.fill", "1""#,
+        "  - scratch.fill\ncompute: { disk: 8MiB, must: true }\n",
+    );
+    d.ctl_ok(&["start", filler.to_str().unwrap()]);
+    let first = wait_answer(&d, "filler", 120, "a result", |a| a["ok"] == true);
+    let second = wait_answer(&d, "filler", 120, "a second result", |a| {
+        a["ok"] == true && a["i"].as_u64() > first["i"].as_u64()
+    });
+    for a in [&first, &second] {
+        assert_eq!(
+            a["sc"]["errno"], EDQUOT,
+            "the caller's quota, not ENOSPC: {a}"
+        );
+        let w = a["sc"]["written"].as_u64().unwrap();
+        assert!((6 * MIB..=8 * MIB).contains(&w), "about 8 MiB: {a}");
+    }
+    assert_eq!(daemon_status(&d)["storage_state"], "normal");
+    d.ctl_ok(&["stop", "filler"]);
+    drop(d);
+    drop(fs);
+}
+
+/// Writes stdout as fast as it can (64 KiB lines, up to 256 MiB) until an error, waits for the
+/// daemon to take in (and punch out) what it wrote, then prints one JSON line with the errno.
+const CHATTY_PY: &str = r#"
+import json, os, time
+line = b"y" * 65535 + b"\n"
+out = {"stdout_written": 0}
+try:
+    while out["stdout_written"] < (256 << 20):
+        out["stdout_written"] += os.write(1, line)
+except OSError as e:
+    out["stdout_errno"] = e.errno
+time.sleep(15)
+for _ in range(100):
+    try:
+        os.write(1, (json.dumps(out) + "\n").encode())
+        break
+    except OSError:
+        time.sleep(0.5)
+while True:
+    time.sleep(1)
+"#;
+
+/// The agent writes its stdout file itself: the file is its uid's, so what it writes there is
+/// bounded by its quota (EDQUOT near 8 MiB) instead of filling the file system at the speed of
+/// the disk while the daemon takes in 2 MiB/s; the daemon stays `normal`.
+#[test]
+fn an_agents_output_counts_against_its_quota() {
+    skip_unless_capable!();
+    let base = tempfile::tempdir().unwrap();
+    let state = base.path().join("state");
+    let Some(fs) = quota_ext4_or_skip(base.path(), module_path!()) else {
+        return;
+    };
+    let (cg, bus) = (TestCgroup::new("qlog"), Bus::start());
+    let d = daemon(&state, base.path(), &cg, &bus, &[]);
+    let chatty = python_contract(
+        base.path(),
+        "chatty",
+        CHATTY_PY,
+        "",
+        "compute: { disk: 8MiB, must: true }\n",
+    );
+    d.ctl_ok(&["start", chatty.to_str().unwrap()]);
+    let r = wait_json_line(&d, "chatty", "stdout_written", 180);
+    assert_eq!(
+        r["stdout_errno"], EDQUOT,
+        "its quota, not ENOSPC or nothing: {r}"
+    );
+    let w = r["stdout_written"].as_u64().unwrap();
+    assert!(
+        w < 64 * MIB,
+        "bounded by the quota and the daemon's intake: {r}"
+    );
+    let log = d.status_json("chatty")["log_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let uid = std::fs::metadata(state.join("home/default/chatty"))
+        .unwrap()
+        .uid();
+    assert_eq!(std::fs::metadata(&log).unwrap().uid(), uid, "{log}");
+    assert_eq!(daemon_status(&d)["storage_state"], "normal");
+    d.ctl_ok(&["stop", "chatty"]);
     drop(d);
     drop(fs);
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use super::Daemon;
 
 /// An agent on its MCP socket: `initialize`, then `tools/call` of TOOL every SLEEP seconds,
-/// one JSON line per answer on stdout (`code` and `reason` of an error, `ok` of a result, `us`
-/// the call's round trip).
+/// one JSON line per answer on stdout (`code` and `reason` of an error, `ok` of a result, `sc`
+/// its structured content, `us` the call's round trip).
 pub const CALLER_PY: &str = r#"
 import json, os, socket, sys, time
 tool, pause = sys.argv[1], float(sys.argv[2])
@@ -30,7 +30,8 @@ while True:
     us = int((time.monotonic() - t) * 1e6)
     e = r.get("error") or {}
     print(json.dumps({"i": i, "code": e.get("code"), "reason": (e.get("data") or {}).get("reason"),
-                      "ok": "result" in r, "us": us, "msg": e.get("message", "")[:300]}), flush=True)
+                      "ok": "result" in r, "us": us, "msg": e.get("message", "")[:300],
+                      "sc": (r.get("result") or {}).get("structuredContent")}), flush=True)
     i += 1
     time.sleep(pause)
 "#;

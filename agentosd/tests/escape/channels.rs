@@ -211,6 +211,9 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         denied("memfd-sealed-chmod", vec![], "EPERM", Standard),
         denied("memfd-sealed-exec", vec![], "EACCES", Standard),
         denied("execveat-opath-home", vec![], "EACCES", Standard),
+        // Its stdout file is its own uid's (its disk quota counts it): it may chmod it, but it
+        // is outside every exec grant.
+        denied("exec-own-log", vec![], "EACCES", Standard),
         denied("exec-proc-fd-home", vec![], "EACCES", Standard),
         denied("exec-from-wgrant", s(&wgrant), "EACCES", Standard),
         denied("exec-script-home", vec![], "EACCES", Standard),
@@ -594,6 +597,11 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
                 Err(errno())
             }
         }),
+        "exec-own-log" => {
+            // SAFETY: fchmod of our stdout (the log file the daemon opened for us).
+            unsafe { libc::fchmod(1, 0o755) };
+            fork_exec(|| execveat_fd(1))
+        }
         "execveat-opath-home" => (|| {
             let p = format!("{home}/true-opath");
             copy_true(&p)?;
