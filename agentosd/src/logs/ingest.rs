@@ -398,12 +398,15 @@ fn give_back(path: &Path, old: u64, new: u64) {
     }
 }
 
+/// The agent's output files are its uid's: never wait on them. `O_NONBLOCK` makes an open that
+/// would wait for a lease break (a lease the agent took, were its seccomp filter off) fail with
+/// `EWOULDBLOCK` instead, and this round of intake skips the file.
 fn open_nofollow(path: &Path, write: bool) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(!write)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
 }
 

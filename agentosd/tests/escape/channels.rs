@@ -214,6 +214,8 @@ pub fn attempts(ctx: &Ctx) -> (Vec<Attempt>, Box<dyn std::any::Any>) {
         // Its stdout file is its own uid's (its disk quota counts it): it may chmod it, but it
         // is outside every exec grant.
         denied("exec-own-log", vec![], "EACCES", Standard),
+        // A write lease on it would make the daemon's next open of it wait for the break.
+        denied("lease-own-log", vec![], "EPERM", Standard),
         denied("exec-proc-fd-home", vec![], "EACCES", Standard),
         denied("exec-from-wgrant", s(&wgrant), "EACCES", Standard),
         denied("exec-script-home", vec![], "EACCES", Standard),
@@ -601,6 +603,10 @@ pub fn probe(name: &str, args: &[String]) -> Option<Result<String, i32>> {
             // SAFETY: fchmod of our stdout (the log file the daemon opened for us).
             unsafe { libc::fchmod(1, 0o755) };
             fork_exec(|| execveat_fd(1))
+        }
+        "lease-own-log" => {
+            // SAFETY: fcntl on our stdout.
+            check(unsafe { libc::fcntl(1, libc::F_SETLEASE, libc::F_WRLCK) } as i64)
         }
         "execveat-opath-home" => (|| {
             let p = format!("{home}/true-opath");

@@ -82,6 +82,7 @@ pub(super) fn syscall_nr(name: &str) -> Option<libc::c_long> {
         "io_uring_setup" => SYS_io_uring_setup,
         "io_uring_enter" => SYS_io_uring_enter,
         "io_uring_register" => SYS_io_uring_register,
+        "fcntl" => SYS_fcntl,
         "memfd_create" => SYS_memfd_create,
         "socket" => SYS_socket,
         "socketpair" => SYS_socketpair,

@@ -44,12 +44,14 @@ fn run_counted(prog: &[libc::sock_filter], nr: u32, arch: u32, args: [u64; 6]) -
     }
 }
 
-/// Arguments every comparison runs: none, `CLONE_NEWUSER` alone and with other bits, all ones.
-const ARG_CASES: [[u64; 6]; 4] = [
+/// Arguments every comparison runs: none, `CLONE_NEWUSER` alone and with other bits, all ones,
+/// `F_SETLEASE` as the second.
+const ARG_CASES: [[u64; 6]; 5] = [
     [0; 6],
     [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
     [u64::MAX; 6],
     [libc::CLONE_NEWUSER as u64 | 0xff, 1, 2, 3, 4, 5],
+    [1, libc::F_SETLEASE as u64, libc::F_WRLCK as u64, 0, 0, 0],
 ];
 
 #[test]
