@@ -425,6 +425,7 @@ mod tests {
             throttled_ms: 0,
             permille: 50,
             ceiling_permille: 500,
+            audit_nsec: 0,
         };
         assert_eq!(
             daemon_cpu_line(&c),

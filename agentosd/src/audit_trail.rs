@@ -11,15 +11,21 @@
 //! While storage is low, refusals are counted in summary records rather than written one by one,
 //! and every record is charged to its agent (the offenders are refused first). See
 //! docs/audit.md, "In the daemon", and docs/daemon.md, "Storage reserve".
+//!
+//! Every record about an agent also carries the agent's CPU account ([`AuditTrail::costed`]):
+//! the log's writer and syncer threads charge it their CPU for the record's share of each batch
+//! (issue 15, "Isolation measured"; `audit::Cost`), so an agent's flood of allowed tool calls
+//! costs its own CPU share the audit trail's work too.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use audit::{Ack, AppendError, Decision, Kind, Log, LogOptions, Record};
 use serde_json::{Value, json};
 use tracing::{error, info, warn};
 
+use crate::ipc::cpu::CpuLedger;
 use crate::storage::Storage;
 
 tokio::task_local! {
@@ -112,6 +118,9 @@ pub struct AuditTrail {
     bindings: Mutex<HashMap<String, String>>,
     /// Best-effort records (kernel denials) not queued because the queue was full.
     dropped: std::sync::atomic::AtomicU64,
+    /// The agents' CPU accounts the log's CPU for their records is charged to (none yet: to
+    /// nobody).
+    cpu: OnceLock<Arc<CpuLedger>>,
 }
 
 impl std::fmt::Debug for AuditTrail {
@@ -190,6 +199,7 @@ impl AuditTrail {
             storage,
             bindings: Mutex::default(),
             dropped: Default::default(),
+            cpu: OnceLock::new(),
         }))
     }
 
@@ -210,7 +220,28 @@ impl AuditTrail {
             storage: None,
             bindings: Mutex::default(),
             dropped: Default::default(),
+            cpu: OnceLock::new(),
         })
+    }
+
+    /// Charge the log's CPU for each agent's records to its account in `ledger` from now on
+    /// (the first ledger set stays).
+    pub fn set_cpu_ledger(&self, ledger: Arc<CpuLedger>) {
+        let _ = self.cpu.set(ledger);
+    }
+
+    /// `rec` charged to its agent's CPU account, when it is about an agent and a ledger is set:
+    /// the log's threads charge the account their CPU for the record's share of its batch.
+    /// The daemon's own records (no agent) are charged to nobody. Every record goes through
+    /// here before it is queued.
+    fn costed(&self, rec: Record) -> Record {
+        match self.cpu.get() {
+            Some(ledger) if !rec.agent.is_empty() && rec.cost.is_none() => {
+                let account = ledger.agent(&format!("{}/{}", rec.tenant, rec.agent));
+                rec.cost(audit::CostTag::new(account))
+            }
+            _ => rec,
+        }
     }
 
     /// The log file.
@@ -343,6 +374,7 @@ impl AuditTrail {
                     "window_ms": s.window.as_millis() as u64,
                     "storage": storage,
                 }));
+            let rec = self.costed(rec);
             // A summary that cannot be written (the disk filled up under it) goes back to the
             // counts, to be written once the trail recovers: never lost with the failed write.
             let back = self.storage.clone().map(|st| (st, s.clone()));
@@ -440,6 +472,7 @@ impl AuditTrail {
 
     async fn commit_as(&self, rec: Record, written: bool) -> Result<Ack, AppendError> {
         let (log, shared) = self.log()?;
+        let rec = self.costed(rec);
         self.summarised_charge(&rec);
         // The writer idle and nothing queued: write (and sync) on this worker, without the two
         // thread hand-offs to the writer and back. Bounded: one record, only while the log's
@@ -517,6 +550,7 @@ impl AuditTrail {
 
     /// Queue without summarising or charging (summaries are the daemon's own bookkeeping).
     fn queue(&self, rec: Record) {
+        let rec = self.costed(rec);
         let (log, shared) = match self.log() {
             Ok(l) => l,
             Err(e) => {
@@ -559,6 +593,7 @@ impl AuditTrail {
         if self.summarised(&rec) {
             return true;
         }
+        let rec = self.costed(rec);
         let Ok((log, shared)) = self.log() else {
             self.dropped
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -702,5 +737,38 @@ mod tests {
         assert_eq!(ours[1].tenant, "acme");
         let key = audit::key::load_public(&audit::key::public_path(&paths.key)).unwrap();
         audit::verify(&dir.path().join("audit/audit.log"), &key).unwrap();
+    }
+
+    /// The log's writer charges its CPU for an agent's records to the agent's account (its
+    /// `audit_ns`, part of `used_ns`); the daemon's own records cost no agent, and an agent
+    /// without records none.
+    #[tokio::test]
+    async fn the_writers_cpu_is_charged_to_the_agents_whose_records_it_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = AuditTrail::open(&TrailPaths::under(dir.path()), false, None).unwrap();
+        let ledger = Arc::new(CpuLedger::default());
+        t.set_cpu_ledger(ledger.clone());
+        let quiet = ledger.agent("acme/quiet");
+        for i in 0..300 {
+            t.submit(t.lifecycle("acme", "a", "tool-call", None, json!({"i": i})));
+            t.submit(t.lifecycle("", "", "daemon-tick", None, json!({"i": i})));
+            if i % 50 == 0 {
+                // Lazy records are written by the writer thread within 10 ms.
+                tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+            }
+        }
+        t.commit(t.lifecycle("acme", "a", "last", None, json!({})))
+            .await
+            .unwrap();
+        t.close().unwrap();
+        let a = ledger.usage("acme/a").expect("acme/a has an account");
+        assert!(a.audit_ns > 0, "the audit writer charged acme/a nothing");
+        assert!(a.used_ns >= a.audit_ns);
+        assert_eq!(quiet.usage().audit_ns, 0);
+        assert_eq!(quiet.usage().used_ns, 0);
+        assert!(
+            ledger.usage("/").is_none(),
+            "a daemon record opened an account"
+        );
     }
 }

@@ -250,6 +250,10 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         opts.consent_timeout.as_secs()
     );
     let consents = std::sync::Arc::new(crate::mcp::consent::Consents::new(opts.consent_timeout));
+    // The audit log's CPU for an agent's records is charged to its share too (audit_trail.rs).
+    if let Some(t) = sup.audit_trail() {
+        t.set_cpu_ledger(ipc.cpu_ledger());
+    }
     let service = crate::mcp::McpService::new(
         sup.mcp_callers(),
         sup.audit_trail().cloned(),
@@ -363,10 +367,15 @@ fn setup_models(
     );
     gateway.set_agent_rate(opts.ipc.agent_rate);
     // One CPU share per agent over its MCP sockets and the gateway (ipc/cpu.rs).
-    gateway.set_cpu_ledger(match sup.mcp() {
+    let ledger = match sup.mcp() {
         Some(m) => m.ipc.cpu_ledger(),
         None => std::sync::Arc::new(crate::ipc::cpu::CpuLedger::new(opts.ipc.agent_cpu)),
-    });
+    };
+    // Without MCP sockets the gateway's ledger is the one the audit log charges (else a no-op).
+    if let Some(t) = sup.audit_trail() {
+        t.set_cpu_ledger(ledger.clone());
+    }
+    gateway.set_cpu_ledger(ledger);
     tokio::spawn(gateway.clone().keep_ledger());
     tokio::spawn(gateway.clone().report_refusals());
     if let Some(m) = sup.mcp() {

@@ -434,6 +434,72 @@ fn an_agent_connecting_in_a_loop_is_held_to_its_share_of_the_daemon() {
     check(&held, &free, true);
 }
 
+/// Prints one step and sleeps: an agent that asks the daemon for nothing.
+const IDLE: &str = r#"
+import json, time
+print(json.dumps({"step": "idle", "t": time.time()}), flush=True)
+while True:
+    time.sleep(60)
+"#;
+
+/// The audit trail's writer and syncer threads charge their CPU for an agent's records to the
+/// agent's account (issue 15, "Isolation measured"; audit crate, cost.rs): while the hostile
+/// agent floods, its account's audit part (`daemon_cpu.audit_nsec`, within `used_nsec`) grows,
+/// an idle agent's does not.
+#[test]
+fn the_audit_writers_cpu_for_an_agents_records_is_charged_to_it() {
+    skip_unless_capable!();
+    if python().is_none() {
+        common::skip(module_path!(), "no /usr/bin/python3 for the agents");
+        return;
+    }
+    let bed = Bed::new("ipc-cpu-audit", HOSTILE, IDLE);
+    // No rate: counted only, so the flood is never held and the test measures the accounting.
+    let flags = [
+        "--tools-dir",
+        bed.tools.to_str().unwrap(),
+        "--ipc-agent-cpu",
+        "0",
+    ];
+    let d = Daemon::start_with(&bed.bus, &bed.cg.path, bed.dir.path(), &flags);
+    let (idle, hostile) = bed.contracts(&[]);
+    d.ctl_ok(&["start", idle.to_str().unwrap()]);
+    d.ctl_ok(&["start", hostile.to_str().unwrap()]);
+    let log = |a: &str| bed.log(a);
+    wait_for(&d, "the idle agent", || !steps(&log("polite")).is_empty());
+    wait_for(&d, "hostile flooding", || {
+        steps(&log("hostile"))
+            .iter()
+            .any(|v| v["step"] == "flooding")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu = |a: &str| {
+        let c = d.status_json(a)["daemon_cpu"].clone();
+        (
+            c["used_nsec"].as_u64().unwrap_or(0),
+            c["audit_nsec"].as_u64().unwrap_or(0),
+        )
+    };
+    let (h0, i0) = (cpu("hostile"), cpu("polite"));
+    std::thread::sleep(Duration::from_secs(3));
+    let (h1, i1) = (cpu("hostile"), cpu("polite"));
+    let (used, audit) = (h1.0 - h0.0, h1.1 - h0.1);
+    eprintln!(
+        "ipc_cpu audit: over 3 s the hostile agent's account grew {:.1} ms, of which the audit \
+         trail's threads {:.2} ms ({:.1}%); the idle agent's audit part {} ns",
+        used as f64 / 1e6,
+        audit as f64 / 1e6,
+        audit as f64 * 100.0 / used.max(1) as f64,
+        i1.1 - i0.1
+    );
+    assert!(
+        audit > 0,
+        "the audit writer charged the flooding agent nothing: {h0:?} → {h1:?}"
+    );
+    assert!(h1.1 <= h1.0, "the audit part exceeds the whole: {h1:?}");
+    assert_eq!(i1.1, i0.1, "the idle agent was charged audit work");
+}
+
 fn check(held: &Run, free: &Run, summary_ok: bool) {
     // Held: its account at about the share (the burst is spent before the window).
     assert!(

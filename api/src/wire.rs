@@ -151,6 +151,10 @@ pub struct DaemonCpu {
     /// older daemon).
     #[serde(default)]
     pub ceiling_permille: u64,
+    /// Of `used_nsec`, the audit trail's writer and syncer threads' CPU for its records (their
+    /// CPU per batch split over the batch's records by bytes; 0 from an older daemon).
+    #[serde(default)]
+    pub audit_nsec: u64,
 }
 
 /// An agent's use of the model gateway since the daemon started.

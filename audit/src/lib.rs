@@ -15,6 +15,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+mod cost;
 mod journal;
 pub mod key;
 mod log;
@@ -23,6 +24,7 @@ mod record;
 mod scan;
 mod verify;
 
+pub use cost::{Cost, CostTag};
 pub use journal::JOURNAL_SOCKET;
 pub use log::{
     Ack, AppendError, Durability, HEAD_FILE, LOG_FILE, Log, LogOptions, OpenError, Receipt,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ed25519_dalek::SigningKey;
 
 use crate::checkpoint::{CheckpointDetail, Head, HeadError};
+use crate::cost::{CostTag, Costs, thread_cpu_ns};
 use crate::journal::{JOURNAL_SOCKET, Journal};
 use crate::record::{self, Kind, MAX_RECORD_BYTES, Record};
 use crate::scan::{self, Chain, Problem};
@@ -281,6 +282,8 @@ struct Msg {
     /// Taken by the writer; a message dropped unprocessed (writer stopped) completes with
     /// [`AppendError::Abandoned`], so no `wait` hangs.
     done: Option<Done>,
+    /// Who the writer's CPU for it is charged to (cost.rs).
+    cost: Option<CostTag>,
 }
 
 impl Drop for Msg {
@@ -537,6 +540,7 @@ impl Log {
             in_flight: Arc::new(AtomicUsize::new(0)),
             alone: false,
             spare: None,
+            costs: Costs::default(),
             urgent: false,
             lazy_since: None,
             next_seq: chain.next_seq,
@@ -703,6 +707,7 @@ impl Log {
             body,
             urgent: true,
             done: Some(Done::Slot(Arc::clone(&slot))),
+            cost: rec.cost,
         })
         .map_err(|mpsc::SendError(mut m)| {
             // Report once, through the return value, not also through the completion.
@@ -746,6 +751,7 @@ impl Log {
             body,
             urgent: true,
             done: Some(done),
+            cost: rec.cost,
         })
         .map_err(|mpsc::SendError(mut m)| {
             // Report once, through the return value, not also through the completion.
@@ -802,6 +808,7 @@ impl Log {
             body,
             urgent,
             done: Some(done),
+            cost: rec.cost,
         });
         if res.is_err() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
@@ -829,6 +836,7 @@ impl Log {
             body,
             urgent: true,
             done: Some(Done::Nothing),
+            cost: rec.cost,
         });
         if res.is_err() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
@@ -952,6 +960,8 @@ struct Batch {
     /// (done, ack, kind, line start, line end)
     pending: Vec<(Done, Ack, Kind, usize, usize)>,
     head: Option<Head>,
+    /// Who its records' CPU is charged to.
+    costs: Costs,
 }
 
 impl Batch {
@@ -1037,16 +1047,19 @@ impl Committer {
 
 /// The group-commit syncer: takes written batches, makes all that are waiting durable with one
 /// `fdatasync`, acknowledges them. It runs beside the writer so that formatting and writing the
-/// next batch overlaps the sync of the previous ones.
+/// next batch overlaps the sync of the previous ones. Its CPU for a round of batches (the
+/// system call's own CPU, not the wait for the disk, and the acknowledgements) is charged to
+/// their records' tags (cost.rs): one clock read per round.
 fn sync_loop(
     file: File,
     rx: Receiver<Batch>,
-    spare: SyncSender<Vec<u8>>,
+    spare: SyncSender<(Vec<u8>, Costs)>,
     committer: Arc<Mutex<Committer>>,
     in_flight: Arc<AtomicUsize>,
     shared: Arc<Shared>,
 ) {
     let mut batches: Vec<Batch> = Vec::new();
+    let mut cpu_mark = thread_cpu_ns();
     while let Ok(b) = rx.recv() {
         batches.push(b);
         while let Ok(b) = rx.try_recv() {
@@ -1072,9 +1085,16 @@ fn sync_loop(
         }
         drop(c);
         in_flight.fetch_sub(batches.len(), Ordering::AcqRel);
+        let cpu = thread_cpu_ns();
+        let total: u64 = batches.iter().map(|b| b.costs.bytes()).sum();
+        for b in &batches {
+            b.costs.charge(cpu.saturating_sub(cpu_mark), total);
+        }
+        cpu_mark = cpu;
         for mut b in batches.drain(..) {
             b.buf.clear();
-            let _ = spare.try_send(b.buf);
+            b.costs.clear();
+            let _ = spare.try_send((b.buf, b.costs));
         }
     }
 }
@@ -1148,7 +1168,9 @@ struct Writer {
     in_flight: Arc<AtomicUsize>,
     /// Nothing else waits in the queue: the batch may be synced on this thread.
     alone: bool,
-    spare: Option<Receiver<Vec<u8>>>,
+    spare: Option<Receiver<(Vec<u8>, Costs)>>,
+    /// Who the CPU for the records in the buffer is charged to (cost.rs).
+    costs: Costs,
     /// The buffer holds a record someone waits for.
     urgent: bool,
     /// When the oldest lazy record in the buffer came (none while the buffer has none).
@@ -1168,7 +1190,7 @@ impl Writer {
         } else {
             self.lazy_since.get_or_insert_with(Instant::now);
         }
-        self.push(m.kind, &m.body, done);
+        self.push(m.kind, &m.body, done, m.cost.as_ref());
     }
 
     /// Whether the buffer must go to disk now rather than wait for more.
@@ -1183,7 +1205,7 @@ impl Writer {
                 .is_some_and(|t| t.elapsed() >= self.opts.lazy_delay)
     }
 
-    fn push(&mut self, kind: Kind, body: &[u8], done: Done) {
+    fn push(&mut self, kind: Kind, body: &[u8], done: Done, cost: Option<&CostTag>) {
         let time_us = now_us().max(self.last_time_us);
         let start = self.buf.len();
         let seq = self.next_seq;
@@ -1198,6 +1220,7 @@ impl Writer {
             start,
             self.buf.len(),
         ));
+        self.costs.add(cost, (self.buf.len() - start) as u64);
         if kind != Kind::Checkpoint {
             self.since_checkpoint += 1;
             self.first_uncovered.get_or_insert_with(Instant::now);
@@ -1251,7 +1274,10 @@ impl Writer {
     }
 
     /// Writes the batch being built; hands it to the syncer, or syncs and acknowledges it here.
-    fn flush(&mut self, shared: &Shared) -> Result<(), String> {
+    /// `cpu_mark`: on the writer thread, its CPU clock after the last batch; the CPU since is
+    /// charged to this batch's records (cost.rs: one clock read per batch). `None` on a
+    /// caller's thread (here.rs), whose CPU its caller accounts for.
+    fn flush(&mut self, shared: &Shared, cpu_mark: Option<&mut u64>) -> Result<(), String> {
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -1261,6 +1287,7 @@ impl Writer {
             buf: std::mem::take(&mut self.buf),
             pending: std::mem::take(&mut self.pending),
             head: self.checkpoint.take(),
+            costs: std::mem::take(&mut self.costs),
         };
         if let Err(e) = self.file.write_all(&batch.buf) {
             shared.note_io(&e);
@@ -1295,13 +1322,19 @@ impl Writer {
         if let Some(tx) = &self.syncer
             && !(waited && self.alone && self.in_flight.load(Ordering::Acquire) == 0)
         {
+            if let Some(mark) = cpu_mark {
+                batch.costs.charge_since(mark);
+            }
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            self.buf = self
+            (self.buf, self.costs) = self
                 .spare
                 .as_ref()
                 .and_then(|r| r.try_recv().ok())
                 .unwrap_or_else(|| {
-                    Vec::with_capacity(self.opts.max_batch_bytes + MAX_RECORD_BYTES)
+                    (
+                        Vec::with_capacity(self.opts.max_batch_bytes + MAX_RECORD_BYTES),
+                        Costs::default(),
+                    )
                 });
             return tx.send(batch).map_err(|mut e| {
                 let reason = shared
@@ -1331,8 +1364,13 @@ impl Writer {
             batch.fail(&self.path, &reason);
             return Err(reason);
         }
+        if let Some(mark) = cpu_mark {
+            batch.costs.charge_since(mark);
+        }
         batch.buf.clear();
         self.buf = batch.buf;
+        batch.costs.clear();
+        self.costs = batch.costs;
         Ok(())
     }
 
@@ -1340,10 +1378,10 @@ impl Writer {
     fn commit_now(&mut self, rec: Record) -> Result<Ack, String> {
         let body = rec.encode_body().map_err(|e| e.to_string())?;
         let slot = Slot::new();
-        self.push(rec.kind, &body, Done::Slot(Arc::clone(&slot)));
+        self.push(rec.kind, &body, Done::Slot(Arc::clone(&slot)), None);
         let durability = self.opts.durability;
         self.opts.durability = Durability::PerRecord;
-        let res = self.flush(&Shared::new());
+        let res = self.flush(&Shared::new(), None);
         self.opts.durability = durability;
         res?;
         slot.wait().map_err(|e| e.to_string())
@@ -1411,6 +1449,9 @@ fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Msg>, shared: Arc<Shared>) {
         (w.opts.durability == Durability::PerRecord, h)
     };
     let mut open = shared.failed().is_none();
+    // This thread's CPU clock after its last batch: all it spends until the next batch is
+    // written (taking, formatting, hashing, checkpoints, the write) is charged to that batch.
+    let mut cpu_mark = thread_cpu_ns();
     // A record taken while deciding whether the last batch was alone in the queue.
     let mut carry: Option<Msg> = None;
     while open {
@@ -1456,7 +1497,7 @@ fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Msg>, shared: Arc<Shared>) {
             carry = rx.try_recv().ok();
         }
         w.alone = carry.is_none();
-        if let Err(reason) = w.flush(&shared) {
+        if let Err(reason) = w.flush(&shared, Some(&mut cpu_mark)) {
             shared.fail(&reason);
         }
         if shared.failed().is_some() {

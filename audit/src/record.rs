@@ -110,6 +110,9 @@ pub struct Record {
     pub decision: Option<Decision>,
     /// Free-form details: a JSON object (syscall, errno, path, tool, args hash, exit status…).
     pub detail: serde_json::Value,
+    /// Who the log's CPU for this record is charged to (not stored; see [`crate::Cost`]).
+    #[serde(skip)]
+    pub cost: Option<crate::CostTag>,
 }
 
 impl Record {
@@ -122,6 +125,7 @@ impl Record {
             binding: None,
             decision: None,
             detail: serde_json::Value::Object(serde_json::Map::new()),
+            cost: None,
         }
     }
 
@@ -134,6 +138,12 @@ impl Record {
     /// Sets the decision.
     pub fn decision(mut self, decision: Decision) -> Self {
         self.decision = Some(decision);
+        self
+    }
+
+    /// Charges the log's CPU for this record to `tag` ([`crate::Cost`]).
+    pub fn cost(mut self, tag: crate::CostTag) -> Self {
+        self.cost = Some(tag);
         self
     }
 

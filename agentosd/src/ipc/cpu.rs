@@ -10,7 +10,9 @@
 //! - the tokio workers, around every poll of the agent's MCP sessions and of its tool calls
 //!   (gate, schema check, audit record building, the fork of a tool: [`Measured`]), and the
 //!   blocking-pool parse of its large messages;
-//! - the model gateway, around every poll of its connections' tasks and of its accept loop.
+//! - the model gateway, around every poll of its connections' tasks and of its accept loop;
+//! - the audit log's writer and syncer threads, once per batch, split over the batch's records
+//!   by bytes (the `audit::Cost` impl below; records tagged in audit_trail.rs).
 //!
 //! Time is read with `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` (the thread's own CPU time; the
 //! vDSO does not serve CPU-time clocks, so each read is a system call: [`clock_cost`] measures
@@ -255,6 +257,8 @@ pub struct CpuUse {
     pub permille: u64,
     /// The ceiling under which it is not held to it (0: a hard cap, or no rate).
     pub ceiling_permille: u64,
+    /// Of `used_ns`, the audit trail's writer threads' CPU for its records ([`audit::Cost`]).
+    pub audit_ns: u64,
 }
 
 /// An agent's bucket at its share, its recent rate, and the last window it was counted over
@@ -275,6 +279,8 @@ pub struct AgentCpu {
     pool: Option<Arc<Mutex<Pool>>>,
     permille: u64,
     used_ns: AtomicU64,
+    /// Of `used_ns`, charged by the audit log's threads.
+    audit_ns: AtomicU64,
     pauses: AtomicU64,
     throttled_ns: AtomicU64,
     /// Its place in the turns on the agents' runtime (ipc/turns.rs; None: polled in tokio's
@@ -325,6 +331,7 @@ impl AgentCpu {
             pool: pool.filter(|_| ns > 0),
             permille: rate.permille,
             used_ns: AtomicU64::new(0),
+            audit_ns: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
             turn: None,
@@ -445,6 +452,7 @@ impl AgentCpu {
                 0
             },
             ceiling_permille: self.pool.as_ref().map_or(0, |p| lock(p).ceiling_permille),
+            audit_ns: self.audit_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -454,6 +462,16 @@ impl AgentCpu {
             cpu: self,
             t0: thread_cpu_ns(),
         }
+    }
+}
+
+/// The audit log's writer and syncer threads charge an agent's account for its records: their
+/// CPU per batch, split over the batch's records by bytes (audit crate, cost.rs; tagged in
+/// audit_trail.rs). Counted like the agent's own polls: its bucket, its recent rate, the pool.
+impl audit::Cost for AgentCpu {
+    fn charge(&self, cpu_ns: u64) {
+        self.audit_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+        AgentCpu::charge(self, cpu_ns);
     }
 }
 

@@ -404,6 +404,7 @@ impl Supervisor {
                 throttled_ms: u.throttled_ns / 1_000_000,
                 permille: u.permille,
                 ceiling_permille: u.ceiling_permille,
+                audit_nsec: u.audit_ns,
             });
         // Whether the file is there now, not when it was loaded (a deleted file is not enabled).
         st.enabled = self.enabled_now(agent);

@@ -75,13 +75,15 @@ impl Log {
             }
             false => Done::Slot(Arc::clone(&slot)),
         };
-        w.push(rec.kind, &body, done);
+        // The caller's own CPU for it is its caller's to account; the syncer's share, if the
+        // batch goes there, is charged to the record's tag.
+        w.push(rec.kind, &body, done, rec.cost.as_ref());
         w.urgent = false;
         w.lazy_since = None;
         // `written`: the batch goes to the syncer even when it carries lazy records (whose
         // callbacks nobody waits on), so this thread does not wait for that sync.
         w.alone = !written;
-        if let Err(reason) = w.flush(&self.shared) {
+        if let Err(reason) = w.flush(&self.shared, None) {
             self.shared.fail(&reason);
         }
         self.wake_writer_if_late(&w, tx, rec.kind);
@@ -118,7 +120,12 @@ impl Log {
             return None;
         }
         w.lazy_since.get_or_insert_with(std::time::Instant::now);
-        w.push(rec.kind, &body, Done::Callback(Box::new(done)));
+        w.push(
+            rec.kind,
+            &body,
+            Done::Callback(Box::new(done)),
+            rec.cost.as_ref(),
+        );
         self.wake_writer_if_late(&w, tx, rec.kind);
         Some(Ok(()))
     }
@@ -140,6 +147,7 @@ impl Log {
             body: Vec::new(),
             urgent: false,
             done: None,
+            cost: None,
         };
         if tx.try_send(tick).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
