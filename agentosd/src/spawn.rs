@@ -324,6 +324,7 @@ pub fn spawn_with_stdio(
     // unpreemptible kernel work during this start (sandbox/netns_pool.rs).
     if sandbox.is_some() {
         crate::sandbox::netns_pool::after_start();
+        crate::sandbox::ruleset_pool::after_start();
     }
     started
 }

@@ -3,13 +3,14 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ::landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, Ruleset,
     RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
-use super::path_cache::{Checked, PathCache, Resolve, RuleFd};
+use super::path_cache::{Checked, Entry, PathCache, Resolve, RuleFd};
 use crate::safe_fs::{self, SafeFsError};
 
 /// The newest ABI whose rights this module asks for; older kernels get what they support
@@ -221,14 +222,18 @@ impl<'a> Opener<'a> {
         }
     }
 
+    /// The `beneath` directory `path` is opened under (the deepest one holding it) and the
+    /// rest of the path below it; `None` for a host path.
+    pub fn beneath_of<'p>(&self, path: &'p Path) -> Option<(&'a safe_fs::Dir, &'p Path)> {
+        self.beneath
+            .iter()
+            .filter_map(|d| path.strip_prefix(d.path()).ok().map(|r| (*d, r)))
+            .max_by_key(|(d, _)| d.path().as_os_str().len())
+    }
+
     /// An `O_PATH` fd of `path` and its real path; `Ok(None)` when it does not exist.
     pub fn open(&self, path: &Path) -> Result<Option<(OwnedFd, PathBuf)>, LandlockError> {
-        let r = if let Some((dir, rel)) = self
-            .beneath
-            .iter()
-            .filter_map(|d| path.strip_prefix(d.path()).ok().map(|r| (d, r)))
-            .max_by_key(|(d, _)| d.path().as_os_str().len())
-        {
+        let r = if let Some((dir, rel)) = self.beneath_of(path) {
             // The real path of what the fd names (the operator's state directory may sit
             // behind a link of the host's own, e.g. /var/lib): what `d_path` reports.
             dir.open_path(rel).map(|fd| {
@@ -273,13 +278,14 @@ struct FsRule {
 }
 
 /// Rules for `paths` with `access`, each from an fd [`Opener`] opened (file rights only for a
-/// file, as Landlock requires).
+/// file, as Landlock requires); the paths that do not exist are added to `missing`.
 fn rules(
     opener: &Opener<'_>,
     paths: &[PathBuf],
     access: BitFlags<AccessFs>,
     abi: ABI,
     checked: &mut Checked,
+    missing: &mut Vec<PathBuf>,
 ) -> Result<Vec<FsRule>, LandlockError> {
     let mut out = Vec::new();
     for p in paths {
@@ -289,9 +295,28 @@ fn rules(
                 fd,
                 access: rule_access(access, dir, abi),
             });
+        } else {
+            missing.push(p.clone());
         }
     }
     Ok(out)
+}
+
+/// What one path of a plan was bound to when its ruleset was built ([`build_bound`]): what the
+/// ruleset pool checks again before a start takes a ruleset built ahead of it
+/// ([`super::ruleset_pool`]).
+#[derive(Debug)]
+pub enum Bound {
+    /// A host path kept in the path cache: its walk is checked again.
+    Kept { path: PathBuf, entry: Arc<Entry> },
+    /// Opened beneath one of the opener's `beneath` directories (the agent's home): the object
+    /// it named then.
+    Beneath { path: PathBuf, dev: u64, ino: u64 },
+    /// Resolved afresh and not kept (a walk through a directory others can write, the path
+    /// cache full or off): what a start must resolve again itself.
+    Fresh(PathBuf),
+    /// Did not exist: no rule.
+    Missing(PathBuf),
 }
 
 /// The rights of a rule on a directory (`dir`) or on anything else: the file rights of `access`
@@ -351,6 +376,27 @@ pub fn build_with(
     required: bool,
     opener: &Opener<'_>,
 ) -> Result<Option<OwnedFd>, LandlockError> {
+    build_inner(plan, required, opener, None)
+}
+
+/// [`build_with`], and what each path was bound to: kept fds, objects beneath the opener's
+/// directories (one `fstat` each), paths resolved afresh and paths that did not exist.
+pub fn build_bound(
+    plan: &Plan,
+    required: bool,
+    opener: &Opener<'_>,
+) -> Result<(Option<OwnedFd>, Vec<Bound>), LandlockError> {
+    let mut bound = Vec::new();
+    let fd = build_inner(plan, required, opener, Some(&mut bound))?;
+    Ok((fd, bound))
+}
+
+fn build_inner(
+    plan: &Plan,
+    required: bool,
+    opener: &Opener<'_>,
+    record: Option<&mut Vec<Bound>>,
+) -> Result<Option<OwnedFd>, LandlockError> {
     RESTRICT_FLAGS.store(
         restrict_flags_for(kernel_abi()),
         std::sync::atomic::Ordering::Relaxed,
@@ -392,24 +438,28 @@ pub fn build_with(
     // Open every path before the ruleset exists: a scope that does not resolve safely fails
     // the start with its name.
     let mut checked = Checked::default();
+    let mut missing = Vec::new();
+    let (ck, miss) = (&mut checked, &mut missing);
     let mut fs_rules = rules(
         opener,
         &plan.read_exec,
         read | AccessFs::Execute,
         abi,
-        &mut checked,
+        ck,
+        miss,
     )?;
-    fs_rules.extend(rules(opener, &plan.read, read, abi, &mut checked)?);
+    fs_rules.extend(rules(opener, &plan.read, read, abi, ck, miss)?);
     fs_rules.extend(rules(
         opener,
         &plan.read_write,
         read | write,
         abi,
-        &mut checked,
+        ck,
+        miss,
     )?);
     if unix {
         let to_sockets = BitFlags::from(AccessFs::ResolveUnix);
-        fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi, &mut checked)?);
+        fs_rules.extend(rules(opener, &plan.unix, to_sockets, abi, ck, miss)?);
     }
     let mut created = rs.create()?;
     for p in plan.connect.iter().flatten() {
@@ -424,6 +474,26 @@ pub fn build_with(
         // The path rules directly, not through the crate's `PathBeneath`: it `fstat`s every fd
         // to tell files from directories, which the daemon already knows (≈ 1 µs a rule).
         add_fs_rules(fd, &fs_rules, handled_fs(fs_all, kernel_abi()))?;
+    }
+    if let Some(out) = record {
+        out.extend(fs_rules.into_iter().map(|r| match r.fd {
+            RuleFd::Shared(entry) => Bound::Kept {
+                path: r.path,
+                entry,
+            },
+            RuleFd::Own(fd) if opener.beneath_of(&r.path).is_some() => {
+                match rustix::fs::fstat(&fd) {
+                    Ok(st) => Bound::Beneath {
+                        path: r.path,
+                        dev: st.st_dev,
+                        ino: st.st_ino,
+                    },
+                    Err(_) => Bound::Fresh(r.path),
+                }
+            }
+            RuleFd::Own(_) => Bound::Fresh(r.path),
+        }));
+        out.extend(missing.into_iter().map(Bound::Missing));
     }
     Ok(fd)
 }
@@ -466,7 +536,7 @@ pub fn kernel_abi() -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -521,7 +591,7 @@ mod tests {
     /// `path` opened for reading and for writing (each `Ok` or the errno) in a thread that first
     /// restricts itself with `ruleset` (Landlock confines the calling thread and its children
     /// only: the test process is untouched).
-    fn tries_under(
+    pub(in crate::sandbox) fn tries_under(
         ruleset: &OwnedFd,
         paths: &[PathBuf],
     ) -> Vec<(Result<(), i32>, Result<(), i32>)> {

@@ -10,6 +10,7 @@ pub mod identity;
 pub mod landlock;
 pub mod netns_pool;
 pub mod path_cache;
+pub mod ruleset_pool;
 pub mod seccomp;
 pub mod sockets;
 
@@ -132,6 +133,8 @@ pub struct PreparedSandbox {
     pub home: PathBuf,
     /// The filled Landlock ruleset (O_CLOEXEC); `None` when the kernel has no Landlock.
     pub landlock: Option<OwnedFd>,
+    /// `landlock` was built ahead of this start and checked at its take ([`ruleset_pool`]).
+    pub landlock_pooled: bool,
     /// seccomp programs, installed in order.
     pub seccomp: Vec<Vec<libc::sock_filter>>,
     /// Gaps the operator should know about (shown by `agentctl status`).
@@ -263,6 +266,7 @@ pub fn prepare_with(
             ports.extend(gateway.host_port);
         }
     }
+    let mut landlock_pooled = false;
     let lock = match abi {
         None if grants.must_landlock => {
             return Err(SandboxError::Unenforceable(format!(
@@ -297,16 +301,24 @@ pub fn prepare_with(
                     "landlock ABI {v}: pathname Unix sockets left to BPF LSM (--no-landlock-unix)"
                 ));
             }
-            let mut opener = landlock::Opener::new(vec![&home_dir]);
+            let mut system = landlock::Opener::new(Vec::new()).system;
             // The daemon's socket directories are root's (made by it, 0711, no link).
-            opener.system.extend(plan.unix.iter().cloned());
-            let fd = landlock::build_with(&plan, grants.must_landlock, &opener).map_err(|e| {
-                if grants.must_landlock && !matches!(e, landlock::LandlockError::Path { .. }) {
-                    SandboxError::Unenforceable(format!("agent {id} requires landlock (must): {e}"))
-                } else {
-                    e.into()
-                }
-            })?;
+            system.extend(plan.unix.iter().cloned());
+            // The ruleset built ahead for this agent when it still holds, else built now; the
+            // next one is built after this start (ruleset_pool.rs).
+            let pool = ruleset_pool::RulesetPool::global();
+            let (fd, pooled) = pool
+                .ruleset(&id, uid, &plan, grants.must_landlock, home_dir, system)
+                .map_err(|e| {
+                    if grants.must_landlock && !matches!(e, landlock::LandlockError::Path { .. }) {
+                        SandboxError::Unenforceable(format!(
+                            "agent {id} requires landlock (must): {e}"
+                        ))
+                    } else {
+                        e.into()
+                    }
+                })?;
+            landlock_pooled = pooled;
             notes.push(format!("landlock ABI {v}"));
             fd
         }
@@ -335,6 +347,7 @@ pub fn prepare_with(
         gid: uid,
         home,
         landlock: lock,
+        landlock_pooled,
         seccomp,
         notes,
         last_cap: cap_last_cap(),

@@ -87,8 +87,31 @@ struct Counters {
 
 pub struct PathCache {
     slots: Mutex<HashMap<(PathBuf, Resolve), Slot>>,
-    enabled: AtomicBool,
+    enabled: Switch,
     n: Counters,
+}
+
+/// The on/off switch of something that only saves a start time (this cache, the ruleset pool).
+#[derive(Debug)]
+pub struct Switch(AtomicBool);
+
+impl Switch {
+    pub fn new(on: bool) -> Switch {
+        Switch(AtomicBool::new(on))
+    }
+
+    /// On unless the environment variable `var` is `off` or `0`.
+    pub fn from_env(var: &str) -> Switch {
+        Switch::new(!std::env::var(var).is_ok_and(|v| v == "off" || v == "0"))
+    }
+
+    pub fn on(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Relaxed);
+    }
 }
 
 /// An fd for a Landlock rule: the cache's (shared) or opened for this start.
@@ -112,6 +135,12 @@ impl AsFd for RuleFd {
 pub struct Checked(HashMap<PathBuf, Option<rustix::fs::Stat>>);
 
 impl Checked {
+    /// Whether `entry`'s walk still holds: the check [`PathCache::open`] makes before serving it
+    /// (the ruleset pool makes it again before a start takes a ruleset built ahead).
+    pub fn holds_entry(&mut self, entry: &Entry) -> bool {
+        self.holds(&entry.walk)
+    }
+
     fn holds(&mut self, walk: &Walk) -> bool {
         walk.seen.iter().all(|s| {
             self.0
@@ -133,7 +162,7 @@ impl PathCache {
     pub fn new(enabled: bool) -> PathCache {
         PathCache {
             slots: Mutex::new(HashMap::new()),
-            enabled: AtomicBool::new(enabled),
+            enabled: Switch::new(enabled),
             n: Counters::default(),
         }
     }
@@ -141,19 +170,16 @@ impl PathCache {
     /// The daemon's cache: on unless [`ENV_SWITCH`] is `off` (or `0`) at its first use.
     pub fn global() -> &'static PathCache {
         static G: std::sync::OnceLock<PathCache> = std::sync::OnceLock::new();
-        G.get_or_init(|| {
-            let off = std::env::var(ENV_SWITCH).is_ok_and(|v| v == "off" || v == "0");
-            PathCache::new(!off)
-        })
+        G.get_or_init(|| PathCache::new(Switch::from_env(ENV_SWITCH).on()))
     }
 
     pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Relaxed)
+        self.enabled.on()
     }
 
     /// Switch the cache on or off (off: every path is resolved on every use; entries are kept).
     pub fn set_enabled(&self, on: bool) {
-        self.enabled.store(on, Ordering::Relaxed);
+        self.enabled.set(on);
     }
 
     pub fn stats(&self) -> Stats {
@@ -266,4 +292,4 @@ fn resolve_walk(path: &Path, how: Resolve) -> Result<(OwnedFd, Option<Walk>), Sa
 
 #[cfg(test)]
 #[path = "path_cache_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -11,7 +11,7 @@ use crate::sandbox::landlock::Opener;
 
 /// A fresh root-only directory (0755, root's, every parent root's alone), or `None` with a
 /// message when this is not root or /run is not root's alone.
-fn root_tree(test: &str) -> Option<tempfile::TempDir> {
+pub(in crate::sandbox) fn root_tree(test: &str) -> Option<tempfile::TempDir> {
     if !rustix::process::geteuid().is_root() {
         eprintln!("{test}: skipped: needs root (root-owned trees, chown to another uid)");
         return None;
@@ -29,7 +29,7 @@ fn root_tree(test: &str) -> Option<tempfile::TempDir> {
     Some(d)
 }
 
-fn mkdirs(p: &Path, mode: u32) {
+pub(in crate::sandbox) fn mkdirs(p: &Path, mode: u32) {
     std::fs::create_dir_all(p).unwrap();
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }

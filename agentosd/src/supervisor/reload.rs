@@ -50,6 +50,9 @@ impl Supervisor {
             origin: origin.to_string(),
             parsed: Some(Arc::new(contract)),
         };
+        // A ruleset built ahead for the old contract is not served to the new one (its key
+        // differs too); dropped now rather than at the next start.
+        crate::sandbox::ruleset_pool::forget(&agent.id);
         let running = {
             let _op = agent.op.lock().await;
             let mut i = lock(&agent.inner);

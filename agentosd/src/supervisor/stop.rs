@@ -167,6 +167,7 @@ impl Supervisor {
         let _op = agent.op.lock().await;
         self.stop_locked(agent, State::Inactive, "removed").await?;
         lock(&self.agents).remove(&agent.id);
+        crate::sandbox::ruleset_pool::forget(&agent.id);
         let _g = lock(&agent.persist_lock);
         lock(&agent.inner).removed = true;
         if let Err(e) = self.store.delete(&agent.tenant, &agent.name) {

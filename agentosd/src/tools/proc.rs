@@ -234,6 +234,7 @@ fn prepare_sandbox(
         gid: caller.gid,
         home: place.scratch.clone(),
         landlock,
+        landlock_pooled: false,
         seccomp,
         notes: notes.clone(),
         last_cap: sandbox::cap_last_cap(),

@@ -13,13 +13,18 @@
 //! |---|---|
 //! | `fork+exec` | `std::process::Command::spawn` (posix_spawn/fork + exec), no cgroup, no sandbox |
 //! | `clone3+cgroup` | mkdir a fresh cgroup, `clone3(CLONE_INTO_CGROUP)` + exec via agentosd's `spawn` |
-//! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, Landlock ruleset built from the contract, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec; from a thread whose capability bounding set is empty, as the daemon's are (the clone3 modes each run a start on a thread of their own) |
+//! | `agentos` | what agentosd does for a start: mkdir a fresh cgroup, `sandbox::prepare` (uid from the table, state directory, the Landlock ruleset built ahead after the agent's previous start and checked, or built from the contract when none holds, seccomp compiled), `clone3` + setgroups/setresgid/capability drop/setresuid/no_new_privs/Landlock/seccomp in the child, exec; from a thread whose capability bounding set is empty, as the daemon's are (the clone3 modes each run a start on a thread of their own) |
+//! | `agentos -pool` | `agentos` with the ruleset pool off (sandbox/ruleset_pool.rs): the ruleset built at every start |
 //! | `agentos+net` | `agentos` with a `net.connect` grant: its own network namespace plus its socket broker (a second clone3 of the daemon into the agent's cgroup, sandbox/sockets.rs), timed to the agent's first instruction (the broker starts after the agent's exec) |
 //! | `bwrap` | `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --cap-drop ALL --new-session --die-with-parent` |
 //! | `systemd-run (service)`, `systemd-run (bare service)`, `systemd-run --scope`, `agentosd (D-Bus)` | where systemd is PID 1 (the VM): see sandbox_peers.rs; elsewhere reported as unavailable, with the reason |
 //!
-//! With systemd the working directory (stamp, logs) is in /run, not /tmp: a transient service
-//! with `PrivateTmp=` would not see /tmp's.
+//! The working directory (stamp, logs) is in /run, not /tmp: a transient service with
+//! `PrivateTmp=` would not see /tmp's, and the contract's `fs.exec` grant of it is then a path
+//! only root could make resolve elsewhere, as a program root installed (under /tmp, writable by
+//! everyone, it is resolved afresh at every start and its ruleset never built ahead).
+//! Every mode starts an agent of its own name (`agent`, `agent-net`, `agent-PART`), so that
+//! each has its own ruleset built ahead, as the daemon keeps one per agent.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -110,11 +115,13 @@ pub(super) struct Bench {
     pub(super) sandboxed: usize,
     pub(super) pool_empty: usize,
     /// Start request → just before `clone3` (cgroup made, sandbox prepared), for
-    /// `clone3+cgroup`, `agentos`, `agentos -all4` and `agentos -prepare`: the rest of a start is the clone, the
-    /// child's setup and the exec.
-    pub(super) before_clone: [Vec<u64>; 4],
+    /// `clone3+cgroup`, `agentos`, `agentos -all4`, `agentos -prepare` and `agentos -pool`: the
+    /// rest of a start is the clone, the child's setup and the exec.
+    pub(super) before_clone: [Vec<u64>; 5],
     /// `agentos -prepare`: the sandbox its first start prepared, used by every later one.
     prepared_once: Option<agentosd::sandbox::PreparedSandbox>,
+    /// Per agent name: sandboxed starts, and those that took a ruleset built ahead.
+    pub(super) pooled: std::collections::BTreeMap<String, (usize, usize)>,
 }
 
 impl Bench {
@@ -195,11 +202,20 @@ impl Bench {
         } else if sandboxed {
             // `agentos -pathcache`: every host path resolved afresh, as before the cache.
             let cache = agentosd::sandbox::path_cache::PathCache::global();
-            cache.set_enabled(!without.is_some_and(|w| w.split('+').any(|p| p == "pathcache")));
+            let off = |part: &str| without.is_some_and(|w| w.split('+').any(|p| p == part));
+            cache.set_enabled(!off("pathcache"));
+            // `agentos -pool`: the ruleset built at every start, as before the pool.
+            agentosd::sandbox::ruleset_pool::RulesetPool::global()
+                .set_enabled(!off("pool") && !off("pathcache"));
+            let name = match (net, without) {
+                (true, _) => "agent-net".to_string(),
+                (false, None) => "agent".to_string(),
+                (false, Some(w)) => format!("agent-{}", w.replace('+', "-")),
+            };
             let mut sb = agentosd::sandbox::prepare(
                 &self.state,
                 "bench",
-                "agent",
+                &name,
                 Some(if net {
                     &self.net_contract
                 } else {
@@ -207,6 +223,9 @@ impl Bench {
                 }),
             )?;
             self.sandboxed += 1;
+            let n = self.pooled.entry(name).or_default();
+            n.0 += 1;
+            n.1 += usize::from(sb.landlock_pooled);
             if sb.namespaces.net && sb.netns.is_none() {
                 self.pool_empty += 1;
             }
@@ -250,6 +269,7 @@ impl Bench {
             (true, false, None) => Some(1),
             (true, false, Some("all4")) => Some(2),
             (true, false, Some("prepare")) => Some(3),
+            (true, false, Some("pool")) => Some(4),
             _ => None,
         };
         if let Some(k) = key {
@@ -331,6 +351,7 @@ fn modes(a: &SandboxArgs, dbus: &Result<DbusAgents>) -> Vec<Mode> {
         on("fork+exec"),
         on("clone3+cgroup"),
         on("agentos"),
+        on("agentos -pool"),
         on("agentos+net"),
     ];
     if a.breakdown {
@@ -387,7 +408,7 @@ pub fn run(a: SandboxArgs) -> Result<()> {
     let mount = agentosd::cgroup::cgroup2_mount().context("no cgroup2 mount")?;
     // A transient service gets a private /tmp (PrivateTmp=, implied by DynamicUser=): with
     // systemd the stamp lives in /run, which it sees read-only.
-    let base = if sandbox_peers::systemd_pid1() {
+    let base = if Path::new("/run").is_dir() {
         PathBuf::from("/run")
     } else {
         std::env::temp_dir()
@@ -450,6 +471,7 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
         pool_empty: 0,
         before_clone: Default::default(),
         prepared_once: None,
+        pooled: Default::default(),
     };
     let load_before = loadavg();
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(a.runs); modes.len()];
@@ -502,6 +524,14 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
     println!(
         "\nsandboxed starts that found no network namespace made ahead (made in clone3): {} of {}",
         b.pool_empty, b.sandboxed
+    );
+    println!("starts that took a Landlock ruleset built ahead, per agent (mode):");
+    for (name, (n, pooled)) in &b.pooled {
+        println!("  {name}: {pooled} of {n}");
+    }
+    println!(
+        "ruleset pool: {:?}",
+        agentosd::sandbox::ruleset_pool::RulesetPool::global().stats()
     );
     if a.breakdown {
         let names: Vec<&str> = modes.iter().map(|m| m.name).collect();

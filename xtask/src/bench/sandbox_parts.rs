@@ -13,7 +13,9 @@
 //!   nothing is checked again): the child's side alone over the floor, what a start would cost if
 //!   `prepare` were free.
 //! - The daemon's side: after the interleaved runs, the parts of `sandbox::prepare` called one
-//!   by one, each timed on its own (the same library calls `prepare_with` makes, in its order).
+//!   by one, each timed on its own (the same library calls `prepare_with` makes, in its order),
+//!   and `prepare` whole with a ruleset built ahead (the pool's thread builds it in the 2 ms
+//!   after each round) and with the ruleset pool off.
 
 use std::time::Instant;
 
@@ -98,7 +100,7 @@ fn time<T>(v: &mut Vec<u64>, f: impl FnOnce() -> T) -> T {
 /// Time the parts of `sandbox::prepare` for the bench contract, `runs` times each.
 pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
     let names = [
-        "prepare (whole, path cache on)",
+        "prepare (whole, a ruleset built ahead)",
         "uid table (uid_for)",
         "state directory (make_home)",
         "grants + plan",
@@ -107,15 +109,26 @@ pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
         "landlock: build_with, path cache on",
         "seccomp (compiled_for, cached)",
         "netns_pool::take",
+        "prepare (whole, ruleset pool off)",
     ];
     let mut s: Vec<Vec<u64>> = vec![Vec::with_capacity(runs); names.len()];
     let id = "bench/agent";
     let cache = agentosd::sandbox::path_cache::PathCache::global();
+    let pool = sandbox::ruleset_pool::RulesetPool::global();
+    let mut pooled = 0;
     for _ in 0..runs {
         cache.set_enabled(true);
-        time(&mut s[0], || {
+        pool.set_enabled(true);
+        let sb = time(&mut s[0], || {
             sandbox::prepare(&b.state, "bench", "agent", Some(&b.contract))
         })?;
+        pooled += usize::from(sb.landlock_pooled);
+        drop(sb);
+        pool.set_enabled(false);
+        time(&mut s[9], || {
+            sandbox::prepare(&b.state, "bench", "agent", Some(&b.contract))
+        })?;
+        pool.set_enabled(true);
         let uid = time(&mut s[1], || identity::uid_for(&b.state, id))?;
         let home = time(&mut s[2], || {
             identity::make_home(&b.state, "bench", "agent", uid)
@@ -146,8 +159,10 @@ pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
         // What spawn does once the child has exec'd; let the pool refill (its thread is
         // nice 19) before the next take.
         sandbox::netns_pool::after_start();
+        sandbox::ruleset_pool::after_start();
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    println!("\nprepare timed alone: {pooled} of {runs} took a ruleset built ahead");
     Ok(Parts(names.into_iter().zip(s).collect()))
 }
 
@@ -172,7 +187,7 @@ pub fn print(p: &Parts) {
 
 /// Each start split at the clone: request → just before `clone3` (cgroup, `prepare`) and
 /// the rest (clone, the child's setup, exec, the first instruction), p50 of each.
-pub fn print_split(before: &[Vec<u64>; 4], samples: &[Vec<u64>], modes: &[&str]) {
+pub fn print_split(before: &[Vec<u64>; 5], samples: &[Vec<u64>], modes: &[&str]) {
     println!("\nstarts split at the clone (p50 of each half; the halves' p50s need not add up)\n");
     println!("| mode | request → clone3 µs | whole start p50 µs |");
     println!("|---|---:|---:|");
@@ -181,6 +196,7 @@ pub fn print_split(before: &[Vec<u64>; 4], samples: &[Vec<u64>], modes: &[&str])
         "agentos",
         "agentos -all4",
         "agentos -prepare",
+        "agentos -pool",
     ]
     .iter()
     .enumerate()
