@@ -594,6 +594,9 @@ mod tests {
             "bset.yaml",
         )
         .expect("contract");
+        let _serial = crate::sandbox::netns_pool::TEST_LOCK
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         for emptied in [false, true] {
             let status = std::thread::scope(|s| {
                 s.spawn(|| {

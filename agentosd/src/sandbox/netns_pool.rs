@@ -232,6 +232,12 @@ pub fn ready_ipc() -> usize {
     pools().ipc.len()
 }
 
+/// Held by the tests that count the global pools' namespaces and by the tests that take from
+/// them (`sandbox::prepare`, `spawn`): counts read while another test takes or wakes the refill
+/// would be wrong.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +279,7 @@ mod tests {
             eprintln!("SKIPPED: needs root (unshare CLONE_NEWNET)");
             return;
         }
+        let _serial = super::TEST_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         fill();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while ready() < READY {

@@ -234,6 +234,9 @@ fn prepare_takes_the_ruleset_the_pool_thread_built_after_the_start() {
     let Some(t) = setup("prepare_takes_the_ruleset_the_pool_thread_built", 8) else {
         return;
     };
+    let _serial = crate::sandbox::netns_pool::TEST_LOCK
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if !RulesetPool::global().enabled() {
         eprintln!("prepare_takes_the_ruleset: skipped: {ENV_SWITCH}=off");
         return;
