@@ -1273,7 +1273,10 @@ fn the_gateway_reads_an_agent_at_its_rate() {
             "\"bigflood\"",
             "modelPolicy: { allow: [chat] }\n",
         );
-        let all = steps(&s, "bigflood", 90);
+        // Under the 1% cap (i == 2) the daemon spends ≈ 0.55 s of its CPU on what the agent
+        // sent in its 6 s (measured alone, 2026-11-27): ≈ 55 s of budget at 10 ms/s, more when
+        // the suite's other tests load the host (a run took over 90 s).
+        let all = steps(&s, "bigflood", if i == 2 { 240 } else { 90 });
         let r = step(&all, "bigflood");
         let mib = r["mib_per_s"].as_f64().unwrap();
         // Every request was answered (refused: the model is not granted), none dropped. Under
