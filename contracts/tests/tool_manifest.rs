@@ -67,7 +67,7 @@ fn mcp_manifest_fields() {
     };
     assert!(program.args.contains(&"{fs.read}".to_string()));
     assert!(tools.is_none());
-    assert_eq!(*startup_timeout, Duration::from_secs(20));
+    assert_eq!(*startup_timeout, Duration::from_secs(60));
     assert_eq!(m.needs.fs_read, ["/"]);
     assert!(m.input_schema.is_none());
 }
