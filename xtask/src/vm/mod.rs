@@ -14,6 +14,7 @@ mod image;
 mod model;
 mod payload;
 mod qemu;
+mod shards;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -62,9 +63,16 @@ pub struct TestArgs {
     cache: CacheArgs,
     /// Run only the tests whose name contains FILTER (passed to the test binaries).
     filter: Option<String>,
-    /// Overall limit for boot + tests + power-off, in seconds; QEMU is killed after it.
-    #[arg(long, default_value_t = 2400)]
-    timeout: u64,
+    /// Limit for each guest's boot + tests + power-off, in seconds; QEMU is killed after it.
+    /// Default: 2400 when the suite is split over several guests, 4200 when one guest runs it
+    /// all.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Run the suite in N guests at once, each with a share of the test binaries (one guest
+    /// uses one host CPU). Default: `AGENTOS_VM_SHARDS`, else one per host CPU up to two
+    /// without a FILTER and one with it; fewer when the host's memory does not hold them.
+    #[arg(long)]
+    shards: Option<usize>,
     /// Show the whole serial console while the guest runs, not only the tests' output.
     #[arg(long, short)]
     verbose: bool,
@@ -113,7 +121,8 @@ pub fn test_default() -> Result<()> {
     test(&TestArgs {
         cache: CacheArgs { cache_dir: None },
         filter: None,
-        timeout: 2400,
+        timeout: None,
+        shards: None,
         verbose: false,
         mem: qemu::DEFAULT_MEM_MIB,
         release: false,
@@ -124,32 +133,136 @@ fn test(a: &TestArgs) -> Result<()> {
     let cache = a.cache.resolve();
     let image = image::setup(&cache, false)?;
     let build = payload::build(a.release, true)?;
-    let run_dir = cache.join("run");
     let examples = examples::ensure(&cache)?;
-    let initrd = payload::stage(
-        &build,
-        &image,
-        &[examples],
-        &run_dir,
-        payload::Mode::Test {
-            filter: a.filter.clone(),
+    let asked = match a.shards {
+        Some(n) => Some(n),
+        None => match std::env::var("AGENTOS_VM_SHARDS") {
+            Ok(v) if !v.is_empty() => Some(v.parse().map_err(|_| {
+                anyhow::anyhow!("AGENTOS_VM_SHARDS={v:?}: expected a number of guests")
+            })?),
+            _ => None,
         },
-    )?;
-    let log = run_dir.join("serial.log");
+    };
+    let n = shards::count(asked, a.filter.is_some(), a.mem);
+    // One guest: everything, in target/vm/run as always. Several: run-1, run-2, … each with
+    // its share.
+    let plan: Vec<(PathBuf, Option<Vec<String>>)> = match n {
+        1 => vec![(cache.join("run"), None)],
+        _ => shards::plan(&build.test_names(), n)
+            .into_iter()
+            .enumerate()
+            .map(|(i, share)| (cache.join(format!("run-{}", i + 1)), Some(share)))
+            .collect(),
+    };
+    let timeout = Duration::from_secs(a.timeout.unwrap_or(match plan.len() {
+        1 => 4200,
+        _ => 2400,
+    }));
+    let mut initrds = Vec::new();
+    for (dir, share) in &plan {
+        if let Some(share) = share {
+            eprintln!("vm test: guest {} runs {}", dir.display(), share.join(" "));
+        }
+        let initrd = payload::stage(
+            &build,
+            &image,
+            std::slice::from_ref(&examples),
+            dir,
+            payload::Mode::Test {
+                filter: a.filter.clone(),
+                binaries: share.clone(),
+            },
+        )?;
+        initrds.push(initrd);
+    }
     let model = model::HostModel::start()?;
     let nic = model.nic()?;
-    let boot = || {
-        qemu::boot_test(
-            &image,
-            &initrd,
-            &nic,
-            &log,
-            a.mem,
-            Duration::from_secs(a.timeout),
-            a.verbose,
-        )
+    let several = plan.len() > 1;
+    let outcomes: Vec<Result<qemu::Outcome>> = std::thread::scope(|s| {
+        let runs: Vec<_> = plan
+            .iter()
+            .zip(&initrds)
+            .enumerate()
+            .map(|(i, ((dir, _), initrd))| {
+                let tag = match several {
+                    true => format!("[guest {}] ", i + 1),
+                    false => String::new(),
+                };
+                let (image, nic) = (&image, &nic);
+                s.spawn(move || {
+                    boot_suite(
+                        image,
+                        initrd,
+                        nic,
+                        &dir.join("serial.log"),
+                        a,
+                        timeout,
+                        &tag,
+                    )
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a guest's thread panicked")))
+            })
+            .collect()
+    });
+    let mut tests = 0;
+    let mut secs: f64 = 0.0;
+    let mut failures = Vec::new();
+    for outcome in outcomes {
+        match outcome? {
+            qemu::Outcome::Passed { secs: s, tests: t } => {
+                tests += t;
+                secs = secs.max(s);
+            }
+            qemu::Outcome::Failed { rc, log } => {
+                print_log(&log);
+                failures.push(format!(
+                    "the suite failed in the guest (exit status {rc}); serial log: {}",
+                    log.display()
+                ));
+            }
+            qemu::Outcome::NoMarker { why, log } => {
+                print_log(&log);
+                failures.push(format!(
+                    "no result from the guest ({why}); serial log: {}",
+                    log.display()
+                ));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!("vm test: {}", failures.join("; "));
+    }
+    eprintln!(
+        "vm test: {tests} tests passed ({secs:.0} s from boot to power-off{})",
+        match several {
+            true => format!(", the longest of {} guests", plan.len()),
+            false => String::new(),
+        }
+    );
+    Ok(())
+}
+
+/// Boots one guest of the suite; once more when its kernel died of an emulator fault.
+fn boot_suite(
+    image: &image::Image,
+    initrd: &Path,
+    nic: &str,
+    log: &Path,
+    a: &TestArgs,
+    timeout: Duration,
+    tag: &str,
+) -> Result<qemu::Outcome> {
+    let echo = qemu::Echo {
+        verbose: a.verbose,
+        tag,
     };
-    let mut outcome = boot()?;
+    let boot = || qemu::boot_test(image, initrd, nic, log, a.mem, timeout, echo);
+    let outcome = boot()?;
     if let qemu::Outcome::NoMarker { log: died, .. } = &outcome
         && let Some(fault) = std::fs::read_to_string(died)
             .ok()
@@ -159,34 +272,15 @@ fn test(a: &TestArgs) -> Result<()> {
         let first = died.with_extension("first.log");
         let _ = std::fs::rename(died, &first);
         eprintln!(
-            "vm test: the guest kernel died of an emulator fault, not of a test ({fault}); \
+            "{tag}vm test: the guest kernel died of an emulator fault, not of a test ({fault}); \
              this is QEMU's multi-threaded TCG executing kernel text the kernel had already \
              patched back (docs/vm-tests.md, \"Emulator faults\"). Booting the suite once more; \
              the first serial log is {}",
             first.display()
         );
-        outcome = boot()?;
+        return boot();
     }
-    match outcome {
-        qemu::Outcome::Passed { secs, tests } => {
-            eprintln!("vm test: {tests} tests passed ({secs:.0} s from boot to power-off)");
-            Ok(())
-        }
-        qemu::Outcome::Failed { rc, log } => {
-            print_log(&log);
-            bail!(
-                "vm test: the suite failed in the guest (exit status {rc}); serial log: {}",
-                log.display()
-            )
-        }
-        qemu::Outcome::NoMarker { why, log } => {
-            print_log(&log);
-            bail!(
-                "vm test: no result from the guest ({why}); serial log: {}",
-                log.display()
-            )
-        }
-    }
+    Ok(outcome)
 }
 
 /// A guest kernel death that comes from the emulator rather than from the code under test:

@@ -21,6 +21,9 @@ pub const GUEST_DIR: &str = "/usr/local/lib/agentos-vmtest";
 pub enum Mode {
     Test {
         filter: Option<String>,
+        /// This guest's share of the test binaries when the suite runs in several guests at
+        /// once (`cargo xtask vm test --shards N`); `None`: all of them.
+        binaries: Option<Vec<String>>,
     },
     Shell,
     /// `cargo xtask vm bench`: run `xtask bench ARGS…` (one argument per line of `bench-args`)
@@ -42,6 +45,12 @@ pub struct Build {
 }
 
 impl Build {
+    /// The names of the `vm-tests` test binaries (tests/NAME.rs) and of the host suites run in
+    /// the guest.
+    pub fn test_names(&self) -> Vec<String> {
+        self.tests.iter().map(|(n, _)| n.clone()).collect()
+    }
+
     /// Adds a program to the guest's harness `bin/` directory (GUEST_DIR/bin/NAME).
     pub fn add_helper(&mut self, name: &str, path: PathBuf) {
         self.helpers.push((name.to_string(), path));
@@ -182,8 +191,11 @@ pub fn stage(
     let wants = units.join("multi-user.target.wants");
     fs::create_dir_all(&wants)?;
     match mode {
-        Mode::Test { filter } => {
+        Mode::Test { filter, binaries } => {
             fs::write(harness.join("filter"), filter.unwrap_or_default())?;
+            if let Some(share) = binaries {
+                fs::write(harness.join("binaries"), share.join("\n") + "\n")?;
+            }
             fs::write(units.join("agentos-vmtest.service"), TEST_UNIT)?;
             std::os::unix::fs::symlink(
                 "../agentos-vmtest.service",
@@ -333,9 +345,12 @@ filter=$(cat $D/filter 2>/dev/null)
 # `escape:NAME`: the escape suite alone, its attempts whose names contain NAME.
 only=
 case "$filter" in escape:*) only=escape; filter=${filter#escape:};; esac
+# `binaries`: this guest's share when the host runs the suite in several guests at once.
+share=$(cat $D/binaries 2>/dev/null)
 rc=0
 for t in $D/tests/*; do
   name=$(basename "$t")
+  if [ -n "$share" ] && ! printf '%s\n' "$share" | grep -qx "$name"; then continue; fi
   if [ -n "$only" ] && [ "$name" != "$only" ]; then continue; fi
   # The escape suite takes attempt names as its filter: run it whole, or when named.
   if [ -z "$only" ] && [ "$name" = escape ] && [ -n "$filter" ] && [ "$filter" != escape ]; then continue; fi

@@ -23,6 +23,14 @@ const CMDLINE: &str = "console=ttyS0 panic=-1 quiet mitigations=off lsm=landlock
 const BEGIN: &str = "VMTEST BEGIN";
 const MARKER: &str = "VMTEST RC=";
 
+/// What of the guest's console the host prints: everything (`verbose`) or the suite's part,
+/// each line after `tag` (which guest, when several run at once).
+#[derive(Clone, Copy)]
+pub struct Echo<'a> {
+    pub verbose: bool,
+    pub tag: &'a str,
+}
+
 pub enum Outcome {
     Passed { secs: f64, tests: u64 },
     Failed { rc: i32, log: PathBuf },
@@ -63,8 +71,9 @@ pub fn boot_test(
     log_path: &Path,
     mem: u32,
     timeout: Duration,
-    verbose: bool,
+    echo: Echo<'_>,
 ) -> Result<Outcome> {
+    let Echo { verbose, tag } = echo;
     let mut in_tests = false;
     let mut rc: Option<i32> = None;
     // Tests that passed, from libtest's `test result: ok. N passed; …` lines.
@@ -74,12 +83,12 @@ pub fn boot_test(
         if line.contains(BEGIN) {
             in_tests = true;
             eprintln!(
-                "vm: guest up after {:.0} s; running the suite",
+                "{tag}vm: guest up after {:.0} s; running the suite",
                 started.elapsed().as_secs_f64()
             );
         }
         if verbose || in_tests {
-            eprintln!("{line}");
+            eprintln!("{tag}{line}");
         }
         // The escape suite (its own harness) ends with `escape suite: N attempts, …`.
         if let Some(rest) = line.split("escape suite: ").nth(1) {
