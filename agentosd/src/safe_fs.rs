@@ -114,22 +114,31 @@ impl Dir {
     pub fn open_root(path: &Path) -> Result<Dir, SafeFsError> {
         use std::os::unix::fs::DirBuilderExt;
         // 0755 whatever the umask lets through: never group- or world-writable.
-        if let Err(e) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(path)
-        {
-            return Err(SafeFsError::Io {
-                op: "create",
-                path: path.to_path_buf(),
-                source: e,
-            });
+        let open = || {
+            rustix::fs::open(
+                path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+        };
+        // Opened first: it exists on every call but the first (made only when missing).
+        let fd = match open() {
+            Err(rustix::io::Errno::NOENT) => {
+                if let Err(e) = std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(path)
+                {
+                    return Err(SafeFsError::Io {
+                        op: "create",
+                        path: path.to_path_buf(),
+                        source: e,
+                    });
+                }
+                open()
+            }
+            r => r,
         }
-        let fd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
         .map_err(|e| io_err("open", path, e))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| io_err("fstat", path, e))?;
         let me = rustix::process::geteuid().as_raw();
@@ -200,11 +209,7 @@ impl Dir {
                 what: "not a single path component".into(),
             });
         }
-        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(e) => return Err(io_err("mkdir", &path, e)),
-        }
-        self.open_dir(Path::new(name)).map_err(|e| match e {
+        let not_dir = |e: SafeFsError| match e {
             SafeFsError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR) => {
                 SafeFsError::Refused {
                     path: path.clone(),
@@ -212,7 +217,18 @@ impl Dir {
                 }
             }
             e => e,
-        })
+        };
+        // Open first: on every agent start these exist, and a `mkdirat` that finds the name
+        // takes the parent's lock only to fail with EEXIST.
+        match self.open_dir(Path::new(name)) {
+            Err(e) if e.is_not_found() => {}
+            r => return r.map_err(not_dir),
+        }
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(io_err("mkdir", &path, e)),
+        }
+        self.open_dir(Path::new(name)).map_err(not_dir)
     }
 
     /// [`Dir::mkdir`] for each component of `rel`.

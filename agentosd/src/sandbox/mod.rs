@@ -10,6 +10,7 @@ pub mod identity;
 pub mod landlock;
 pub mod netns_pool;
 pub mod path_cache;
+pub mod path_watch;
 pub mod ruleset_pool;
 pub mod seccomp;
 pub mod sockets;

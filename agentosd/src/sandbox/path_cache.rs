@@ -22,6 +22,8 @@
 //! directory writable by others) drops the entry and the path is resolved afresh the safe way,
 //! as without a cache: an operator's change is picked up by the next start without a restart.
 //! Objects shared by several paths (`/`, `/usr`) are checked once per ruleset.
+//! Walks that the path watch ([`super::path_watch`]) has seen nothing change since their last
+//! check are served without the `lstat`s.
 //!
 //! **Bounded.** At most [`MAX_ENTRIES`] paths (one fd each); beyond that paths are resolved
 //! every time. Paths found not cacheable are remembered as such (up to the same bound) so their
@@ -33,7 +35,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::safe_fs::{self, SafeFsError, Walk};
+use super::path_watch::PathWatch;
+use crate::safe_fs::{self, SafeFsError, Seen, Walk};
 
 /// Paths kept at most (each holds one `O_PATH` fd).
 pub const MAX_ENTRIES: usize = 256;
@@ -47,6 +50,9 @@ pub struct Entry {
     pub fd: OwnedFd,
     pub is_dir: bool,
     walk: Walk,
+    /// The path watch's generation in which every object of the walk was checked and watched
+    /// (0: never): while it is the watch's current one, the walk holds without an `lstat`.
+    certified: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -130,20 +136,70 @@ impl AsFd for RuleFd {
     }
 }
 
-/// `lstat` results of one ruleset's checks: objects shared by several paths are checked once.
-#[derive(Default)]
-pub struct Checked(HashMap<PathBuf, Option<rustix::fs::Stat>>);
+/// `lstat` results of one ruleset's checks: objects shared by several paths are checked once,
+/// and objects the path watch has certified unchanged are not checked at all ([`super::path_watch`]).
+pub struct Checked<'w> {
+    stats: HashMap<PathBuf, Option<rustix::fs::Stat>>,
+    watch: Option<&'w PathWatch>,
+    /// The watch's generation after its sync for this ruleset (`None`: not synced yet, or the
+    /// watch off).
+    synced: Option<Option<u64>>,
+}
 
-impl Checked {
+impl Default for Checked<'static> {
+    /// Checks with the daemon's watch ([`PathWatch::global`]).
+    fn default() -> Self {
+        Checked::with_watch(Some(PathWatch::global()))
+    }
+}
+
+impl<'w> Checked<'w> {
+    /// Checks with `watch` (`None`: every object by `lstat`).
+    pub fn with_watch(watch: Option<&'w PathWatch>) -> Checked<'w> {
+        Checked {
+            stats: HashMap::new(),
+            watch,
+            synced: None,
+        }
+    }
+
     /// Whether `entry`'s walk still holds: the check [`PathCache::open`] makes before serving it
     /// (the ruleset pool makes it again before a start takes a ruleset built ahead).
     pub fn holds_entry(&mut self, entry: &Entry) -> bool {
-        self.holds(&entry.walk)
+        let watch = self.watch;
+        // One sync per ruleset: what changed since the last one uncertifies what it touched.
+        let generation = match (watch, self.synced) {
+            (Some(w), None) => {
+                let g = w.sync();
+                self.synced = Some(g);
+                g
+            }
+            (_, Some(g)) => g,
+            (None, None) => None,
+        };
+        let (Some(w), Some(g)) = (watch, generation) else {
+            return self.lstat_all(&entry.walk);
+        };
+        if entry.certified.load(Ordering::Acquire) == g {
+            w.served(entry.walk.seen.len());
+            return true;
+        }
+        // Watches go on before the `lstat`s they are to vouch for (path_watch.rs, "Order").
+        let seen: Vec<&Seen> = entry.walk.seen.iter().collect();
+        let armed = w.arm(g, &seen);
+        let ok = self.lstat_all(&entry.walk);
+        if ok && armed == seen.len() {
+            w.certify(g, seen.len(), || {
+                entry.certified.store(g, Ordering::Release)
+            });
+        }
+        ok
     }
 
-    fn holds(&mut self, walk: &Walk) -> bool {
+    /// Each object of `walk` checked by `lstat` (once per ruleset).
+    fn lstat_all(&mut self, walk: &Walk) -> bool {
         walk.seen.iter().all(|s| {
-            self.0
+            self.stats
                 .entry(s.path.clone())
                 .or_insert_with(|| safe_fs::lstat(&s.path).ok())
                 .as_ref()
@@ -215,13 +271,13 @@ impl PathCache {
         &self,
         path: &Path,
         how: Resolve,
-        checked: &mut Checked,
+        checked: &mut Checked<'_>,
     ) -> Result<(RuleFd, bool), SafeFsError> {
         let key = (path.to_path_buf(), how);
         let slot = self.lock().get(&key).cloned();
         match slot {
             Some(Slot::Cached(e)) => {
-                if checked.holds(&e.walk) {
+                if checked.holds_entry(&e) {
                     self.n.hits.fetch_add(1, Ordering::Relaxed);
                     let dir = e.is_dir;
                     return Ok((RuleFd::Shared(e), dir));
@@ -259,6 +315,7 @@ impl PathCache {
             fd,
             is_dir,
             walk: walk.unwrap_or_default(),
+            certified: AtomicU64::new(0),
         });
         slots.insert(key, Slot::Cached(e.clone()));
         drop(slots);

@@ -24,7 +24,9 @@
 //!
 //! **Checked on take**, so that a start gets what a fresh build would give it now:
 //! - each kept path's walk is `lstat`ed again, as the path cache does on every use (same device,
-//!   inode and type; a directory still root's alone), objects shared by several paths once;
+//!   inode and type; a directory still root's alone), objects shared by several paths once,
+//!   unless the path watch has seen nothing change on the walk since it was last checked
+//!   ([`super::path_watch`]);
 //! - each path beneath the home is opened again beneath the home's fd just opened for this
 //!   start (no link, no `..`) and must be the same object (device and inode);
 //! - each path that did not exist is resolved again as a fresh build would and must still not

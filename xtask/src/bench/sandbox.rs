@@ -204,6 +204,8 @@ impl Bench {
             let cache = agentosd::sandbox::path_cache::PathCache::global();
             let off = |part: &str| without.is_some_and(|w| w.split('+').any(|p| p == part));
             cache.set_enabled(!off("pathcache"));
+            // `agentos -pathwatch`: every kept path's walk checked by `lstat`.
+            agentosd::sandbox::path_watch::PathWatch::global().set_enabled(!off("pathwatch"));
             // `agentos -pool`: the ruleset built at every start, as before the pool.
             agentosd::sandbox::ruleset_pool::RulesetPool::global()
                 .set_enabled(!off("pool") && !off("pathcache"));
@@ -532,6 +534,10 @@ fn run_in(a: &SandboxArgs, mount: &Path, dir: &Path) -> Result<()> {
     println!(
         "ruleset pool: {:?}",
         agentosd::sandbox::ruleset_pool::RulesetPool::global().stats()
+    );
+    println!(
+        "path watch: {:?}",
+        agentosd::sandbox::path_watch::PathWatch::global().stats()
     );
     if a.breakdown {
         let names: Vec<&str> = modes.iter().map(|m| m.name).collect();

@@ -4,7 +4,8 @@
 //! - The child's side: extra modes, interleaved with the others, that start the same contract
 //!   with one part of the prepared sandbox left out after `sandbox::prepare` ([`strip`]); a
 //!   part's cost in the child is `agentos` p50 minus that mode's p50. `-pathcache` switches the
-//!   daemon's path cache off for `prepare`; `-nspool` makes both namespaces in `clone3` instead
+//!   daemon's path cache off for `prepare`; `-pathwatch` its path watch (every kept path's
+//!   walk checked by `lstat`); `-nspool` makes both namespaces in `clone3` instead
 //!   of joining ones made ahead.
 //! - `agentos -emptybset`: started from a thread whose capability bounding set is full (the
 //!   daemon's are empty, sandbox/bounding.rs), so the child drops it one capability at a time.
@@ -25,10 +26,11 @@ use anyhow::Result;
 use super::sandbox::{Bench, pct};
 
 /// The extra modes: `agentos` without one part.
-pub const MODES: [&str; 12] = [
+pub const MODES: [&str; 13] = [
     "agentos -prepare",
     "agentos -pathcache+nspool",
     "agentos -pathcache",
+    "agentos -pathwatch",
     "agentos -nspool",
     "agentos -landlock",
     "agentos -seccomp",
@@ -110,12 +112,14 @@ pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
         "seccomp (compiled_for, cached)",
         "netns_pool::take",
         "prepare (whole, ruleset pool off)",
+        "prepare (whole, a ruleset built ahead, path watch off)",
     ];
     let mut s: Vec<Vec<u64>> = vec![Vec::with_capacity(runs); names.len()];
     let id = "bench/agent";
     let cache = agentosd::sandbox::path_cache::PathCache::global();
     let pool = sandbox::ruleset_pool::RulesetPool::global();
     let mut pooled = 0;
+    let mut pooled_nowatch = 0;
     for _ in 0..runs {
         cache.set_enabled(true);
         pool.set_enabled(true);
@@ -124,6 +128,14 @@ pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
         })?;
         pooled += usize::from(sb.landlock_pooled);
         drop(sb);
+        // Another agent's ruleset built ahead (one per agent), its walks checked by lstat.
+        let watch = agentosd::sandbox::path_watch::PathWatch::global();
+        watch.set_enabled(false);
+        let sb = time(&mut s[10], || {
+            sandbox::prepare(&b.state, "bench", "agent-nowatch", Some(&b.contract))
+        });
+        watch.set_enabled(true);
+        pooled_nowatch += usize::from(sb?.landlock_pooled);
         pool.set_enabled(false);
         time(&mut s[9], || {
             sandbox::prepare(&b.state, "bench", "agent", Some(&b.contract))
@@ -162,7 +174,9 @@ pub fn time_prepare(b: &Bench, runs: usize) -> Result<Parts> {
         sandbox::ruleset_pool::after_start();
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    println!("\nprepare timed alone: {pooled} of {runs} took a ruleset built ahead");
+    println!(
+        "\nprepare timed alone: {pooled} of {runs} took a ruleset built ahead ({pooled_nowatch} with the path watch off)"
+    );
     Ok(Parts(names.into_iter().zip(s).collect()))
 }
 
