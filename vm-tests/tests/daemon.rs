@@ -119,6 +119,7 @@ fn check_reports_the_vm_mechanisms_available() {
         "bpf_cgroup_sock_addr",
         "bpf_ringbuf",
         "io_uring",
+        "path_watch",
     ] {
         let s = status(m);
         if !s.starts_with("available") {

@@ -75,6 +75,7 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     });
     guarded(&mut checks, |rows| rows.push(probe_pidfd()));
     guarded(&mut checks, |rows| rows.push(probe_io_uring()));
+    guarded(&mut checks, |rows| rows.push(sandbox::probe_path_watch()));
     guarded(&mut checks, |rows| rows.push(sandbox::probe_kernel_audit()));
     let btf = guarded(&mut checks, |rows| bpf::probe_bpf(&ctx, rows)).unwrap_or(false);
     // After the BPF rows: the Unix socket fence is Landlock's or BPF LSM's.

@@ -62,6 +62,9 @@ pub enum Feature {
     /// `BPF_MAP_TYPE_RINGBUF`: kernel events to the audit chain.
     BpfRingbuf,
     IoUring,
+    /// inotify and a pollable `/proc/self/mountinfo`: the kept host paths of the agents'
+    /// Landlock rulesets watched between starts (sandbox/path_watch.rs).
+    PathWatch,
     /// Landlock and seccomp denials of agents logged by the kernel's audit subsystem and
     /// readable by the daemon (`AUDIT_NLGRP_READLOG`); see enforce/kaudit/netlink.rs.
     KernelAudit,
@@ -69,7 +72,7 @@ pub enum Feature {
 
 impl Feature {
     /// Every mechanism, in report order.
-    pub const ALL: [Feature; 30] = [
+    pub const ALL: [Feature; 31] = [
         Feature::CgroupV2,
         Feature::CgroupRoot,
         Feature::CpuController,
@@ -99,6 +102,7 @@ impl Feature {
         Feature::BpfFentry,
         Feature::BpfRingbuf,
         Feature::IoUring,
+        Feature::PathWatch,
         Feature::KernelAudit,
     ];
 
@@ -134,6 +138,7 @@ impl Feature {
             Feature::BpfFentry => "bpf fentry",
             Feature::BpfRingbuf => "bpf ringbuf",
             Feature::IoUring => "io_uring",
+            Feature::PathWatch => "path watch (inotify)",
             Feature::KernelAudit => "kernel audit (denials)",
         }
     }

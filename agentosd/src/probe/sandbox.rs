@@ -199,6 +199,25 @@ pub(super) fn probe_seccomp(rows: &mut Vec<Check>) {
     );
 }
 
+/// The path watch (sandbox/path_watch.rs): kept host paths checked by `lstat` only after a
+/// change. Missing, nothing is weaker; every start does the checks.
+pub(super) fn probe_path_watch() -> Check {
+    match crate::sandbox::path_watch::kernel_support() {
+        Ok(note) => Check::new(
+            Feature::PathWatch,
+            Status::Available,
+            format!(
+                "inotify_init1, a watch on /, /proc/self/mountinfo: kept host paths are checked by lstat only after a change ({note})"
+            ),
+        ),
+        Err(why) => Check::new(
+            Feature::PathWatch,
+            Status::Unavailable,
+            format!("{why}: every start checks its kept host paths by lstat (slower, not weaker)"),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

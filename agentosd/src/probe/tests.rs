@@ -254,6 +254,7 @@ fn host_unprivileged_checks_match_measured_facts() {
     assert_status(&r, Feature::Seccomp, Status::Available);
     assert_status(&r, Feature::SeccompUserNotif, Status::Available);
     assert_status(&r, Feature::IoUring, Status::Available);
+    assert_status(&r, Feature::PathWatch, Status::Available);
     assert_status(&r, Feature::Pidfd, Status::Available);
     assert_status(&r, Feature::Btf, Status::Available);
     assert!(r.btf);

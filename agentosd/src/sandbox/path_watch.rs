@@ -363,6 +363,27 @@ impl Inner {
     }
 }
 
+/// What `agentosd check` reports of the watch ([`crate::probe`]): whether this kernel gives it
+/// what it needs (an inotify instance with a watch on `/`, and `/proc/self/mountinfo`), as
+/// `Ok(note)` (whether `/` is on a file system it trusts) or `Err(why)`. Without it every start checks its kept paths by `lstat`: slower, not weaker.
+pub fn kernel_support() -> Result<String, String> {
+    let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+        .map_err(|e| {
+            format!(
+                "inotify_init1: {e:?} (kernel without CONFIG_INOTIFY_USER, or fs.inotify.max_user_instances reached)"
+            )
+        })?;
+    inotify::add_watch(&fd, "/", mask())
+        .map_err(|e| format!("inotify_add_watch(/): {e:?} (fs.inotify.max_user_watches?)"))?;
+    File::open("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e} (procfs not mounted?)"))?;
+    Ok(if local_fs(Path::new("/")) {
+        "/ is on a local file system".to_string()
+    } else {
+        "/ is not on a file system the watch trusts (NFS, FUSE, 9p, overlayfs...): paths there are checked at every start".to_string()
+    })
+}
+
 /// Whether every change to what lies in `dir` goes through this kernel's VFS, where a watch
 /// sees it: local disk file systems, tmpfs, read-only images, procfs and sysfs (whose tree the
 /// kernel defines). Not NFS, CIFS, FUSE, 9p, virtiofs or overlayfs (whose lower layers may be
