@@ -380,6 +380,48 @@ mod tests {
     }
 
     #[test]
+    fn a_planted_tmp_fifo_or_file_is_replaced_without_blocking() {
+        // `make_home` opens `tmp` before it makes it: a FIFO there must not block the daemon
+        // (the kernel refuses O_DIRECTORY before opening) and, like a file, is replaced.
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let state = tempfile::tempdir().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let home = make_home(state.path(), "t", "a", me).unwrap();
+        let tmp = home.path().join("tmp");
+        for plant in ["fifo", "file"] {
+            std::fs::remove_dir(&tmp).unwrap();
+            if plant == "fifo" {
+                rustix::fs::mknodat(
+                    rustix::fs::CWD,
+                    &tmp,
+                    rustix::fs::FileType::Fifo,
+                    rustix::fs::Mode::from_raw_mode(0o666),
+                    0,
+                )
+                .unwrap();
+                assert!(
+                    std::fs::symlink_metadata(&tmp)
+                        .unwrap()
+                        .file_type()
+                        .is_fifo()
+                );
+            } else {
+                std::fs::write(&tmp, b"x").unwrap();
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dir = state.path().to_path_buf();
+            std::thread::spawn(move || {
+                let _ = tx.send(make_home(&dir, "t", "a", me).map(|_| ()));
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("make_home blocked on a planted {plant}"))
+                .unwrap();
+            let m = std::fs::symlink_metadata(&tmp).unwrap();
+            assert!(m.is_dir() && m.mode() & 0o7777 == 0o700, "{plant}: {m:?}");
+        }
+    }
+
+    #[test]
     fn the_remembered_table_is_read_again_when_the_file_changes() {
         let dir = tempfile::tempdir().unwrap();
         let a = uid_for(dir.path(), "t/a").unwrap();
