@@ -246,32 +246,31 @@ impl Inner {
     /// A fresh inotify instance and the mount table's file (its open records the table's
     /// generation; `poll` reports every change after it).
     fn start(&mut self) -> bool {
-        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC);
-        let mounts = File::open("/proc/self/mountinfo");
-        match (fd, mounts) {
-            (Ok(fd), Ok(m)) => {
-                self.inotify = Some(fd);
-                self.generation = next_generation();
-                if self.mounts.is_none() {
-                    self.mounts = Some(m);
-                }
-                true
-            }
-            (Err(e), _) => {
-                tracing::warn!(
-                    "path watch: inotify_init1: {e}: every kept path is checked by lstat on each start"
-                );
-                self.broken = true;
-                false
-            }
-            (_, Err(e)) => {
-                tracing::warn!(
-                    "path watch: /proc/self/mountinfo: {e}: every kept path is checked by lstat on each start"
-                );
-                self.broken = true;
-                false
+        // The mount table's file is opened once: a reset keeps it (its `poll` already reported
+        // what it had to).
+        if self.mounts.is_none() {
+            match File::open("/proc/self/mountinfo") {
+                Ok(m) => self.mounts = Some(m),
+                Err(e) => return self.broke("/proc/self/mountinfo", e.to_string()),
             }
         }
+        match inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC) {
+            Ok(fd) => {
+                self.inotify = Some(fd);
+                self.generation = next_generation();
+                true
+            }
+            Err(e) => self.broke("inotify_init1", e.to_string()),
+        }
+    }
+
+    /// Setting up failed: said once, and nothing is certified from then on.
+    fn broke(&mut self, what: &str, e: String) -> bool {
+        tracing::warn!(
+            "path watch: {what}: {e}: every kept path is checked by lstat on each start"
+        );
+        self.broken = true;
+        false
     }
 
     /// Drop every watch and certification (closing the instance drops its watches).
