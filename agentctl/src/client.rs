@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use agentos_api::text::{escape_control as esc, escape_lines as esc_lines};
 use agentos_api::{
-    AgentRow, AgentStatus, ApiError, BUS_ADDRESS_ENV, ConsentRequest, ConsentRow, ListRow,
-    MANAGER_IFACE, MANAGER_PATH, SERVICE, error,
+    AgentRow, AgentRowRef, AgentStatus, ApiError, BUS_ADDRESS_ENV, ConsentRequest, ConsentRow,
+    ListRow, ListRowRef, MANAGER_IFACE, MANAGER_PATH, SERVICE, error,
 };
 use zbus::Connection;
 use zbus::OwnedObjectPath;
@@ -320,12 +320,28 @@ pub async fn list_rows(c: &Client) -> Result<Vec<ListRow>> {
 }
 
 /// `agentctl list`: a table like `systemctl list-units`, or JSON; `states` (none: all) keeps the
-/// agents in those states (case-insensitive).
+/// agents in those states (case-insensitive). The rows borrow their strings from the reply (at
+/// 10 000 agents, copying them into owned rows was a large part of the command's time).
 pub async fn list(c: &Client, json: bool, states: &[String], out: &mut dyn Write) -> i32 {
-    let rows = match list_rows(c).await {
-        Ok(r) => only_states(r, states),
+    let msg = match c.reply("ListAgents", &()).await {
+        Ok(m) => m,
         Err(e) => return fail(out, e),
     };
+    let body = msg.body();
+    let raw: Vec<AgentRowRef<'_>> = match body.deserialize() {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                out,
+                CliError::new(exit::FAILED, format!("bad reply to ListAgents: {e}")),
+            );
+        }
+    };
+    let rows: Vec<ListRowRef<'_>> = raw
+        .iter()
+        .map(ListRowRef::of)
+        .filter(|r| in_states(r.state, states))
+        .collect();
     if json {
         let _ = writeln!(
             out,
@@ -334,18 +350,13 @@ pub async fn list(c: &Client, json: bool, states: &[String], out: &mut dyn Write
         );
         return exit::OK;
     }
-    let _ = write!(out, "{}", render_list(&rows));
+    let _ = out.write_all(render_list(&rows).as_bytes());
     exit::OK
 }
 
-/// The rows whose state is one of `states` (all rows when it is empty).
-fn only_states(rows: Vec<ListRow>, states: &[String]) -> Vec<ListRow> {
-    if states.is_empty() {
-        return rows;
-    }
-    rows.into_iter()
-        .filter(|r| states.iter().any(|s| s.eq_ignore_ascii_case(&r.state)))
-        .collect()
+/// Whether `state` is one of `states` (any, when it is empty; case-insensitive).
+fn in_states(state: &str, states: &[String]) -> bool {
+    states.is_empty() || states.iter().any(|s| s.eq_ignore_ascii_case(state))
 }
 
 /// `agentctl status NAME`: like `systemctl status`.
@@ -597,12 +608,19 @@ mod start_tests {
             main_pid: 0,
             object_path: String::new(),
         };
-        let rows = vec![row("a", "running"), row("b", "failed"), row("c", "exited")];
-        let ids = |v: Vec<ListRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
-        assert_eq!(ids(only_states(rows.clone(), &[])), ["a", "b", "c"]);
-        assert_eq!(ids(only_states(rows.clone(), &["failed".into()])), ["b"]);
-        let both = ["RUNNING".to_string(), "exited".to_string()];
-        assert_eq!(ids(only_states(rows, &both)), ["a", "c"]);
+        let rows = [row("a", "running"), row("b", "failed"), row("c", "exited")];
+        let ids = |states: &[String]| {
+            rows.iter()
+                .filter(|r| in_states(&r.state, states))
+                .map(|r| r.id.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&[]), ["a", "b", "c"]);
+        assert_eq!(ids(&["failed".into()]), ["b"]);
+        assert_eq!(
+            ids(&["RUNNING".to_string(), "exited".to_string()]),
+            ["a", "c"]
+        );
     }
 
     #[test]

@@ -526,6 +526,57 @@ fn daemon_refuses_on_a_bus_without_policy() {
     let o = ctl(&b, ROOT, &["start", &acme]);
     assert!(o.status.success(), "{}", out_text(&o));
     d.wait_state("acme/worker", "running", 10);
+    // ListAgents keeps the rows of the tenants the caller may read: a tenant's operator without
+    // the member rule sees its own tenant's agents only, the member every tenant's.
+    let beta = write_contract(contracts.path(), "beta", "job");
+    let acme2 = write_contract(contracts.path(), "acme", "zz");
+    for c in [&beta, &acme2] {
+        let o = ctl(&b, ROOT, &["start", c]);
+        assert!(o.status.success(), "{}", out_text(&o));
+    }
+    d.wait_state("beta/job", "running", 10);
+    d.wait_state("acme/zz", "running", 10);
+    let ids = |who: Who| {
+        let o = ctl(&b, who, &["list", "--json"]);
+        assert!(o.status.success(), "{}: {}", who.name, out_text(&o));
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+        for r in &rows {
+            assert_eq!(r["state"], "running", "{r}");
+            assert!(r["main_pid"].as_u64().unwrap() > 0, "{r}");
+            let id = r["id"].as_str().unwrap();
+            assert_eq!(
+                format!(
+                    "{}/{}",
+                    r["tenant"].as_str().unwrap(),
+                    r["name"].as_str().unwrap()
+                ),
+                id
+            );
+            assert_eq!(
+                r["object_path"],
+                format!("/org/agentos1/agent/{}", id.replace('/', "_")),
+                "{r}"
+            );
+        }
+        rows.iter()
+            .map(|r| r["id"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let acme_only = Who {
+        name: "acme-only",
+        uid: 4,
+        gid: 4,
+        groups: &[ACME_GID],
+    };
+    let beta_only = Who {
+        name: "beta-only",
+        uid: 8,
+        gid: 8,
+        groups: &[BETA_GID],
+    };
+    assert_eq!(ids(acme_only), ["acme/worker", "acme/zz"]);
+    assert_eq!(ids(beta_only), ["beta/job"]);
+    assert_eq!(ids(MEMBER), ["acme/worker", "acme/zz", "beta/job"]);
     for (path, iface, prop) in [
         (
             "/org/agentos1/agent/acme_worker",

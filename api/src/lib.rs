@@ -13,8 +13,8 @@ use std::time::Duration;
 
 pub use error::ApiError;
 pub use wire::{
-    AgentRow, AgentStatus, ConsentRequest, ConsentRow, DaemonCpu, DiskUsage, ListRow, LogEntry,
-    ModelUsage,
+    AgentRow, AgentRowRef, AgentStatus, ConsentRequest, ConsentRow, DaemonCpu, DiskUsage, ListRow,
+    ListRowOf, ListRowRef, LogEntry, ModelUsage,
 };
 
 /// The daemon's well-known bus name.

@@ -94,14 +94,16 @@ impl Agent {
         lock(&self.inner).restarts
     }
 
-    /// What a listing shows, from memory only: (state, result, latency class, main PID).
-    /// `status` reads cgroup and /proc files besides; a listing of many agents must not.
-    pub fn summary(&self) -> (String, String, String, u32) {
+    /// What a listing shows, from memory only and without copies: `f` sees the state, result,
+    /// latency class and main PID under the agent's lock (keep it short: `ListAgents` writes its
+    /// row there). `status` reads cgroup and /proc files besides; a listing of many agents
+    /// must not.
+    pub fn with_summary<R>(&self, f: impl FnOnce(&str, &str, &str, u32) -> R) -> R {
         let i = lock(&self.inner);
-        (
-            i.state.as_str().to_string(),
-            i.result.clone(),
-            i.spec.latency_class.clone(),
+        f(
+            i.state.as_str(),
+            &i.result,
+            &i.spec.latency_class,
             i.main_pid.unwrap_or(0),
         )
     }
