@@ -722,8 +722,9 @@ type Built = (
     crate::probe::HostReport,
 );
 
-/// Every half second, take in what the agents wrote (logs/ingest.rs): on a thread of its own,
-/// since it reads files.
+/// Every half second, take in what the agents wrote (logs/ingest.rs) since the last round, the
+/// agents whose files an inotify watch saw change (logs/rounds.rs): on a thread of its own, since
+/// it reads files.
 fn spawn_log_ingest(sup: &std::sync::Arc<Supervisor>) {
     if sup.logs().forwards_to_journald() {
         info!("forwarding agent output to the journal");
@@ -734,21 +735,12 @@ fn spawn_log_ingest(sup: &std::sync::Arc<Supervisor>) {
         .spawn(move || {
             // Bounded per round over all agents; the next round starts where this one stopped,
             // so a few flooding agents cannot starve the others' logs.
-            let mut next = 0usize;
+            let mut rounds = crate::logs::Rounds::new();
             loop {
                 std::thread::sleep(Duration::from_millis(500));
                 let Some(sup) = sup.upgrade() else { return };
                 let agents = sup.agents();
-                let (n, max) = (agents.len(), sup.logs().round_max());
-                let mut taken = 0u64;
-                for k in 0..n {
-                    let a = &agents[(next + k) % n];
-                    taken += sup.logs().ingest(&a.log_who(), false);
-                    if taken >= max {
-                        next = (next + k + 1) % n;
-                        break;
-                    }
-                }
+                rounds.round(sup.logs(), &agents, |a| a.log_who());
             }
         });
     if let Err(e) = spawned {

@@ -1,7 +1,7 @@
-//! Taking in what agents write: the daemon reads the new bytes of each agent's stdout and stderr
-//! files (every half second, and before it answers a log query or writes a note of its own),
-//! cuts them into lines, stamps them, and appends them to the agent's journal. Bounded per agent:
-//! at most [`Limits::per_round`] bytes a round, a line is cut at [`LINE_MAX`], and an agent more
+//! Taking in what agents write: the daemon reads the new bytes of an agent's stdout and stderr
+//! files (in the ingest thread's rounds every half second, for the agents whose files changed:
+//! rounds.rs; and before it answers a log query or writes a note of its own), cuts them into
+//! lines, stamps them, and appends them to the agent's journal. Bounded per agent: at most [`Limits::per_round`] bytes a round, a line is cut at [`LINE_MAX`], and an agent more
 //! than [`Limits::backlog_max`] behind has the excess skipped with a note saying how much. The
 //! consumed part of each file is given back to the file system (a hole is punched), so an agent's
 //! output costs the disk its journal plus what is still unread. While storage is low
@@ -13,8 +13,10 @@ use super::{AgentFiles, JournalForwarder, journal};
 use agentos_api::LogEntry;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use tracing::warn;
 
@@ -60,17 +62,33 @@ struct Offsets {
     stderr: u64,
 }
 
+/// An agent's stdout path ([`Who::log_path`]) → how far its streams were read.
+type Seen = HashMap<OsString, Offsets>;
+
+/// What one look at an agent took in.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Took {
+    /// Bytes read.
+    pub bytes: u64,
+    /// A stream has more to take in than this look took (the per-round cap, a journal that
+    /// could not be written, a file that could not be opened this time): look again next round,
+    /// whether or not the agent writes again.
+    pub more: bool,
+}
+
 /// The daemon's log keeper (one per daemon).
 pub struct Logs {
     limits: Limits,
     journald: Option<JournalForwarder>,
-    /// Journal path → offsets; the lock also orders every append to any journal.
-    seen: Mutex<HashMap<PathBuf, Offsets>>,
+    /// Agents' offsets by stdout path; the lock also orders every append to any journal.
+    seen: Mutex<Seen>,
     /// The storage reserve: below it, output is skipped rather than taken in.
     storage: Option<std::sync::Arc<crate::storage::Storage>>,
-    /// Journal path → bytes skipped since storage went low (noted once at the start, and the
+    /// Stdout path → bytes skipped since storage went low (noted once at the start, and the
     /// total once it is back). Bounded by the agents whose journals are known.
-    skipped: Mutex<HashMap<PathBuf, u64>>,
+    skipped: Mutex<HashMap<OsString, u64>>,
+    /// Streams looked at (an `lstat`, and an open when it moved), for tests and benchmarks.
+    looks: AtomicU64,
 }
 
 impl std::fmt::Debug for Logs {
@@ -104,6 +122,7 @@ impl Logs {
             seen: Mutex::default(),
             storage: None,
             skipped: Mutex::default(),
+            looks: AtomicU64::new(0),
         }
     }
 
@@ -123,13 +142,24 @@ impl Logs {
         self.journald.is_some()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Offsets>> {
+    /// How many times an agent's stdout or stderr file was looked at (each an `lstat`, and an
+    /// open when its size moved), since the keeper was made: what idle agents cost.
+    pub fn stream_looks(&self) -> u64 {
+        self.looks.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Seen> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Take in what `who` wrote since the last call; returns how many bytes. `all`: also a last
     /// line without its newline (the agent has exited).
     pub fn ingest(&self, who: &Who<'_>, all: bool) -> u64 {
+        self.look(who, all).bytes
+    }
+
+    /// [`Logs::ingest`], saying also whether there is more to take in (rounds.rs).
+    pub(super) fn look(&self, who: &Who<'_>, all: bool) -> Took {
         let mut seen = self.lock();
         self.ingest_locked(&mut seen, who, all)
     }
@@ -140,16 +170,40 @@ impl Logs {
         self.limits.per_round.saturating_mul(32)
     }
 
-    fn ingest_locked(&self, seen: &mut HashMap<PathBuf, Offsets>, who: &Who<'_>, all: bool) -> u64 {
+    fn ingest_locked(&self, seen: &mut Seen, who: &Who<'_>, all: bool) -> Took {
+        let key = who.log_path.as_os_str();
+        if !seen.contains_key(key) {
+            let off = load_offsets(&AgentFiles::of(who.log_path).offsets);
+            seen.insert(key.to_os_string(), off);
+        }
+        let Some(off) = seen.get_mut(key) else {
+            return Took::default();
+        };
+        self.take_in(off, key, who, all)
+    }
+
+    fn take_in(&self, off: &mut Offsets, key: &OsStr, who: &Who<'_>, all: bool) -> Took {
+        self.looks.fetch_add(2, Ordering::Relaxed);
+        let low = self.storage.as_ref().filter(|s| s.is_low());
+        // The usual case, an agent idle since its last look: each stream's `lstat` finds it
+        // where it was read to and no note is due. Nothing else is built or opened.
+        if low.is_none()
+            && unchanged(who.log_path, off.stdout)
+            && unchanged(&AgentFiles::stderr_of(who.log_path), off.stderr)
+            && !self
+                .skipped
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(key)
+        {
+            return Took::default();
+        }
         let files = AgentFiles::of(who.log_path);
-        let off = seen
-            .entry(files.journal.clone())
-            .or_insert_with(|| load_offsets(&files.offsets));
         let before = *off;
         let now = now_us();
         let mut entries = Vec::new();
         let l = &self.limits;
-        if let Some(s) = self.storage.as_ref().filter(|s| s.is_low()) {
+        if let Some(s) = low {
             let after = Offsets {
                 stdout: skip_all(&files.stdout, before.stdout),
                 stderr: skip_all(&files.stderr, before.stderr),
@@ -160,8 +214,8 @@ impl Logs {
                 *off = after;
                 store_offsets(&files.offsets, after);
                 let mut sk = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
-                let first = !sk.contains_key(&files.journal);
-                *sk.entry(files.journal.clone()).or_insert(0) += moved;
+                let first = !sk.contains_key(key);
+                *sk.entry(key.to_os_string()).or_insert(0) += moved;
                 drop(sk);
                 if first {
                     let text = format!(
@@ -171,13 +225,13 @@ impl Logs {
                     self.note_locked(who, &text);
                 }
             }
-            return 0;
+            return Took::default();
         }
         let skipped = self
             .skipped
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&files.journal);
+            .remove(key);
         if let Some(n) = skipped {
             entries.push(LogEntry {
                 time_us: now,
@@ -187,7 +241,7 @@ impl Logs {
                 ),
             });
         }
-        let out = take(
+        let (out, more_out) = take(
             &files.stdout,
             before.stdout,
             "stdout",
@@ -196,7 +250,7 @@ impl Logs {
             now,
             &mut entries,
         );
-        let err = take(
+        let (err, more_err) = take(
             &files.stderr,
             before.stderr,
             "stderr",
@@ -209,13 +263,17 @@ impl Logs {
             stdout: out,
             stderr: err,
         };
+        let more = more_out || more_err;
         if after == before && entries.is_empty() {
-            return 0;
+            return Took { bytes: 0, more };
         }
         if let Err(e) = journal::append(&files, &entries, l.journal_max) {
             // Kept unread: taken in again when the journal can be written.
             warn!("journal {}: {e}", files.journal.display());
-            return 0;
+            return Took {
+                bytes: 0,
+                more: true,
+            };
         }
         *off = after;
         store_offsets(&files.offsets, after);
@@ -226,7 +284,7 @@ impl Logs {
         if let Some(s) = &self.storage {
             s.charge(who.id, taken);
         }
-        taken
+        Took { bytes: taken, more }
     }
 
     /// A note of the daemon's in `who`'s journal (the caller holds the offsets lock).
@@ -299,7 +357,8 @@ fn store_offsets(path: &Path, o: Offsets) {
 }
 
 /// Read the new part of one stream's file from `off`, push its lines to `out`, and return the
-/// offset consumed to. A file shorter than `off` (the agent truncated it) is read from 0.
+/// offset consumed to, and whether more is there than was read (the per-round cap) or the file
+/// could not be read this time. A file shorter than `off` (the agent truncated it) is read from 0.
 fn take(
     path: &Path,
     off: u64,
@@ -308,22 +367,27 @@ fn take(
     limits: &Limits,
     now: u64,
     out: &mut Vec<LogEntry>,
-) -> u64 {
-    // Unchanged since the last round, the usual case of an idle agent: one `lstat`, no open
-    // (every agent's two streams are looked at every half second: at 10 000 agents the opens
-    // were a third of a CPU). Anything else, a link included, goes the way below.
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.len() == off) {
-        return off;
+) -> (u64, bool) {
+    // Unchanged since the last look (the other stream moved): no open. Anything else, a link
+    // included, goes the way below.
+    if unchanged(path, off) {
+        return (off, false);
     }
-    let Ok(mut f) = open_nofollow(path, false) else {
-        return off;
+    let mut f = match open_nofollow(path, false) {
+        Ok(f) => f,
+        // Not there, or a link (refused): nothing to take in until the agent's next start.
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP) => {
+            return (off, false);
+        }
+        // A lease (EWOULDBLOCK), out of fds: tried again next round.
+        Err(_) => return (off, true),
     };
     let Ok(len) = f.metadata().map(|m| m.len()) else {
-        return off;
+        return (off, true);
     };
     let mut off = if len < off { 0 } else { off };
     if len == off {
-        return off;
+        return (off, false);
     }
     let mut resync = false;
     if len - off > limits.backlog_max {
@@ -348,12 +412,13 @@ fn take(
         .and_then(|_| f.read(&mut buf))
         .unwrap_or(0);
     buf.truncate(got);
+    let more = (got as u64) < len - off;
     let mut used = 0usize;
     if resync {
         // Skipped into the middle of a line: start at the next one.
         match buf.iter().position(|b| *b == b'\n') {
             Some(nl) => used = nl + 1,
-            None => return off,
+            None => return (off, more),
         }
     }
     while used < buf.len() {
@@ -373,7 +438,13 @@ fn take(
     }
     let new = off + used as u64;
     give_back(path, off, new);
-    new
+    (new, more)
+}
+
+/// Whether a stream's file is a plain file of `off` bytes, read to its end: one `lstat` (at
+/// 10 000 agents looked at every half second, opening each file instead took a third of a CPU).
+fn unchanged(path: &Path, off: u64) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.len() == off)
 }
 
 /// Skip everything in a stream's file from `off` to its end, giving the space back; returns the
@@ -417,7 +488,7 @@ fn open_nofollow(path: &Path, write: bool) -> io::Result<std::fs::File> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::io::Write;
 
@@ -430,7 +501,8 @@ mod tests {
         }
     }
 
-    fn append(p: &Path, b: &[u8]) {
+    /// Append `b` to `p`, as an agent writes its output (rounds_tests.rs too).
+    pub(in crate::logs) fn append(p: &Path, b: &[u8]) {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)

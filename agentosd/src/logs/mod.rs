@@ -9,8 +9,10 @@
 
 mod ingest;
 pub mod journal;
+mod rounds;
 
 pub use ingest::{Limits, Logs, Who};
+pub use rounds::{Round, Rounds};
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -37,18 +39,17 @@ pub struct AgentFiles {
 
 impl AgentFiles {
     pub fn of(log_path: &Path) -> Self {
-        let name = log_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let stem = name.strip_suffix(".log").unwrap_or(&name).to_string();
-        let sibling = |suffix: &str| log_path.with_file_name(format!("{stem}{suffix}"));
         AgentFiles {
             stdout: log_path.to_path_buf(),
-            stderr: sibling(".stderr.log"),
-            journal: sibling(".journal"),
-            offsets: sibling(".offsets"),
+            stderr: sibling(log_path, ".stderr.log"),
+            journal: sibling(log_path, ".journal"),
+            offsets: sibling(log_path, ".offsets"),
         }
+    }
+
+    /// Only [`AgentFiles::stderr`] (an idle agent's look needs no other).
+    pub fn stderr_of(log_path: &Path) -> PathBuf {
+        sibling(log_path, ".stderr.log")
     }
 
     /// The journal's rotated predecessor.
@@ -57,6 +58,16 @@ impl AgentFiles {
         s.push(".1");
         PathBuf::from(s)
     }
+}
+
+/// The file next to `log_path` (`<name>.log`) named `<name><suffix>`.
+fn sibling(log_path: &Path, suffix: &str) -> PathBuf {
+    let name = log_path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".log").unwrap_or(&name);
+    log_path.with_file_name(format!("{stem}{suffix}"))
 }
 
 /// The last `n` lines of the file (at most the last 1 MiB is read), and the file's size.
