@@ -148,12 +148,14 @@ def cap():
     # (loopback finishes the handshake and the reset in one go): that is a reset too.
     socks = []
     reset = held = 0
+    t0 = time.monotonic()
     for _ in range(260):
         try:
             socks.append(socket.create_connection((api, pt), timeout=5))
         except ConnectionResetError:
             reset += 1
     time.sleep(1)
+    took = time.monotonic() - t0
     for s in socks:
         s.setblocking(False)
         try:
@@ -165,7 +167,7 @@ def cap():
             reset += 1
     for s in socks:
         s.close()
-    return "%d %d" % (reset, held)
+    return "%d %d %.1f" % (reset, held, took)
 attempt("cap", cap)
 out("done")
 "#;
@@ -446,8 +448,30 @@ fn in_netns() {
         "{}",
         ctx()
     );
-    // 260 silent connections at once: 256 held (waiting for a hello), the rest reset.
-    assert_eq!(got("cap"), "ok 4 256", "{}", ctx());
+    // 260 silent connections at once: 256 held (waiting for a hello), the rest reset. Exactly
+    // so when opening them took less than the proxy's handshake timeout (5 s); a guest so slow
+    // that it took longer (TCG on a loaded host) sees the first ones time out and reset too:
+    // then no more than 256 held and at least the 4 over the cap reset.
+    let cap = got("cap");
+    let f: Vec<&str> = cap.split_whitespace().collect();
+    assert_eq!((f.len(), f[0]), (4, "ok"), "{cap}: {}", ctx());
+    let (reset, held, took): (u32, u32, f64) = (
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+    );
+    if took < 4.5 {
+        assert_eq!((reset, held), (4, 256), "{cap}: {}", ctx());
+    } else {
+        eprintln!(
+            "cap: opening took {took} s, near the handshake timeout: {reset} reset, {held} held"
+        );
+        assert!(
+            reset + held == 260 && held <= 256 && reset >= 4,
+            "{cap}: {}",
+            ctx()
+        );
+    }
     let slog = std::fs::read_to_string(&server_log).unwrap_or_default();
     assert!(
         !slog.contains("evil"),
