@@ -1,7 +1,8 @@
 //! Taking in what agents write: the daemon reads the new bytes of an agent's stdout and stderr
 //! files (in the ingest thread's rounds every half second, for the agents whose files changed:
 //! rounds.rs; and before it answers a log query or writes a note of its own), cuts them into
-//! lines, stamps them, and appends them to the agent's journal. Bounded per agent: at most [`Limits::per_round`] bytes a round, a line is cut at [`LINE_MAX`], and an agent more
+//! lines, stamps them, and appends them to the agent's journal. Bounded per agent: at most
+//! [`Limits::per_round`] bytes a round, a line is cut at [`LINE_MAX`], and an agent more
 //! than [`Limits::backlog_max`] behind has the excess skipped with a note saying how much. The
 //! consumed part of each file is given back to the file system (a hole is punched), so an agent's
 //! output costs the disk its journal plus what is still unread. While storage is low

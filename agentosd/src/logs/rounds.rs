@@ -20,10 +20,11 @@
 //!   moved, a failed read, no inotify instance (`inotify_init1` failed; tried again every
 //!   [`SWEEP_ROUNDS`] rounds), or the last round's byte cap reached: every agent is looked at,
 //!   as without the watch, and after a lost event every watch is added again (an `IN_IGNORED`
-//!   may have been lost; the same directory gives the same watch back). A tenant directory whose watch cannot be added (not made yet, or
-//!   `fs.inotify.max_user_watches` reached) has its agents looked at every round until it is
-//!   (tried again each round, or every [`SWEEP_ROUNDS`] rounds after another error than
-//!   `ENOENT`); the round a watch is added, its agents are looked at (what they wrote before).
+//!   may have been lost; the same directory gives the same watch back). A tenant directory
+//!   whose watch cannot be added (not made yet, or `fs.inotify.max_user_watches` reached) has
+//!   its agents looked at every round until it is (tried again each round, or every
+//!   [`SWEEP_ROUNDS`] rounds after another error than `ENOENT`); the round a watch is added,
+//!   its agents are looked at (what they wrote before).
 //! - **New agents** are looked at in the first round that lists them, after their tenant's
 //!   directory is watched: their files may hold output from a previous run.
 //! - **A slow sweep**: each round also looks at the next `ceil(agents / SWEEP_ROUNDS)` agents in
