@@ -271,13 +271,13 @@ impl Manager {
         // made a listing take 18 ms (docs/benchmarks.md, "Tool calls"). The caller's right to
         // read is asked once per tenant, not once per agent (10 000 agents, a few tenants); the
         // registry is ordered by `tenant/name`, so a tenant's agents come together.
-        let mut agents = self.sup.agents();
+        let agents = self.sup.agents();
+        let mut rows = Vec::with_capacity(agents.len());
         let mut readable: HashMap<String, bool> = HashMap::new();
-        let mut last: Option<(usize, bool)> = None;
-        let mut keep = Vec::with_capacity(agents.len());
-        for (k, a) in agents.iter().enumerate() {
-            let may = match last {
-                Some((j, m)) if agents[j].tenant == a.tenant => m,
+        let mut prev: Option<(Arc<supervisor::Agent>, bool)> = None;
+        for a in agents {
+            let may = match &prev {
+                Some((p, m)) if p.tenant == a.tenant => *m,
                 _ => match readable.get(&a.tenant) {
                     Some(m) => *m,
                     None => {
@@ -287,12 +287,12 @@ impl Manager {
                     }
                 },
             };
-            last = Some((k, may));
-            keep.push(may);
+            prev = Some((a.clone(), may));
+            if may {
+                rows.push(a);
+            }
         }
-        let mut k = keep.iter();
-        agents.retain(|_| k.next().copied().unwrap_or(false));
-        Ok(AgentRows(agents))
+        Ok(AgentRows(rows))
     }
 
     /// The object path of an agent, by `tenant/name` or `name`.
