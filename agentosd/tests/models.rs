@@ -1283,14 +1283,24 @@ fn the_gateway_reads_an_agent_at_its_rate() {
         // the hard cap of 1% (i == 2) the daemon reads so slowly that a keep-alive connection's
         // next request can wait longer than the gateway's header read timeout (30 s,
         // models/serve.rs) once the agent's 6 s are over: hyper then closes it with the request
-        // unread (a reset at ≈ 30 s, measured on this host 2026-11-26). That is the budget
-        // working, so there a reset is allowed, but answers must still have come.
+        // unread (a reset at ≈ 30 s, measured on this host 2026-11-26). On a slower machine
+        // (CI, 2026-11-27) a 1 MiB request could also wait longer than the client's own 60 s
+        // timeout to be written or answered (`WriteTimeout`, `ReadTimeout`). That is the budget
+        // working, so there the client's transport errors are allowed (never a 5xx, never a
+        // 200), but answers must still have come.
+        const HELD: [&str; 5] = [
+            "ReadError",
+            "ReadTimeout",
+            "WriteError",
+            "WriteTimeout",
+            "RemoteProtocolError",
+        ];
         let statuses = r["statuses"].as_object().unwrap();
         assert!(
             statuses.keys().any(|k| k.starts_with('4'))
                 && statuses
                     .keys()
-                    .all(|k| k.starts_with('4') || (i == 2 && k == "ReadError")),
+                    .all(|k| k.starts_with('4') || (i == 2 && HELD.contains(&k.as_str()))),
             "statuses {statuses:?}"
         );
         let cpu = s.d.status_json("bigflood")["daemon_cpu"].clone();
