@@ -79,8 +79,22 @@ pub fn workers(requested: usize) -> usize {
     }
 }
 
+/// How many tasks a worker of the agents' runtime polls at most before it looks at the tasks
+/// woken from outside the runtime (tokio's global queue; tokio's default 31). Every agent's new
+/// line is handed to its session from the ring thread, so it is woken from outside: while a
+/// flooding agent keeps a worker's own queue full, another agent's line waited for up to 31 of
+/// the flood's polls (tests/turns.rs, docs/benchmarks.md 2026-11-27).
+pub const GLOBAL_QUEUE_INTERVAL: u32 = 4;
+
+/// How many tasks a worker polls at most before it polls the I/O driver (tokio's default 61):
+/// the replies of the agents' tools arrive on pipes, so a busy worker saw a tool's reply only
+/// after up to 61 of a flood's polls (7-14 ms measured). Each look is one `epoll_wait` that
+/// does not block.
+pub const EVENT_INTERVAL: u32 = 4;
+
 /// A multi-thread runtime for the agents' sessions whose threads (workers and blocking pool)
-/// run at `nice`.
+/// run at `nice`, looking at tasks woken from outside and at the I/O driver every few polls
+/// ([`GLOBAL_QUEUE_INTERVAL`], [`EVENT_INTERVAL`]).
 pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
@@ -90,6 +104,8 @@ pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime>
                 tracing::warn!("cannot set nice {nice} on an {THREAD_NAME} thread: {e}");
             }
         })
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
+        .event_interval(EVENT_INTERVAL)
         .enable_all()
         .build()
 }

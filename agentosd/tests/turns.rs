@@ -4,13 +4,19 @@
 //! units of the flood's work run between the polite call's spawn and its own unit. In tokio's
 //! order (first come, first served) that is every queued task's unit, 32; in turns at most a
 //! slice of the flood (ipc::turns::SLICE of CPU, 4 units of 250 µs) and the parked ones' checks.
-//! No root needed: the daemon's own wrapper (`ipc::cpu::Measured`) and ledger, a tokio runtime.
+//! The same for work a polite call spawns (its tool's reader), and on the agents' runtime itself
+//! for tasks woken from outside it or by its I/O driver (below). No root needed: the daemon's
+//! own wrapper (`ipc::cpu::Measured`) and ledger, a tokio runtime, the agents' runtime.
 
 #![allow(clippy::unwrap_used)]
 
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use agentosd::ipc::cpu::{CpuLedger, CpuRate, Measured, thread_cpu_ns};
+use agentosd::agent_work;
+use agentosd::ipc::cpu::{CpuLedger, CpuRate, Measured, spawn_for_current, thread_cpu_ns};
+use tokio::io::AsyncReadExt;
 
 /// CPU of one unit of work.
 const UNIT_NS: u64 = 250_000;
@@ -58,8 +64,18 @@ async fn work(log: Log, who: &'static str, units: usize) {
     }
 }
 
+/// How the polite call does its unit of work.
+#[derive(Clone, Copy, PartialEq)]
+enum Polite {
+    /// In its own task.
+    Itself,
+    /// In a task its own task spawns and waits for, as a tool call waits for the reader of its
+    /// tool's output (tools/mcp.rs, tools/exec.rs), spawned with `spawn_for_current`.
+    Spawned,
+}
+
 /// Flood units that ran between the polite task's spawn and its unit, over `rounds` calls.
-fn flood_units_ahead_of_polite_calls(rounds: usize) -> Vec<usize> {
+fn flood_units_ahead_of_polite_calls(rounds: usize, how: Polite) -> Vec<usize> {
     let ledger = CpuLedger::new(CpuRate {
         permille: 0,
         burst: std::time::Duration::ZERO,
@@ -86,12 +102,16 @@ fn flood_units_ahead_of_polite_calls(rounds: usize) -> Vec<usize> {
                 Yield(false).await;
             }
             let at = log.lock().unwrap().len();
-            tokio::spawn(Measured::new(
-                work(log.clone(), "polite", 1),
-                polite.clone(),
-            ))
-            .await
-            .unwrap();
+            let unit = work(log.clone(), "polite", 1);
+            let call = async move {
+                match how {
+                    Polite::Itself => unit.await,
+                    Polite::Spawned => spawn_for_current(unit).await.unwrap(),
+                }
+            };
+            tokio::spawn(Measured::new(call, polite.clone()))
+                .await
+                .unwrap();
             let l = log.lock().unwrap();
             let pos = l[at..].iter().position(|w| *w == "polite").unwrap();
             ahead.push(pos);
@@ -112,18 +132,165 @@ fn flood_units_ahead_of_polite_calls(rounds: usize) -> Vec<usize> {
         used >= (FLOOD_TASKS * FLOOD_UNITS) as u64 * UNIT_NS,
         "the flood's CPU is charged to it: {used} ns"
     );
+    let polite_used = ledger.usage("t/polite").unwrap().used_ns;
+    assert!(
+        polite_used >= rounds as u64 * UNIT_NS,
+        "the polite calls' CPU, in their tasks or the ones they spawned, is charged to the \
+         polite agent: {polite_used} ns for {rounds} units of {UNIT_NS}"
+    );
     drop(l);
     ahead
 }
 
 #[test]
 fn a_polite_call_waits_for_a_slice_of_the_flood_not_for_its_backlog() {
-    let ahead = flood_units_ahead_of_polite_calls(5);
+    let ahead = flood_units_ahead_of_polite_calls(5, Polite::Itself);
     eprintln!("flood units ahead of each polite call: {ahead:?} (tokio's order: {FLOOD_TASKS})");
     let bound = (SLICE_NS / UNIT_NS) as usize + 2;
     assert!(
         ahead.iter().all(|&n| n <= bound),
         "a polite call waited behind {ahead:?} units of the flood (bound {bound}; first come, \
          first served would be {FLOOD_TASKS})"
+    );
+}
+
+/// The same when the polite call's work is in a task it spawned (the reader of its tool's
+/// output): spawned with `ipc::cpu::spawn_for_current` it is the polite agent's task, polled
+/// in its turn and charged to it. A plain `tokio::spawn` (what the tool readers were before,
+/// measured 2026-11-27: a polite tool call's p99 4-5x its quiet figure under a flood of tool
+/// calls, all of it between the tool's reply and the daemon reading it) waits for all 32 of
+/// the flood's ready tasks, and its CPU is no one's.
+#[test]
+fn work_a_polite_call_spawns_is_in_its_turn_too() {
+    let ahead = flood_units_ahead_of_polite_calls(5, Polite::Spawned);
+    eprintln!("flood units ahead of each polite call's spawned work: {ahead:?}");
+    let bound = (SLICE_NS / UNIT_NS) as usize + 2;
+    assert!(
+        ahead.iter().all(|&n| n <= bound),
+        "a polite call's spawned work waited behind {ahead:?} units of the flood (bound \
+         {bound}; tokio's order would be {FLOOD_TASKS})"
+    );
+}
+
+// The agents' runtime (agent_work.rs `runtime`) while a flood keeps its workers busy: a task
+// woken from outside the runtime (an agent's new line, handed over by the ring thread) and a
+// task woken by the I/O driver (the reply of an agent's tool on its pipe) wait a few polls of
+// the flood, not tokio's default intervals (31 polls before a worker looks at the tasks woken
+// from outside, 61 before it polls the I/O driver). Measured 2026-11-27 with
+// `cargo xtask bench isolation --attacks calls,tools` (docs/benchmarks.md): with the defaults
+// a polite agent's tool call waited 7-14 ms between its tool's reply and the daemon reading it
+// while another agent flooded the daemon with calls.
+
+/// CPU of one unit of the runtime tests' flood.
+const RT_UNIT_NS: u64 = 50_000;
+const RT_FLOOD_TASKS: usize = 8;
+const ROUNDS: usize = 8;
+
+/// Flood units run so far.
+type Units = Arc<Mutex<usize>>;
+
+/// `RT_FLOOD_TASKS` tasks that are always ready until `stop`, on a runtime of one worker; for each
+/// round, `wake(round)` is called from a thread outside the runtime and `woken` (a task on the
+/// runtime) notes the flood's units when it runs, per round; the flood units between the wake
+/// and that poll, per round. Counted from just after the wake, so that a waking thread
+/// preempted on a loaded host does not count against the runtime.
+fn units_between_wake_and_poll(
+    woken: impl FnOnce(Units) -> tokio::task::JoinHandle<Vec<usize>>,
+    wake: impl Fn(usize) + Send + 'static,
+) -> Vec<usize> {
+    let marks: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let rt = agent_work::runtime(agent_work::agents_nice(0), 1).unwrap();
+    let units: Units = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    for _ in 0..RT_FLOOD_TASKS {
+        let (units, stop) = (units.clone(), stop.clone());
+        rt.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                spin(RT_UNIT_NS);
+                *units.lock().unwrap() += 1;
+                Yield(false).await;
+            }
+        });
+    }
+    let _guard = rt.enter();
+    let seen = woken(units.clone());
+    let (u, m) = (units.clone(), marks.clone());
+    let waker = std::thread::spawn(move || {
+        for round in 0..ROUNDS {
+            // Let the flood run, then wake the task from outside.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            wake(round);
+            m.lock().unwrap().push(*u.lock().unwrap());
+        }
+    });
+    let seen = rt.block_on(seen).unwrap();
+    waker.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let marks = marks.lock().unwrap();
+    seen.iter()
+        .zip(marks.iter())
+        .map(|(s, m)| s.saturating_sub(*m))
+        .collect()
+}
+
+fn check(what: &str, ahead: &[usize], bound: usize) {
+    eprintln!("flood units between the wake and the poll of {what}: {ahead:?}");
+    assert_eq!(ahead.len(), ROUNDS);
+    assert!(
+        ahead.iter().all(|&n| n <= bound),
+        "{what} waited behind {ahead:?} units of the flood (bound {bound}; tokio's defaults \
+         would let 31 or 61 run)"
+    );
+}
+
+#[test]
+fn a_task_woken_from_outside_the_runtime_waits_a_few_polls() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let ahead = units_between_wake_and_poll(
+        move |units| {
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while out.len() < ROUNDS {
+                    let round = rx.recv().await.unwrap();
+                    assert_eq!(round, out.len());
+                    out.push(*units.lock().unwrap());
+                }
+                out
+            })
+        },
+        move |round| tx.send(round).unwrap(),
+    );
+    check(
+        "a task woken by a channel from another thread",
+        &ahead,
+        agent_work::GLOBAL_QUEUE_INTERVAL as usize + 2,
+    );
+}
+
+#[test]
+fn a_task_woken_by_the_io_driver_waits_a_few_polls() {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    b.set_nonblocking(true).unwrap();
+    let a = Mutex::new(a);
+    let ahead = units_between_wake_and_poll(
+        move |units| {
+            let mut b = tokio::net::UnixStream::from_std(b).unwrap();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                let mut buf = [0u8; 1];
+                while out.len() < ROUNDS {
+                    b.read_exact(&mut buf).await.unwrap();
+                    assert_eq!(usize::from(buf[0]), out.len());
+                    out.push(*units.lock().unwrap());
+                }
+                out
+            })
+        },
+        move |round| a.lock().unwrap().write_all(&[round as u8]).unwrap(),
+    );
+    check(
+        "a task woken by its socket becoming readable",
+        &ahead,
+        agent_work::EVENT_INTERVAL as usize + 2,
     );
 }

@@ -566,12 +566,54 @@ impl<F: Future> Measured<F> {
     }
 }
 
+thread_local! {
+    /// The account of the agent task this thread is polling ([`Measured`]), for the tasks it
+    /// spawns on that agent's behalf ([`spawn_for_current`]).
+    static CURRENT: std::cell::RefCell<Option<Arc<AgentCpu>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// While alive, `CURRENT` is `cpu`; the previous value comes back on drop (also on a panic
+/// in the poll).
+struct Current(Option<Arc<AgentCpu>>);
+
+impl Current {
+    fn enter(cpu: &Arc<AgentCpu>) -> Current {
+        Current(CURRENT.with(|c| c.borrow_mut().replace(cpu.clone())))
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+/// Spawns `fut` on the current runtime as a task of the agent whose task is being polled on
+/// this thread: its CPU is charged to that agent and it is polled in that agent's turn
+/// (ipc/turns.rs), like the task that spawned it. The work an agent's call starts (the
+/// readers and writers of the tool it runs) is that agent's: spawned plainly, it would wait in
+/// tokio's order behind a flooding agent's ready tasks, and its CPU would be no one's. Outside
+/// an agent's task (the daemon's own work), a plain task.
+pub fn spawn_for_current<F>(fut: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match CURRENT.with(|c| c.borrow().clone()) {
+        Some(cpu) => tokio::spawn(Measured::new(fut, cpu)),
+        None => tokio::spawn(fut),
+    }
+}
+
 impl<F: Future> Future for Measured<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let (Some(task), Some((turns, _))) = (&this.task, &this.cpu.turn) else {
+            let _current = Current::enter(&this.cpu);
             let t0 = thread_cpu_ns();
             let r = this.fut.as_mut().poll(cx);
             this.cpu.charge(thread_cpu_ns().saturating_sub(t0));
@@ -583,6 +625,7 @@ impl<F: Future> Future for Measured<F> {
         // The future sees the wrapped waker, so that its wakes mark it runnable in the turns.
         let waker = std::task::Waker::from(task.clone());
         let mut inner = Context::from_waker(&waker);
+        let _current = Current::enter(&this.cpu);
         let t0 = thread_cpu_ns();
         let r = this.fut.as_mut().poll(&mut inner);
         let ns = thread_cpu_ns().saturating_sub(t0);

@@ -90,14 +90,14 @@ pub async fn run(
     } = p;
     let mut line = args.to_string();
     line.push('\n');
-    let writer = tokio::spawn(async move {
+    let writer = crate::ipc::cpu::spawn_for_current(async move {
         // A tool that does not read its input gets EPIPE here: that is fine.
         let _ = stdin.write_all(line.as_bytes()).await;
         let _ = stdin.shutdown().await;
     });
     let limit = m.limits.output_bytes;
-    let mut out_task = tokio::spawn(read_capped(stdout, limit));
-    let err_task = tokio::spawn(read_tail(stderr, STDERR_TAIL));
+    let mut out_task = crate::ipc::cpu::spawn_for_current(read_capped(stdout, limit));
+    let err_task = crate::ipc::cpu::spawn_for_current(read_tail(stderr, STDERR_TAIL));
     let exit = proc::wait_exit(&pidfd);
     tokio::pin!(exit);
     let deadline = tokio::time::sleep(m.timeout);

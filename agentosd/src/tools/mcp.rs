@@ -309,18 +309,20 @@ pub async fn start(
     }
 }
 
+/// The server's readers and writer are tasks of the agent it runs for (started from that agent's
+/// call: ipc/cpu.rs `spawn_for_current`): their CPU is its, and they are polled in its turn.
 fn spawn_io(srv: &Arc<Server>, stdout: pipe::Receiver, stderr: pipe::Receiver, max: usize) {
     // Replies to server requests go through a queue so the reader never waits on the writer.
     let (wtx, mut wrx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let weak = Arc::downgrade(srv);
-    tokio::spawn(async move {
+    crate::ipc::cpu::spawn_for_current(async move {
         while let Some(v) = wrx.recv().await {
             let Some(s) = weak.upgrade() else { break };
             let _ = s.send(&v).await;
         }
     });
     let weak = Arc::downgrade(srv);
-    tokio::spawn(async move {
+    crate::ipc::cpu::spawn_for_current(async move {
         let mut r = BufReader::new(stdout);
         let mut buf = Vec::new();
         loop {
@@ -346,7 +348,7 @@ fn spawn_io(srv: &Arc<Server>, stdout: pipe::Receiver, stderr: pipe::Receiver, m
         }
     });
     let tail = srv.stderr_tail.clone();
-    tokio::spawn(async move {
+    crate::ipc::cpu::spawn_for_current(async move {
         let mut r = stderr;
         let mut buf = [0u8; 4096];
         while let Ok(n) = r.read(&mut buf).await {
@@ -364,7 +366,7 @@ fn spawn_io(srv: &Arc<Server>, stdout: pipe::Receiver, stderr: pipe::Receiver, m
     let weak = Arc::downgrade(srv);
     let pidfd = srv.pidfd.clone();
     let cg = srv.cgroup.clone();
-    tokio::spawn(async move {
+    crate::ipc::cpu::spawn_for_current(async move {
         let st = proc::wait_exit(&pidfd).await;
         // Whatever it left behind goes with it.
         proc::kill(&cg);
