@@ -82,8 +82,10 @@ pub fn workers(requested: usize) -> usize {
 /// How many tasks a worker of the agents' runtime polls at most before it looks at the tasks
 /// woken from outside the runtime (tokio's global queue; tokio's default 31). Every agent's new
 /// line is handed to its session from the ring thread, so it is woken from outside: while a
-/// flooding agent keeps a worker's own queue full, another agent's line waited for up to 31 of
-/// the flood's polls (tests/turns.rs, docs/benchmarks.md 2026-11-27).
+/// flooding agent keeps a worker's own queue full, another agent's line may wait for up to 31
+/// of the flood's polls by tokio's order. Set with [`EVENT_INTERVAL`], whose effect was
+/// measured; this one was not seen on its own (the test in tests/turns.rs is a guard: on the
+/// development host such a task ran within 0-3 polls with tokio's defaults as well).
 pub const GLOBAL_QUEUE_INTERVAL: u32 = 4;
 
 /// How many tasks a worker polls at most before it polls the I/O driver (tokio's default 61):
