@@ -79,25 +79,31 @@ pub fn workers(requested: usize) -> usize {
     }
 }
 
-/// How many tasks a worker of the agents' runtime polls at most before it looks at the tasks
-/// woken from outside the runtime (tokio's global queue; tokio's default 31). Every agent's new
-/// line is handed to its session from the ring thread, so it is woken from outside: while a
-/// flooding agent keeps a worker's own queue full, another agent's line may wait for up to 31
-/// of the flood's polls by tokio's order. Set with [`EVENT_INTERVAL`], whose effect was
-/// measured; this one was not seen on its own (the test in tests/turns.rs is a guard: on the
-/// development host such a task ran within 0-3 polls with tokio's defaults as well).
-pub const GLOBAL_QUEUE_INTERVAL: u32 = 4;
-
-/// How many tasks a worker polls at most before it polls the I/O driver (tokio's default 61):
-/// the replies of the agents' tools arrive on pipes, so a busy worker saw a tool's reply only
-/// after up to 61 of a flood's polls (7-14 ms measured). Each look is one `epoll_wait` that
-/// does not block.
-pub const EVENT_INTERVAL: u32 = 4;
+/// Default of `--agent-poll-interval`: how many tasks a worker of the agents' runtime polls at
+/// most before it polls the I/O driver (tokio's `event_interval`, default 61) and before it
+/// looks at the tasks woken from outside the runtime (tokio's `global_queue_interval`, default
+/// 31).
+///
+/// The driver: the replies of the agents' tools arrive on pipes, so a busy worker saw a tool's
+/// reply only after up to 61 of a flood's polls (7-14 ms measured, docs/benchmarks.md "Where a
+/// polite tool call's tail went"). Each look is one `epoll_wait` that does not block. The
+/// global queue: every agent's new line is handed to its session from the ring thread, so it
+/// is woken from outside; while a flooding agent keeps a worker's own queue full, another
+/// agent's line may wait for up to 31 of the flood's polls by tokio's order. Only the driver's
+/// wait was seen in the measurements (the test in tests/turns.rs for the global queue is a
+/// guard: on the development host such a task ran within 0-3 polls with tokio's defaults too).
+/// The price of looking often is throughput under a many-agent flood (docs/benchmarks.md).
+pub const DEFAULT_POLL_INTERVAL: u32 = 4;
 
 /// A multi-thread runtime for the agents' sessions whose threads (workers and blocking pool)
-/// run at `nice`, looking at tasks woken from outside and at the I/O driver every few polls
-/// ([`GLOBAL_QUEUE_INTERVAL`], [`EVENT_INTERVAL`]).
-pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime> {
+/// run at `nice`, looking at tasks woken from outside and at the I/O driver every
+/// `poll_interval` polls (at least 1; see [`DEFAULT_POLL_INTERVAL`]).
+pub fn runtime(
+    nice: i32,
+    workers: usize,
+    poll_interval: u32,
+) -> io::Result<tokio::runtime::Runtime> {
+    let poll_interval = poll_interval.max(1);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
         .thread_name(THREAD_NAME)
@@ -106,8 +112,8 @@ pub fn runtime(nice: i32, workers: usize) -> io::Result<tokio::runtime::Runtime>
                 tracing::warn!("cannot set nice {nice} on an {THREAD_NAME} thread: {e}");
             }
         })
-        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
-        .event_interval(EVENT_INTERVAL)
+        .global_queue_interval(poll_interval)
+        .event_interval(poll_interval)
         .enable_all()
         .build()
 }
@@ -120,12 +126,12 @@ mod tests {
     fn the_runtime_has_the_workers_asked_for() {
         // `--agent-workers 1`: one worker, whatever the host's CPUs.
         assert_eq!(workers(1), 1);
-        let rt = runtime(thread_nice().unwrap(), workers(1)).unwrap();
+        let rt = runtime(thread_nice().unwrap(), workers(1), DEFAULT_POLL_INTERVAL).unwrap();
         assert_eq!(rt.handle().metrics().num_workers(), 1);
         // 0: one per CPU, 1 to 4.
         let cpus = std::thread::available_parallelism().unwrap().get();
         assert_eq!(workers(0), cpus.clamp(1, 4));
-        let rt = runtime(thread_nice().unwrap(), workers(0)).unwrap();
+        let rt = runtime(thread_nice().unwrap(), workers(0), DEFAULT_POLL_INTERVAL).unwrap();
         assert_eq!(rt.handle().metrics().num_workers(), cpus.clamp(1, 4));
     }
 
@@ -134,7 +140,7 @@ mod tests {
         let base = thread_nice().unwrap();
         let nice = agents_nice(5);
         assert_eq!(nice, (base + 5).min(19));
-        let rt = runtime(nice, 1).unwrap();
+        let rt = runtime(nice, 1, DEFAULT_POLL_INTERVAL).unwrap();
         let (inside, during) = rt.block_on(async {
             tokio::spawn(async {
                 let inside = thread_nice().unwrap();

@@ -140,6 +140,13 @@ pub struct RunArgs {
     /// calls", sixth session) at the cost of serving the sessions' own work on one CPU
     #[arg(long, global = true, default_value_t = 0, value_name = "N")]
     pub agent_workers: usize,
+    /// Task polls between the looks of a worker of the agents' runtime at its I/O driver (a
+    /// tool's reply on its pipe) and at sessions woken by the ring thread (an agent's new
+    /// line); tokio's defaults are 61 and 31. Lower: another agent's call waits less behind a
+    /// flooding agent; higher: more calls a second when many agents flood at once
+    /// (docs/benchmarks.md)
+    #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_POLL_INTERVAL, value_name = "POLLS", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub agent_poll_interval: u32,
     /// bpffs directory where the network and BPF LSM filesystem programs' links and maps are
     /// pinned (net-CGID/, fs-CGID/), so that they stay attached while agentosd is down or
     /// restarting (the next daemon takes them over);
@@ -291,4 +298,35 @@ fn agentosd_cpu_ceiling_default() -> f64 {
 /// `--ipc-agent-cpu`'s default, in percent.
 fn agentosd_cpu_default() -> f64 {
     crate::ipc::cpu::DEFAULT_AGENT_CPU_PERMILLE as f64 / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_poll_interval_is_a_flag_with_a_floor() {
+        let parse = |v: &str| {
+            Cli::try_parse_from(["agentosd".to_string(), format!("--agent-poll-interval={v}")])
+        };
+        assert_eq!(
+            Cli::try_parse_from(["agentosd"])
+                .unwrap()
+                .run
+                .agent_poll_interval,
+            crate::agent_work::DEFAULT_POLL_INTERVAL
+        );
+        assert_eq!(parse("16").unwrap().run.agent_poll_interval, 16);
+        // 0 would make tokio panic (global_queue_interval must be > 0): refused by name.
+        for bad in ["0", "1025", "-1", "x"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("--agent-poll-interval"), "{bad}: {e}");
+        }
+        // The configuration file may set it like any flag.
+        assert!(
+            known_flags()
+                .iter()
+                .any(|k| k.long == "agent-poll-interval" && k.takes_value)
+        );
+    }
 }

@@ -59,6 +59,9 @@ pub struct Options {
     pub agent_work_nice: i32,
     /// Worker threads of the agents' runtime (`--agent-workers`; 0: one per CPU, at most 4).
     pub agent_workers: usize,
+    /// Polls between the agents' runtime's looks at its I/O driver and at tasks woken from
+    /// outside (`--agent-poll-interval`, agent_work.rs).
+    pub agent_poll_interval: u32,
     /// The agents' sockets' bounds (`--ipc-inbound-bytes`, `--ipc-outbound-bytes`,
     /// `--ipc-agent-bytes`, `--ipc-stall-timeout`; the rest are built in). See ipc/.
     pub ipc: crate::ipc::Limits,
@@ -120,6 +123,7 @@ impl Default for Options {
             max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
             agent_work_nice: crate::agent_work::DEFAULT_NICE,
             agent_workers: 0,
+            agent_poll_interval: crate::agent_work::DEFAULT_POLL_INTERVAL,
             ipc: Default::default(),
             bpf_pin_dir: Some(PathBuf::from(crate::enforce::net::DEFAULT_PIN_ROOT)),
             authz: Vec::new(),
@@ -216,7 +220,11 @@ fn bound_self(root: &Path, opts: &Options) {
 /// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
 fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     let run_dir = run_dir(opts);
-    let agents = agents_runtime(opts.agent_work_nice, opts.agent_workers);
+    let agents = agents_runtime(
+        opts.agent_work_nice,
+        opts.agent_workers,
+        opts.agent_poll_interval,
+    );
     let mut limits = opts.ipc.clone();
     limits.nice = agents.as_ref().map(|(_, n)| *n);
     let started = {
@@ -299,7 +307,11 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
 
 /// The agents' sessions' runtime (agent_work.rs), made once and kept for the process's life,
 /// and its nice value; None with `--agent-work-nice 0` or when it cannot be made.
-fn agents_runtime(offset: i32, workers: usize) -> Option<(tokio::runtime::Handle, i32)> {
+fn agents_runtime(
+    offset: i32,
+    workers: usize,
+    poll_interval: u32,
+) -> Option<(tokio::runtime::Handle, i32)> {
     static RT: std::sync::OnceLock<(tokio::runtime::Runtime, i32)> = std::sync::OnceLock::new();
     if offset <= 0 {
         return None;
@@ -308,7 +320,7 @@ fn agents_runtime(offset: i32, workers: usize) -> Option<(tokio::runtime::Handle
         return Some((rt.handle().clone(), *n));
     }
     let nice = crate::agent_work::agents_nice(offset);
-    match crate::agent_work::runtime(nice, crate::agent_work::workers(workers)) {
+    match crate::agent_work::runtime(nice, crate::agent_work::workers(workers), poll_interval) {
         Ok(rt) => {
             let (rt, n) = RT.get_or_init(|| (rt, nice));
             Some((rt.handle().clone(), *n))

@@ -199,7 +199,12 @@ fn units_between_wake_and_poll(
     wake: impl Fn(usize) + Send + 'static,
 ) -> Vec<usize> {
     let marks: Arc<Mutex<Vec<usize>>> = Arc::default();
-    let rt = agent_work::runtime(agent_work::agents_nice(0), 1).unwrap();
+    let rt = agent_work::runtime(
+        agent_work::agents_nice(0),
+        1,
+        agent_work::DEFAULT_POLL_INTERVAL,
+    )
+    .unwrap();
     let units: Units = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     for _ in 0..RT_FLOOD_TASKS {
@@ -263,7 +268,7 @@ fn a_task_woken_from_outside_the_runtime_waits_a_few_polls() {
     check(
         "a task woken by a channel from another thread",
         &ahead,
-        agent_work::GLOBAL_QUEUE_INTERVAL as usize + 2,
+        agent_work::DEFAULT_POLL_INTERVAL as usize + 2,
     );
 }
 
@@ -291,6 +296,6 @@ fn a_task_woken_by_the_io_driver_waits_a_few_polls() {
     check(
         "a task woken by its socket becoming readable",
         &ahead,
-        agent_work::EVENT_INTERVAL as usize + 2,
+        agent_work::DEFAULT_POLL_INTERVAL as usize + 2,
     );
 }

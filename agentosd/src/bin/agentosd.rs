@@ -191,6 +191,7 @@ fn main() -> anyhow::Result<()> {
                 max_tool_calls_per_agent: r.max_tool_calls_per_agent,
                 agent_work_nice: r.agent_work_nice,
                 agent_workers: r.agent_workers,
+                agent_poll_interval: r.agent_poll_interval,
                 ipc: agentosd::ipc::Limits {
                     inbound_bytes: r.ipc_inbound_bytes,
                     outbound_bytes: r.ipc_outbound_bytes,

@@ -132,11 +132,23 @@ impl Env {
         caps: &[&str],
         extra: &str,
     ) -> Result<()> {
+        self.start_agent_in_class(name, args, caps, extra, "SRT")
+    }
+
+    /// [`Env::start_agent_with`] in latency class `class` (`SRT`, `DT`; `class.latency`).
+    pub(super) fn start_agent_in_class(
+        &self,
+        name: &str,
+        args: &[String],
+        caps: &[&str],
+        extra: &str,
+        class: &str,
+    ) -> Result<()> {
         let bin = self.exe.parent().context("bin dir")?.display().to_string();
         let caps: String = caps.iter().map(|c| format!("  - {c}\n")).collect();
         let text = format!(
             "apiVersion: agentos/v0.2\nkind: AgentContract\nname: {name}\ntenant: {TENANT}\n\
-             class: {{ latency: SRT }}\n\
+             class: {{ latency: {class} }}\n\
              exec:\n  command: {exe}\n  args: {args}\n\
              capabilities:\n{caps}  - fs.read: [{bin}, {ctl}]\n  - fs.exec: [{bin}]\n{extra}",
             exe = self.exe.display(),
@@ -309,27 +321,48 @@ pub(super) fn filesystem_of(p: &Path) -> String {
 
 /// `syncs` appends of a 338-byte line, each followed by fdatasync, in `dir`.
 pub(super) fn fdatasync_floor(dir: &Path, syncs: usize) -> Result<Vec<u64>> {
-    use std::os::fd::AsRawFd;
-    let p = dir.join("fdatasync-probe");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&p)?;
-    let line = [b'x'; 337];
-    let mut v = Vec::with_capacity(syncs);
-    for _ in 0..syncs {
+    let mut probe = SyncProbe::open(dir)?;
+    (0..syncs).map(|_| probe.sample()).collect()
+}
+
+/// A file of its own in a directory, appended an audit record's size (338 bytes) and
+/// `fdatasync`ed at each sample: the disk's own time for what a durable record costs. Removed
+/// on drop.
+pub(super) struct SyncProbe {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl SyncProbe {
+    pub(super) fn open(dir: &Path) -> Result<SyncProbe> {
+        let path = dir.join(format!("fdatasync-probe-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        Ok(SyncProbe { file, path })
+    }
+
+    /// One append and `fdatasync`: nanoseconds.
+    pub(super) fn sample(&mut self) -> Result<u64> {
+        use std::os::fd::AsRawFd;
+        let mut line = [b'x'; 338];
+        line[337] = b'\n';
         let t0 = mono_ns();
-        f.write_all(&line)?;
-        f.write_all(b"\n")?;
-        // SAFETY: fdatasync on an fd this function owns.
-        if unsafe { libc::fdatasync(f.as_raw_fd()) } != 0 {
+        self.file.write_all(&line)?;
+        // SAFETY: fdatasync on an fd this probe owns.
+        if unsafe { libc::fdatasync(self.file.as_raw_fd()) } != 0 {
             return Err(std::io::Error::last_os_error()).context("fdatasync");
         }
-        v.push(mono_ns() - t0);
+        Ok(mono_ns() - t0)
     }
-    drop(f);
-    let _ = std::fs::remove_file(&p);
-    Ok(v)
+}
+
+impl Drop for SyncProbe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// The floor: a line echo server on a Unix socket, one thread per connection.

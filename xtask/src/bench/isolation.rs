@@ -18,6 +18,9 @@
 //! Both agents have the same budgets (half a CPU, 256 MiB, 64 tasks), enforced where the cgroup
 //! controllers are. Goal: the polite agent's and `agentctl list`'s p99 under attack within 2× of
 //! the quiet window's. The windows are back to back in one run, so the host's load falls on both alike.
+//! Through both windows the bench also appends a record's size to a file of its own next to the
+//! audit log and `fdatasync`s it every `--interval-ms`: the disk's own time for a durable record,
+//! quiet and under attack, the floor of the polite agent's call (which waits for one).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -53,6 +56,12 @@ pub struct IsolationArgs {
     /// Keep the working directory.
     #[arg(long)]
     pub keep: bool,
+    /// The attacker's latency class (`class.latency` in its contract; the polite agent's is
+    /// SRT). `DT` puts the attacker's own process in the idle scheduling class, so that what
+    /// is left of an attack is what it costs through the daemon, not its process's CPU (on a
+    /// host without the cgroup `cpu` controller, where nothing else holds it).
+    #[arg(long, default_value = "SRT", value_parser = ["SRT", "DT"])]
+    pub attacker_class: String,
     /// One more agentosd argument (repeatable), e.g. `--daemon-arg=--ipc-agent-rate=0` to see
     /// an attack without the rate.
     #[arg(long = "daemon-arg", allow_hyphen_values = true)]
@@ -133,10 +142,11 @@ fn bench(
         .trim()
         .to_string();
     eprintln!(
-        "bench isolation: agentosd pid {}, load {}, agents' controllers [{controllers}], daemon args {:?}",
+        "bench isolation: agentosd pid {}, load {}, agents' controllers [{controllers}], daemon args {:?}, attacker's class {}",
         env.daemon_pid,
         loadavg(),
-        a.daemon_args
+        a.daemon_args,
+        a.attacker_class
     );
     let mut rows = Vec::new();
     for (i, kind) in attacks.iter().enumerate() {
@@ -149,6 +159,7 @@ fn bench(
         "load_after": loadavg(),
         "controllers": controllers,
         "daemon_args": a.daemon_args,
+        "attacker_class": a.attacker_class,
         "secs": a.secs,
         "interval_ms": a.interval_ms,
         "attacks": rows,
@@ -169,6 +180,38 @@ fn chrono_now() -> String {
 }
 
 /// The daemon's CPU time in clock ticks.
+/// How long each thread in cgroup `dir` and below (an agent's process and its tool servers) has
+/// waited on a run queue (`/proc/TID/schedstat`, second field), nanoseconds by thread id.
+fn run_delays(dir: &Path, out: &mut std::collections::HashMap<u32, u64>) {
+    let tids = std::fs::read_to_string(dir.join("cgroup.threads")).unwrap_or_default();
+    for tid in tids.lines().filter_map(|t| t.trim().parse::<u32>().ok()) {
+        if let Some(ns) = std::fs::read_to_string(format!("/proc/{tid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        {
+            out.insert(tid, ns);
+        }
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            run_delays(&e.path(), out);
+        }
+    }
+}
+
+/// The run queue time the threads of cgroup `dir` added since `last` (updated): threads that
+/// appeared count from 0, threads gone since lose what they added after `last`.
+fn run_delay_since(dir: &Path, last: &mut std::collections::HashMap<u32, u64>) -> u64 {
+    let mut now = std::collections::HashMap::new();
+    run_delays(dir, &mut now);
+    let added = now
+        .iter()
+        .map(|(tid, ns)| ns.saturating_sub(last.get(tid).copied().unwrap_or(0)))
+        .sum();
+    *last = now;
+    added
+}
+
 fn daemon_cpu(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
@@ -217,6 +260,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let polite_cg = env.cgroup_root.join("agents").join(TENANT).join(&polite);
     let phase = a.secs * 1_000_000_000;
     let gap = 1_000_000_000;
     let start = mono_ns() + 500_000_000;
@@ -233,19 +277,45 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
         (start + phase + gap, start + 2 * phase + gap),
     ];
     let end = windows[1].1;
+    // The disk's own time for a durable record, sampled through both windows next to the audit
+    // log: what the attack costs the file system every agent's records share (the `tools`
+    // attacker's durable records keep it syncing), against what it costs the polite agent.
+    let probe_dir = env.state.join("audit");
+    let every = Duration::from_millis(a.interval_ms.max(10));
+    let disk = std::thread::spawn(move || -> Result<[Vec<u64>; 2]> {
+        let mut probe = super::harness::SyncProbe::open(&probe_dir)?;
+        let mut out = [Vec::new(), Vec::new()];
+        while mono_ns() < end {
+            let now = mono_ns();
+            if let Some(w) = windows.iter().position(|(b, e)| now >= *b && now < *e) {
+                out[w].push(probe.sample()?);
+            }
+            std::thread::sleep(every);
+        }
+        Ok(out)
+    });
     let mut cpu_at_begin = [None, None];
+    // The polite agent's own wait for a CPU (its threads' and its tool server's run queue time),
+    // per window, sampled every round of the loop below.
+    let mut run_delay = [0u64; 2];
+    let mut delays = std::collections::HashMap::new();
+    run_delays(&polite_cg, &mut delays);
     while mono_ns() < end {
         let now = mono_ns();
         if !attack_started && now >= start + phase {
             attack_started = true;
             // The peak of the attack window from here (clear_refs 5 resets VmHWM).
             let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
-            start_attacker(env, &attacker, kind)?;
+            start_attacker(env, &attacker, kind, &a.attacker_class)?;
         }
         for (w, (b, e)) in windows.iter().enumerate() {
             if now >= *b && now < *e {
                 if cpu_at_begin[w].is_none() {
                     cpu_at_begin[w] = Some(daemon_cpu(pid));
+                    // What came before the window is not counted.
+                    run_delay_since(&polite_cg, &mut delays);
+                } else {
+                    run_delay[w] += run_delay_since(&polite_cg, &mut delays);
                 }
                 list[w].push(env.agentctl_list_timed()?);
                 dbus[w].push(env.list_timed()?);
@@ -260,8 +330,13 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     }
     if let Some(c0) = cpu_at_begin[1] {
         cpu[1] = daemon_cpu(pid).saturating_sub(c0).max(1);
+        run_delay[1] += run_delay_since(&polite_cg, &mut delays);
     }
     let rss_peak = super::scale_systemd::status_kb(pid, "VmHWM:");
+    let disk = disk
+        .join()
+        .map_err(|_| anyhow::anyhow!("the disk probe panicked"))??
+        .map(Dist::new);
     let attacker_log = env.agent_log(&attacker);
     // The daemon's CPU for the attacker by its own account (`--ipc-agent-cpu`), over its life
     // (about the attack window).
@@ -309,6 +384,9 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
             "agentctl_list": l.json(),
             "list_agents": d.json(),
             "daemon_cpu_pct": cpu[w] as f64 / tck / secs * 100.0,
+            "disk_sync": disk[w].json(),
+            "polite_run_delay_us_per_call": run_delay[w] as f64
+                / 1e3 / calls[w].0.len().max(1) as f64,
         })
     };
     let ratio = |w0: &Dist, w1: &Dist, p: usize| w1.p(p) as f64 / w0.p(p).max(1) as f64;
@@ -322,6 +400,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
             "call_p99": ratio(&calls[0], &calls[1], 990),
             "agentctl_list_p50": ratio(&l0, &l1, 500),
             "agentctl_list_p99": ratio(&l0, &l1, 990),
+            "disk_sync_p99": ratio(&disk[0], &disk[1], 990),
         },
         "rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
         "attacker_daemon_cpu": account,
@@ -332,7 +411,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     }))
 }
 
-fn start_attacker(env: &Env, name: &str, kind: &str) -> Result<()> {
+fn start_attacker(env: &Env, name: &str, kind: &str, class: &str) -> Result<()> {
     let mut args = vec![
         "bench".into(),
         "attack".into(),
@@ -352,14 +431,14 @@ fn start_attacker(env: &Env, name: &str, kind: &str) -> Result<()> {
         args.extend(["--port".into(), (port.wrapping_add(1)).to_string()]);
     }
     let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
-    env.start_agent_with(name, &args, &caps, BUDGET)
+    env.start_agent_in_class(name, &args, &caps, BUDGET, class)
 }
 
 fn print_row(r: &Value) {
     let ms = |v: &Value| v.as_u64().unwrap_or(0) as f64 / 1e6;
     let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
     eprintln!(
-        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), daemon CPU {:.0}% → {:.0}% (the attacker's account {:.1}%, held {} times; the polite agent's {:.1}%, held {} times)",
+        "bench isolation: {}: call p99 {:.1} → {:.1} ms ({:.2}×), agentctl list p99 {:.1} → {:.1} ms ({:.2}×), the disk's append + fdatasync p99 {:.1} → {:.1} ms, the polite agent's wait for a CPU {:.0} → {:.0} µs a call, daemon CPU {:.0}% → {:.0}% (the attacker's account {:.1}%, held {} times; the polite agent's {:.1}%, held {} times)",
         r["attack"].as_str().unwrap_or(""),
         ms(&q["call"]["p99_ns"]),
         ms(&t["call"]["p99_ns"]),
@@ -367,6 +446,10 @@ fn print_row(r: &Value) {
         ms(&q["agentctl_list"]["p99_ns"]),
         ms(&t["agentctl_list"]["p99_ns"]),
         x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
+        ms(&q["disk_sync"]["p99_ns"]),
+        ms(&t["disk_sync"]["p99_ns"]),
+        q["polite_run_delay_us_per_call"].as_f64().unwrap_or(0.0),
+        t["polite_run_delay_us_per_call"].as_f64().unwrap_or(0.0),
         q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
@@ -380,13 +463,13 @@ fn print_row(r: &Value) {
 fn table(rows: &[Value]) -> String {
     let ms = |v: &Value| format!("{:.1}", v.as_u64().unwrap_or(0) as f64 / 1e6);
     let mut s = String::from(
-        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | daemon CPU quiet → attack | attacker's account | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | disk append + `fdatasync` ms p99 quiet → attack | daemon CPU quiet → attack | attacker's account | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
         let mib = |k: &str| r["rss_kib"][k].as_u64().unwrap_or(0) as f64 / 1024.0;
         s.push_str(&format!(
-            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {:.0} → {:.0}% | {:.1}% | {:.1} / {:.1} / {:.1} |\n",
+            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {} → {} | {:.0} → {:.0}% | {:.1}% | {:.1} / {:.1} / {:.1} |\n",
             r["attack"].as_str().unwrap_or(""),
             ms(&q["call"]["p50_ns"]),
             ms(&q["call"]["p99_ns"]),
@@ -400,6 +483,8 @@ fn table(rows: &[Value]) -> String {
             ms(&t["agentctl_list"]["p99_ns"]),
             x["agentctl_list_p50"].as_f64().unwrap_or(0.0),
             x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
+            ms(&q["disk_sync"]["p99_ns"]),
+            ms(&t["disk_sync"]["p99_ns"]),
             q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),

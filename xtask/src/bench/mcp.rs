@@ -76,6 +76,10 @@ pub struct McpArgs {
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// One more agentosd argument (repeatable), e.g. `--daemon-arg=--agent-poll-interval=16`
+    /// to compare a daemon setting in one command.
+    #[arg(long = "daemon-arg", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -604,14 +608,18 @@ fn bench(
             tools.into_os_string(),
             "--ipc-agent-rate".into(),
             "0".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(a.daemon_args.iter().map(Into::into))
+        .collect::<Vec<std::ffi::OsString>>(),
         procs,
     )?;
     let daemon_pid = env.daemon_pid;
     eprintln!(
-        "bench mcp: agentosd pid {daemon_pid}, state {} ({fs}), cgroup {}",
+        "bench mcp: agentosd pid {daemon_pid}, state {} ({fs}), cgroup {}, daemon args {:?}",
         state.display(),
-        env.cgroup_root.display()
+        env.cgroup_root.display(),
+        a.daemon_args
     );
 
     // ---- Sequential paths, interleaved by rounds.
