@@ -20,7 +20,8 @@
 //! the quiet window's. The windows are back to back in one run, so the host's load falls on both alike.
 //! Through both windows the bench also appends a record's size to a file of its own next to the
 //! audit log and `fdatasync`s it every `--interval-ms`: the disk's own time for a durable record,
-//! quiet and under attack, the floor of the polite agent's call (which waits for one).
+//! quiet and under attack, the floor of the polite agent's call (which waits for one); and it
+//! reads how long the polite agent's own threads waited for a CPU (run-queue time, per call).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -179,7 +180,6 @@ fn chrono_now() -> String {
         .unwrap_or_default()
 }
 
-/// The daemon's CPU time in clock ticks.
 /// How long each thread in cgroup `dir` and below (an agent's process and its tool servers) has
 /// waited on a run queue (`/proc/TID/schedstat`, second field), nanoseconds by thread id.
 fn run_delays(dir: &Path, out: &mut std::collections::HashMap<u32, u64>) {
@@ -212,6 +212,7 @@ fn run_delay_since(dir: &Path, last: &mut std::collections::HashMap<u32, u64>) -
     added
 }
 
+/// The daemon's CPU time in clock ticks.
 fn daemon_cpu(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
