@@ -464,13 +464,13 @@ fn print_row(r: &Value) {
 fn table(rows: &[Value]) -> String {
     let ms = |v: &Value| format!("{:.1}", v.as_u64().unwrap_or(0) as f64 / 1e6);
     let mut s = String::from(
-        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | disk append + `fdatasync` ms p99 quiet → attack | daemon CPU quiet → attack | attacker's account | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| attack | polite call ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | `agentctl list` ms quiet p50 / p99 | under attack p50 / p99 | ratio p50 / p99 | disk append + `fdatasync` ms p99 quiet → attack | the polite agent's wait for a CPU, µs a call, quiet → attack | daemon CPU quiet → attack | attacker's account | RSS MiB before / peak / after |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (q, t, x) = (&r["quiet"], &r["attack_window"], &r["ratio"]);
         let mib = |k: &str| r["rss_kib"][k].as_u64().unwrap_or(0) as f64 / 1024.0;
         s.push_str(&format!(
-            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {} → {} | {:.0} → {:.0}% | {:.1}% | {:.1} / {:.1} / {:.1} |\n",
+            "| {} | {} / {} | {} / {} | {:.2} / {:.2}× | {} / {} | {} / {} | {:.2} / {:.2}× | {} → {} | {:.0} → {:.0} | {:.0} → {:.0}% | {:.1}% | {:.1} / {:.1} / {:.1} |\n",
             r["attack"].as_str().unwrap_or(""),
             ms(&q["call"]["p50_ns"]),
             ms(&q["call"]["p99_ns"]),
@@ -486,6 +486,8 @@ fn table(rows: &[Value]) -> String {
             x["agentctl_list_p99"].as_f64().unwrap_or(0.0),
             ms(&q["disk_sync"]["p99_ns"]),
             ms(&t["disk_sync"]["p99_ns"]),
+            q["polite_run_delay_us_per_call"].as_f64().unwrap_or(0.0),
+            t["polite_run_delay_us_per_call"].as_f64().unwrap_or(0.0),
             q["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             t["daemon_cpu_pct"].as_f64().unwrap_or(0.0),
             r["attacker_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
