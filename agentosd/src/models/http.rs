@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::access::{Refusal, WHEN_UNAVAILABLE};
-use super::budget::{Exceeded, Reservation};
+use super::budget::{Exceeded, Meter, Reservation};
 use super::config::{ModelEntry, ModelKind};
 use super::upstream::{self, AnswerBody, Outcome, StreamCtx};
 use super::{AgentModels, Gateway};
@@ -309,6 +309,32 @@ fn choose<'g>(
     }
 }
 
+/// The output tokens per choice that `meters` leave a call whose prompt costs at most
+/// `prompt_bound` (`None`: no budget limits it), or the first budget (its index) that leaves
+/// not even one token per choice, and why (nothing is reserved). A budget's headroom that is
+/// at least the prompt but short of one token per choice refuses the call by that budget's
+/// name: it is spent, even though the prompt alone would fit.
+fn output_cap(
+    meters: &[&Meter],
+    prompt_bound: u64,
+    choices: u64,
+) -> Result<Option<u64>, (usize, Exceeded)> {
+    let mut cap: Option<u64> = None;
+    for (i, m) in meters.iter().enumerate() {
+        if let Some(h) = m.headroom() {
+            let mut left = h.saturating_sub(prompt_bound) / choices;
+            if left == 0 {
+                // A minute's bucket may have refilled since the headroom was read: then the
+                // call gets its one token.
+                m.check(prompt_bound + choices).map_err(|e| (i, e))?;
+                left = 1;
+            }
+            cap = Some(cap.map_or(left, |c| c.min(left)));
+        }
+    }
+    Ok(cap)
+}
+
 /// Reserve the call's tokens on the agent's and the tenant's budgets, capping its output to
 /// what they leave (and to `max_output_tokens`); the answer to send when they leave nothing.
 fn reserve(
@@ -320,6 +346,8 @@ fn reserve(
     let mut cap: Option<u64> = agent.access.max_output_tokens;
     // Choices generated at once (`n`): each may use the whole output cap.
     let mut choices = 1;
+    // The budget (its meter's index) that leaves no output token, and why.
+    let mut spent = None;
     if call.kind == ModelKind::Chat {
         choices = match call.body.get("n") {
             None | Some(Value::Null) => 1,
@@ -341,12 +369,12 @@ fn reserve(
         } else {
             "max_tokens"
         };
-        let asked = call.body.get(key).and_then(Value::as_u64);
-        for m in meters {
-            if let Some(h) = m.headroom() {
-                let left = h.saturating_sub(call.prompt_bound) / choices;
-                cap = Some(cap.map_or(left, |c| c.min(left)));
-            }
+        // An asked cap of 0 is sent as 1 (below), so it is counted as 1.
+        let asked = call.body.get(key).and_then(Value::as_u64).map(|a| a.max(1));
+        match output_cap(&meters, call.prompt_bound, choices) {
+            Ok(Some(left)) => cap = Some(cap.map_or(left, |c| c.min(left))),
+            Ok(None) => {}
+            Err(e) => spent = Some(e),
         }
         let out = match (asked, cap) {
             (Some(a), Some(c)) => Some(a.min(c)),
@@ -361,7 +389,6 @@ fn reserve(
         }
         cap = out;
     }
-    let need = call.prompt_bound + cap.unwrap_or(0) * choices;
     // Who refuses: the agent's budget (its contract) or its tenant's (models.yaml).
     let whose = |i: usize| match i {
         0 => (
@@ -407,15 +434,10 @@ fn reserve(
         }
         r
     };
-    if call.kind == ModelKind::Chat && cap == Some(0) {
-        // Nothing left to generate with: say whose budget (nothing is reserved).
-        let (i, e) = meters
-            .iter()
-            .enumerate()
-            .find_map(|(i, m)| m.check(need.max(1)).err().map(|e| (i, e)))
-            .unwrap_or((0, Exceeded::Total { limit: 0, used: 0 }));
+    if let Some((i, e)) = spent {
         return Err(over(e, i));
     }
+    let need = call.prompt_bound + cap.unwrap_or(0) * choices;
     let a = agent.meter.reserve(need).map_err(|e| over(e, 0))?;
     match agent.tenant_meter.reserve(need) {
         Ok(t) => Ok([a, t]),
@@ -579,5 +601,53 @@ impl Gateway {
         self.account(agent, call, &out, reservation);
         self.finish(agent, call, entry, fallback.as_ref(), &out);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budget whose headroom covers the prompt but not one output token per choice refuses
+    /// the call by its own name and figures (a CI run once answered "this agent's token budget
+    /// is spent: 0 of 0" for the tenant's budget left with exactly the prompt's bound).
+    #[test]
+    fn a_budget_left_with_only_the_prompt_refuses_by_its_name() {
+        let agent = Meter::new(None, None);
+        for left in [40, 41, 43] {
+            let tenant = Meter::with_used(Some(400), None, 400 - left);
+            // n = 4 choices: 40..43 tokens leave the prompt of 40 and less than 1 token each.
+            assert_eq!(
+                output_cap(&[&agent, &tenant], 40, 4),
+                Err((
+                    1,
+                    Exceeded::Total {
+                        limit: 400,
+                        used: 400 - left
+                    }
+                )),
+                "{left} tokens left"
+            );
+        }
+        // One token per choice fits: the call is capped, not refused.
+        let tenant = Meter::with_used(Some(400), None, 356);
+        assert_eq!(output_cap(&[&agent, &tenant], 40, 4), Ok(Some(1)));
+        // The agent's own budget is named first when both are spent.
+        let spent = Meter::with_used(Some(100), None, 100);
+        assert_eq!(
+            output_cap(&[&spent, &tenant], 40, 1),
+            Err((
+                0,
+                Exceeded::Total {
+                    limit: 100,
+                    used: 100
+                }
+            ))
+        );
+        // Without budgets nothing caps the output.
+        assert_eq!(output_cap(&[&agent, &agent], 40, 1), Ok(None));
+        // A minute's bucket with the prompt and a little over: capped by what it leaves.
+        let minute = Meter::new(None, Some(100));
+        assert_eq!(output_cap(&[&agent, &minute], 40, 2), Ok(Some(30)));
     }
 }
