@@ -120,6 +120,12 @@ pub struct RunArgs {
     /// cap, held to whether the daemon is busy or not
     #[arg(long, global = true, default_value_t = agentosd_cpu_ceiling_default(), value_name = "PERCENT")]
     pub ipc_agent_cpu_ceiling: f64,
+    /// Percent of the time an agent within its share may wait for a CPU (its cgroup's
+    /// cpu.pressure, PSI, less its own cpu.max throttling) before the agents over their share
+    /// are held to it, under --ipc-agent-cpu-ceiling or not: the daemon lends CPU beyond the
+    /// shares only while the CPU has room. 0: the ceiling alone decides
+    #[arg(long, global = true, default_value_t = agentosd_cpu_stall_default(), value_name = "PERCENT")]
+    pub ipc_agent_cpu_stall: f64,
     /// Milliseconds of the daemon's CPU an agent that was idle may use at once before
     /// --ipc-agent-cpu holds it (at least half a second's worth of its share)
     #[arg(long, global = true, default_value_t = crate::ipc::cpu::DEFAULT_AGENT_CPU_BURST.as_millis() as u64, value_name = "MS")]
@@ -288,6 +294,11 @@ pub fn known_flags() -> Vec<crate::conf::Known> {
             })
         })
         .collect()
+}
+
+/// `--ipc-agent-cpu-stall`'s default, in percent.
+fn agentosd_cpu_stall_default() -> f64 {
+    crate::ipc::stalls::DEFAULT_STALL_PERMILLE as f64 / 10.0
 }
 
 /// `--ipc-agent-cpu-ceiling`'s default, in percent.

@@ -258,6 +258,7 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         opts.consent_timeout.as_secs()
     );
     let consents = std::sync::Arc::new(crate::mcp::consent::Consents::new(opts.consent_timeout));
+    watch_stalls(&ipc.cpu_ledger(), root, opts.ipc.agent_cpu_stall);
     // The audit log's CPU for an agent's records is charged to its share too (audit_trail.rs).
     if let Some(t) = sup.audit_trail() {
         t.set_cpu_ledger(ipc.cpu_ledger());
@@ -303,6 +304,34 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
         service,
         run_dir,
     });
+}
+
+/// Whether agents over their CPU share are also held while another agent waits for a CPU
+/// (`--ipc-agent-cpu-stall`, ipc/stalls.rs): said either way, and why not.
+fn watch_stalls(ledger: &std::sync::Arc<crate::ipc::cpu::CpuLedger>, root: &Path, permille: u64) {
+    if permille == 0 {
+        info!(
+            "agents over their CPU share are held only over the ceiling (--ipc-agent-cpu-stall 0)"
+        );
+        return;
+    }
+    let agents = root.join("agents");
+    let outcome = crate::ipc::stalls::available(&agents).and_then(|()| {
+        ledger
+            .watch_stalls(agents, permille)
+            .map_err(|e| format!("cannot start the thread that reads it: {e}"))
+    });
+    match outcome {
+        Ok(true) => info!(
+            "agents over their CPU share are held while another agent waits for a CPU over {}.{}% of the time (--ipc-agent-cpu-stall; cpu.pressure)",
+            permille / 10,
+            permille % 10
+        ),
+        Ok(false) => {}
+        Err(why) => warn!(
+            "agents' waits for a CPU are not watched (--ipc-agent-cpu-stall): {why}; only the daemon's CPU against --ipc-agent-cpu-ceiling decides when an agent over its share is held"
+        ),
+    }
 }
 
 /// The agents' sessions' runtime (agent_work.rs), made once and kept for the process's life,

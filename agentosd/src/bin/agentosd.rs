@@ -203,6 +203,8 @@ fn main() -> anyhow::Result<()> {
                         ceiling_permille: (r.ipc_agent_cpu_ceiling.clamp(0.0, 100_000.0) * 10.0)
                             .round() as u64,
                     },
+                    agent_cpu_stall: (r.ipc_agent_cpu_stall.clamp(0.0, 100.0) * 10.0).round()
+                        as u64,
                     stall_timeout: Duration::from_secs_f64(
                         r.ipc_stall_timeout.clamp(0.1, 86_400.0),
                     ),

@@ -145,6 +145,9 @@ pub struct Pool {
     epoch: u64,
     heavy_now: u64,
     heavy_before: u64,
+    /// Another agent waited for a CPU over the threshold (ipc/stalls.rs): how much and the
+    /// threshold, per mille, and until when the CPU has no room to lend.
+    stall: Option<(u64, u64, Instant)>,
 }
 
 impl Pool {
@@ -156,7 +159,27 @@ impl Pool {
             epoch: 0,
             heavy_now: 0,
             heavy_before: 0,
+            stall: None,
         }
+    }
+
+    /// Whether an agent was over its share in this window or the one before.
+    pub fn any_heavy(&mut self, now: Instant) -> bool {
+        self.roll(now);
+        self.heavy_now > 0 || self.heavy_before > 0
+    }
+
+    /// Another agent waited for a CPU `permille` of the last period, over `threshold`: for the
+    /// next [`WINDOW`] the agents over their share are held to it.
+    pub fn note_stall(&mut self, permille: u64, threshold: u64, now: Instant) {
+        self.stall = Some((permille, threshold, now + WINDOW));
+    }
+
+    /// The stall noted last and its threshold, while it holds.
+    fn stall(&self, now: Instant) -> Option<(u64, u64)> {
+        self.stall
+            .filter(|(_, _, until)| now < *until)
+            .map(|(p, t, _)| (p, t))
     }
 
     /// The window `now` falls in; a new one starts its count of agents over their share afresh.
@@ -227,6 +250,10 @@ pub struct Contention {
     /// The agent's fair share and its recent rate, per mille.
     pub fair_permille: u64,
     pub agent_permille: u64,
+    /// Held because another agent waited for a CPU (`--ipc-agent-cpu-stall`): that share of the
+    /// time and the threshold, per mille; 0 and 0 when held by the ceiling.
+    pub stall_permille: u64,
+    pub stall_threshold_permille: u64,
 }
 
 /// An agent held by its CPU account: for how long (an estimate; looked at again), and by
@@ -403,12 +430,23 @@ impl AgentCpu {
                 contended: None,
             });
         };
-        let (ceiling, total, heavy) = {
+        let (ceiling, total, heavy, stall) = {
             let mut p = lock(pool);
-            (p.ceiling_permille, p.permille(now), p.heavy(now))
+            (
+                p.ceiling_permille,
+                p.permille(now),
+                p.heavy(now),
+                p.stall(now),
+            )
         };
         let fair = fair_permille(ceiling, heavy, self.permille);
-        let wait = contended_wait(agent, total, ceiling, fair)?;
+        // The ceiling's rule first; else, while another agent waits for a CPU, the share as a
+        // hard cap (looked at again every stall period).
+        let (wait, fair, (stall_permille, stall_threshold_permille)) =
+            match contended_wait(agent, total, ceiling, fair) {
+                Some(w) => (w, fair, (0, 0)),
+                None => (crate::ipc::stalls::PERIOD, self.permille, stall?),
+            };
         Some(CpuHold {
             wait: wait.min(debt),
             contended: Some(Contention {
@@ -416,8 +454,23 @@ impl AgentCpu {
                 total_permille: total.round() as u64,
                 fair_permille: fair,
                 agent_permille: agent.round() as u64,
+                stall_permille,
+                stall_threshold_permille,
             }),
         })
+    }
+
+    /// Whether the agent's wait for a CPU tells whether the CPU has room to lend: it has a
+    /// share and is within it, and the daemon served it in the last three windows.
+    fn stall_witness(&self, now: Instant) -> bool {
+        let Some(b) = &self.bucket else {
+            return false;
+        };
+        if self.used_ns.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let mut a = lock(b);
+        now.saturating_duration_since(a.recent.at) < WINDOW * 3 && a.bucket.ready(now)
     }
 
     /// How long until the agent may be served again (zero: now, or no rate).
@@ -541,6 +594,65 @@ impl CpuLedger {
     /// What agent `id` used (None: the daemon never served it).
     pub fn usage(&self, id: &str) -> Option<CpuUse> {
         lock(&self.agents).get(id).map(|a| a.usage())
+    }
+
+    /// Watch the CPU pressure of the agents under `agents_dir` (`ROOT/agents`) on a thread of
+    /// its own (`agentos-stalls`) while an agent is over its share, and hold the agents over
+    /// their share while one within it waits for a CPU more than `threshold_permille` of the
+    /// time (ipc/stalls.rs). Nothing to watch without a pool (a hard cap, or no rate) or with a
+    /// threshold of 0. The thread ends with the ledger.
+    pub fn watch_stalls(
+        self: &Arc<Self>,
+        agents_dir: std::path::PathBuf,
+        threshold_permille: u64,
+    ) -> std::io::Result<bool> {
+        if threshold_permille == 0 || self.pool.is_none() {
+            return Ok(false);
+        }
+        let ledger = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("agentos-stalls".into())
+            .spawn(move || {
+                let mut probe = crate::ipc::stalls::StallProbe::new(agents_dir);
+                loop {
+                    std::thread::sleep(crate::ipc::stalls::PERIOD);
+                    let Some(l) = ledger.upgrade() else {
+                        return;
+                    };
+                    l.look_for_stalls(&mut probe, threshold_permille, Instant::now());
+                }
+            })?;
+        Ok(true)
+    }
+
+    /// One period of [`CpuLedger::watch_stalls`].
+    pub fn look_for_stalls(
+        &self,
+        probe: &mut crate::ipc::stalls::StallProbe,
+        threshold_permille: u64,
+        now: Instant,
+    ) -> Option<crate::ipc::stalls::Stalled> {
+        let pool = self.pool.as_ref()?;
+        if !lock(pool).any_heavy(now) {
+            probe.forget();
+            return None;
+        }
+        let ids: Vec<String> = lock(&self.agents)
+            .iter()
+            .filter(|(_, a)| a.stall_witness(now))
+            .map(|(id, _)| id.clone())
+            .take(crate::ipc::stalls::MAX_SAMPLED)
+            .collect();
+        let s = probe.sample(ids.iter().map(String::as_str), now)?;
+        if s.permille > threshold_permille {
+            lock(pool).note_stall(s.permille, threshold_permille, now);
+            tracing::debug!(
+                agent = %s.agent,
+                "ipc: an agent within its share waited for a CPU {}‰ of the last period: the agents over their share are held to it",
+                s.permille
+            );
+        }
+        Some(s)
     }
 }
 

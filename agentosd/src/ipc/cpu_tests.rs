@@ -256,3 +256,65 @@ async fn a_measured_future_is_charged_its_polls_not_its_waits() {
         "20 ms of CPU after a 50 ms sleep charged {used} ns"
     );
 }
+
+/// Under the ceiling an agent over its share is served, until another agent within its share
+/// waits for a CPU over the threshold (its cgroup's cpu.pressure, ipc/stalls.rs): then it is
+/// held to its share for a window, with the stall in its hold; nothing is read while no agent
+/// is over its share, and the waits of agents over their share or idle do not count.
+#[test]
+fn another_agents_wait_for_a_cpu_holds_the_agents_over_their_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let pressure = |agent: &str, some_us: u64| {
+        let d = dir.path().join("t").join(agent);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("cpu.pressure"),
+            format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={some_us}\n"),
+        )
+        .unwrap();
+    };
+    let ledger = CpuLedger::new(rate(50, 500));
+    let mut probe = crate::ipc::stalls::StallProbe::new(dir.path().to_path_buf());
+    let t0 = Instant::now();
+    let (heavy, polite) = (ledger.agent("t/heavy"), ledger.agent("t/polite"));
+    ledger.agent("t/idle");
+    pressure("heavy", 0);
+    pressure("polite", 0);
+    pressure("idle", 0);
+    polite.charge_at(1_000_000, t0);
+    // Nobody over its share: nothing is read.
+    assert_eq!(ledger.look_for_stalls(&mut probe, 100, t0), None);
+    // 300 ms of CPU at once: over its share (burst 100 ms), under the ceiling (500‰).
+    heavy.charge_at(300_000_000, t0);
+    assert_eq!(heavy.hold(t0), None, "under the ceiling, no stall");
+    let t1 = t0 + Duration::from_millis(100);
+    assert_eq!(
+        ledger.look_for_stalls(&mut probe, 100, t1),
+        None,
+        "first read: a baseline"
+    );
+    // The heavy agent's own wait (and the idle one's) are not looked at; the polite one waited
+    // 8 ms of 100: under the threshold.
+    pressure("heavy", 90_000);
+    pressure("idle", 90_000);
+    pressure("polite", 8_000);
+    let t2 = t1 + Duration::from_millis(100);
+    let s = ledger.look_for_stalls(&mut probe, 100, t2).unwrap();
+    assert_eq!((s.agent.as_str(), s.permille), ("t/polite", 80));
+    assert_eq!(heavy.hold(t2), None, "under the threshold");
+    // Then 30 ms of 100.
+    pressure("polite", 38_000);
+    let t3 = t2 + Duration::from_millis(100);
+    let s = ledger.look_for_stalls(&mut probe, 100, t3).unwrap();
+    assert_eq!(s.permille, 300);
+    let h = heavy
+        .hold(t3)
+        .expect("held while the polite agent waits for a CPU");
+    let c = h.contended.unwrap();
+    assert_eq!((c.stall_permille, c.stall_threshold_permille), (300, 100));
+    assert_eq!(c.fair_permille, 50, "held to its share");
+    assert!(h.wait <= crate::ipc::stalls::PERIOD, "{h:?}");
+    assert_eq!(polite.hold(t3), None, "the polite agent is never held");
+    // A window later without another stall it is served again.
+    assert_eq!(heavy.hold(t3 + WINDOW + Duration::from_millis(1)), None);
+}

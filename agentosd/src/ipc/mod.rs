@@ -19,6 +19,7 @@ mod lines;
 mod peer;
 pub mod rate;
 mod ring;
+pub mod stalls;
 pub mod turns;
 
 use std::collections::{HashMap, VecDeque};
@@ -78,6 +79,11 @@ pub struct Limits {
     /// held to only while all agents together take more than the ceiling
     /// (`--ipc-agent-cpu-ceiling`; 0: a hard cap). Default 5% of one CPU, ceiling 50%.
     pub agent_cpu: cpu::CpuRate,
+    /// Per mille of the time an agent within its share may wait for a CPU before the agents
+    /// over their share are held to it whatever the ceiling says (`--ipc-agent-cpu-stall`;
+    /// stalls.rs; 0: the ceiling alone). Watched by the daemon, which knows the agents'
+    /// cgroups ([`cpu::CpuLedger::watch_stalls`]). Default 10%.
+    pub agent_cpu_stall: u64,
     /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
     /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
     pub nice: Option<i32>,
@@ -100,6 +106,7 @@ impl Default for Limits {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             agent_rate: rate::DEFAULT_AGENT_RATE,
             agent_cpu: cpu::CpuRate::default(),
+            agent_cpu_stall: stalls::DEFAULT_STALL_PERMILLE,
             nice: None,
             fixed_files: None,
         }

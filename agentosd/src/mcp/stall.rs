@@ -60,6 +60,22 @@ fn pct(permille: u64) -> String {
 
 /// What the agent's journal says when the daemon throttles it (also the log line).
 pub fn throttle_text(t: &Throttle) -> String {
+    if let (ThrottleLimit::Cpu, Some(c)) = (t.limit, t.contended)
+        && c.stall_threshold_permille > 0
+    {
+        return format!(
+            "agentosd paused reading this agent's MCP connections {} time(s): another agent \
+             waited for a CPU {} of the time, over {} (--ipc-agent-cpu-stall), so the daemon \
+             lent no CPU beyond the agents' shares, and this agent took {} of one CPU, more than \
+             its guaranteed share of {} (--ipc-agent-cpu), throttled for {} ms so far",
+            t.pauses,
+            pct(c.stall_permille),
+            pct(c.stall_threshold_permille),
+            pct(c.agent_permille),
+            pct(t.rate),
+            t.throttled.as_millis()
+        );
+    }
     if let (ThrottleLimit::Cpu, Some(c)) = (t.limit, t.contended) {
         return format!(
             "agentosd paused reading this agent's MCP connections {} time(s): the daemon was \
@@ -130,6 +146,20 @@ impl McpService {
                         "reason": "the agent took more than its share of the daemon's CPU; its requests wait",
                         "cpu_permille": t.rate,
                         "burst_cpu_us": t.burst / 1000,
+                        "pauses": t.pauses,
+                        "throttled_ms": t.throttled.as_millis() as u64,
+                    }),
+                    Some(c) if c.stall_threshold_permille > 0 => json!({
+                        "event": THROTTLED,
+                        "limit": "cpu",
+                        "contended": true,
+                        "reason": "another agent within its share waited for a CPU over the threshold, so the daemon lent no CPU beyond the shares and the agent was over its own; its requests wait",
+                        "cpu_permille": t.rate,
+                        "burst_cpu_us": t.burst / 1000,
+                        "stall_permille": c.stall_permille,
+                        "stall_threshold_permille": c.stall_threshold_permille,
+                        "agent_permille": c.agent_permille,
+                        "agents_permille": c.total_permille,
                         "pauses": t.pauses,
                         "throttled_ms": t.throttled.as_millis() as u64,
                     }),
@@ -292,6 +322,8 @@ mod tests {
                 total_permille: 612,
                 fair_permille: 250,
                 agent_permille: 301,
+                stall_permille: 0,
+                stall_threshold_permille: 0,
             }),
         });
         assert!(
@@ -307,5 +339,29 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("guaranteed share is 5.0%"), "{t}");
+        let t = throttle_text(&Throttle {
+            agent: "t/a".into(),
+            limit: ThrottleLimit::Cpu,
+            rate: 50,
+            burst: 250_000_000,
+            pauses: 4,
+            throttled: Duration::from_millis(300),
+            contended: Some(crate::ipc::cpu::Contention {
+                ceiling_permille: 500,
+                total_permille: 120,
+                fair_permille: 50,
+                agent_permille: 110,
+                stall_permille: 263,
+                stall_threshold_permille: 100,
+            }),
+        });
+        assert!(
+            t.contains("another agent waited for a CPU 26.3% of the time, over 10.0% (--ipc-agent-cpu-stall)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("took 11.0% of one CPU, more than its guaranteed share of 5.0%"),
+            "{t}"
+        );
     }
 }

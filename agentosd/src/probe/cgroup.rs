@@ -397,20 +397,22 @@ fn probe_pressure(dir: Option<(&Path, &str)>) -> Check {
         return Check::new(
             Feature::Pressure,
             Status::Available,
-            format!("cpu/memory/io.pressure per cgroup (checked in {where_})"),
+            format!(
+                "cpu/memory/io.pressure per cgroup (checked in {where_}); agents over their CPU share are held while another waits for a CPU (--ipc-agent-cpu-stall)"
+            ),
         );
     }
     if Path::new("/proc/pressure/cpu").exists() {
         Check::new(
             Feature::Pressure,
             Status::Available,
-            "/proc/pressure (system-wide only)",
+            "/proc/pressure (system-wide only): agents over their CPU share are held only over --ipc-agent-cpu-ceiling, not while another waits for a CPU (--ipc-agent-cpu-stall)",
         )
     } else {
         Check::new(
             Feature::Pressure,
             Status::Unavailable,
-            "no /proc/pressure (kernel without CONFIG_PSI, or booted with psi=0)",
+            "no /proc/pressure (kernel without CONFIG_PSI, or booted with psi=0): agents over their CPU share are held only over --ipc-agent-cpu-ceiling, not while another waits for a CPU (--ipc-agent-cpu-stall)",
         )
     }
 }

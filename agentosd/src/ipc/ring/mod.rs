@@ -344,6 +344,7 @@ impl Ring {
             stall_timeout: limits.stall_timeout,
             agent_rate: limits.agent_rate,
             agent_cpu: limits.agent_cpu,
+            agent_cpu_stall: limits.agent_cpu_stall,
             nice: limits.nice,
             fixed_files: Some(size),
         };
