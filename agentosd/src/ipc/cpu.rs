@@ -145,9 +145,9 @@ pub struct Pool {
     epoch: u64,
     heavy_now: u64,
     heavy_before: u64,
-    /// Another agent waited for a CPU over the threshold (ipc/stalls.rs): how much and the
-    /// threshold, per mille, and until when the CPU has no room to lend.
-    stall: Option<(u64, u64, Instant)>,
+    /// Until when an agent was lately over its share by its recent rate (its burst perhaps
+    /// not spent yet): the stall watcher reads the others' waits until then.
+    warm_until: Option<Instant>,
 }
 
 impl Pool {
@@ -159,27 +159,20 @@ impl Pool {
             epoch: 0,
             heavy_now: 0,
             heavy_before: 0,
-            stall: None,
+            warm_until: None,
         }
     }
 
-    /// Whether an agent was over its share in this window or the one before.
-    pub fn any_heavy(&mut self, now: Instant) -> bool {
+    /// Whether an agent was over its share in this window or the one before, by its bucket or
+    /// by its recent rate.
+    pub fn anyone_over(&mut self, now: Instant) -> bool {
         self.roll(now);
-        self.heavy_now > 0 || self.heavy_before > 0
+        self.heavy_now > 0 || self.heavy_before > 0 || self.warm_until.is_some_and(|t| now < t)
     }
 
-    /// Another agent waited for a CPU `permille` of the last period, over `threshold`: for the
-    /// next [`WINDOW`] the agents over their share are held to it.
-    pub fn note_stall(&mut self, permille: u64, threshold: u64, now: Instant) {
-        self.stall = Some((permille, threshold, now + WINDOW));
-    }
-
-    /// The stall noted last and its threshold, while it holds.
-    fn stall(&self, now: Instant) -> Option<(u64, u64)> {
-        self.stall
-            .filter(|(_, _, until)| now < *until)
-            .map(|(p, t, _)| (p, t))
+    /// An agent's recent rate is over its share at `now`.
+    fn mark_warm(&mut self, now: Instant) {
+        self.warm_until = Some(now + WINDOW * 2);
     }
 
     /// The window `now` falls in; a new one starts its count of agents over their share afresh.
@@ -295,6 +288,8 @@ struct Account {
     bucket: Bucket,
     recent: Recent,
     heavy_epoch: Option<u64>,
+    /// The last window its recent rate was seen over its share in.
+    warm_epoch: Option<u64>,
 }
 
 /// One agent's CPU account, shared by the ring thread, its sessions and the gateway.
@@ -310,6 +305,8 @@ pub struct AgentCpu {
     audit_ns: AtomicU64,
     pauses: AtomicU64,
     throttled_ns: AtomicU64,
+    /// The ledger's mark of another agent's wait for a CPU (ipc/stalls.rs; None: not watched).
+    stall: Option<Arc<crate::ipc::stalls::StallMark>>,
     /// Its place in the turns on the agents' runtime (ipc/turns.rs; None: polled in tokio's
     /// order, an account outside a ledger).
     turn: Option<(Arc<Turns>, usize)>,
@@ -353,6 +350,7 @@ impl AgentCpu {
                     ),
                     recent: Recent::new(now),
                     heavy_epoch: None,
+                    warm_epoch: None,
                 })
             }),
             pool: pool.filter(|_| ns > 0),
@@ -361,8 +359,15 @@ impl AgentCpu {
             audit_ns: AtomicU64::new(0),
             pauses: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
+            stall: None,
             turn: None,
         }
+    }
+
+    /// The same account, held to its share while `mark` says another agent waits for a CPU.
+    pub fn with_stall_mark(mut self, mark: &Arc<crate::ipc::stalls::StallMark>) -> AgentCpu {
+        self.stall = self.pool.as_ref().map(|_| mark.clone());
+        self
     }
 
     /// The same account, its tasks polled in turns with the other agents of `turns`.
@@ -388,7 +393,7 @@ impl AgentCpu {
             return;
         };
         let epoch = self.pool.as_ref().map(|p| lock(p).charge(ns, now));
-        let newly_heavy = {
+        let (newly_heavy, newly_warm) = {
             let mut a = lock(b);
             a.bucket.charge(ns, 0, now);
             a.recent.add(ns, now);
@@ -401,13 +406,24 @@ impl AgentCpu {
                     if over {
                         a.heavy_epoch = Some(e);
                     }
-                    over.then_some(e)
+                    // Over its share by its rate, its burst perhaps not spent: the stall
+                    // watcher is to look (once a window).
+                    let warm = self.stall.is_some()
+                        && a.warm_epoch != Some(e)
+                        && a.recent.permille(now) > self.permille as f64;
+                    if warm {
+                        a.warm_epoch = Some(e);
+                    }
+                    (over.then_some(e), warm)
                 }
-                None => None,
+                None => (None, false),
             }
         };
         if let (Some(e), Some(p)) = (newly_heavy, &self.pool) {
             lock(p).mark_heavy(e, now);
+        }
+        if let (true, Some(p)) = (newly_warm, &self.pool) {
+            lock(p).mark_warm(now);
         }
     }
 
@@ -430,25 +446,24 @@ impl AgentCpu {
                 contended: None,
             });
         };
-        let (ceiling, total, heavy, stall) = {
+        let (ceiling, total, heavy) = {
             let mut p = lock(pool);
-            (
-                p.ceiling_permille,
-                p.permille(now),
-                p.heavy(now),
-                p.stall(now),
-            )
+            (p.ceiling_permille, p.permille(now), p.heavy(now))
         };
         let fair = fair_permille(ceiling, heavy, self.permille);
         // The ceiling's rule first; else, while another agent waits for a CPU, the share as a
-        // hard cap (looked at again every stall period).
+        // hard cap (looked at again every stall period). Not by the recent rate as well: tried
+        // in the VM, it held the polite agent in the middle of a burst its share allows.
         let (wait, fair, (stall_permille, stall_threshold_permille)) =
             match contended_wait(agent, total, ceiling, fair) {
-                Some(w) => (w, fair, (0, 0)),
-                None => (crate::ipc::stalls::PERIOD, self.permille, stall?),
+                Some(w) => (w.min(debt), fair, (0, 0)),
+                None => {
+                    let stall = self.stall.as_ref().and_then(|m| m.active(now))?;
+                    (debt.min(crate::ipc::stalls::PERIOD), self.permille, stall)
+                }
             };
         Some(CpuHold {
-            wait: wait.min(debt),
+            wait,
             contended: Some(Contention {
                 ceiling_permille: ceiling,
                 total_permille: total.round() as u64,
@@ -461,7 +476,8 @@ impl AgentCpu {
     }
 
     /// Whether the agent's wait for a CPU tells whether the CPU has room to lend: it has a
-    /// share and is within it, and the daemon served it in the last three windows.
+    /// share and is within it (its bucket: share and burst), and the daemon served it in the
+    /// last three windows.
     fn stall_witness(&self, now: Instant) -> bool {
         let Some(b) = &self.bucket else {
             return false;
@@ -549,6 +565,8 @@ pub struct CpuLedger {
     agents: Mutex<HashMap<String, Arc<AgentCpu>>>,
     /// The order the agents' tasks are polled in (ipc/turns.rs).
     turns: Arc<Turns>,
+    /// Another agent's wait for a CPU, seen by [`CpuLedger::watch_stalls`].
+    stall: Arc<crate::ipc::stalls::StallMark>,
 }
 
 impl Default for CpuLedger {
@@ -566,6 +584,7 @@ impl CpuLedger {
                 .then(|| Arc::new(Mutex::new(Pool::new(rate.ceiling_permille, Instant::now())))),
             agents: Mutex::new(HashMap::new()),
             turns: Arc::new(Turns::default()),
+            stall: Arc::new(crate::ipc::stalls::StallMark::new(Instant::now())),
         }
     }
 
@@ -585,7 +604,8 @@ impl CpuLedger {
             .or_insert_with(|| {
                 Arc::new(
                     AgentCpu::in_pool(self.rate, self.pool.clone(), Instant::now())
-                        .in_turns(&self.turns),
+                        .in_turns(&self.turns)
+                        .with_stall_mark(&self.stall),
                 )
             })
             .clone()
@@ -633,7 +653,7 @@ impl CpuLedger {
         now: Instant,
     ) -> Option<crate::ipc::stalls::Stalled> {
         let pool = self.pool.as_ref()?;
-        if !lock(pool).any_heavy(now) {
+        if !lock(pool).anyone_over(now) {
             probe.forget();
             return None;
         }
@@ -645,7 +665,7 @@ impl CpuLedger {
             .collect();
         let s = probe.sample(ids.iter().map(String::as_str), now)?;
         if s.permille > threshold_permille {
-            lock(pool).note_stall(s.permille, threshold_permille, now);
+            self.stall.note(s.permille, threshold_permille, now);
             tracing::debug!(
                 agent = %s.agent,
                 "ipc: an agent within its share waited for a CPU {}‰ of the last period: the agents over their share are held to it",

@@ -277,21 +277,33 @@ fn another_agents_wait_for_a_cpu_holds_the_agents_over_their_share() {
     let mut probe = crate::ipc::stalls::StallProbe::new(dir.path().to_path_buf());
     let t0 = Instant::now();
     let (heavy, polite) = (ledger.agent("t/heavy"), ledger.agent("t/polite"));
+    let warm = ledger.agent("t/warm");
     ledger.agent("t/idle");
-    pressure("heavy", 0);
-    pressure("polite", 0);
-    pressure("idle", 0);
+    for a in ["heavy", "polite", "idle", "warm"] {
+        pressure(a, 0);
+    }
     polite.charge_at(1_000_000, t0);
     // Nobody over its share: nothing is read.
     assert_eq!(ledger.look_for_stalls(&mut probe, 100, t0), None);
+    // 80 ms at once: within its burst (100 ms), over its share by its recent rate (80‰, 59‰ at
+    // t3, against 50‰): the watcher starts reading (a baseline; next read below), nobody is
+    // held yet.
+    warm.charge_at(80_000_000, t0);
+    assert_eq!(
+        ledger.look_for_stalls(&mut probe, 100, t0),
+        None,
+        "a baseline"
+    );
     // 300 ms of CPU at once: over its share (burst 100 ms), under the ceiling (500‰).
     heavy.charge_at(300_000_000, t0);
     assert_eq!(heavy.hold(t0), None, "under the ceiling, no stall");
     let t1 = t0 + Duration::from_millis(100);
     assert_eq!(
-        ledger.look_for_stalls(&mut probe, 100, t1),
-        None,
-        "first read: a baseline"
+        ledger
+            .look_for_stalls(&mut probe, 100, t1)
+            .map(|s| s.permille),
+        Some(0),
+        "read since t0: no wait"
     );
     // The heavy agent's own wait (and the idle one's) are not looked at; the polite one waited
     // 8 ms of 100: under the threshold.
@@ -314,7 +326,11 @@ fn another_agents_wait_for_a_cpu_holds_the_agents_over_their_share() {
     assert_eq!((c.stall_permille, c.stall_threshold_permille), (300, 100));
     assert_eq!(c.fair_permille, 50, "held to its share");
     assert!(h.wait <= crate::ipc::stalls::PERIOD, "{h:?}");
+    // Over its share by its recent rate but within its burst: its share allows it, not held.
+    assert_eq!(warm.hold(t3), None);
     assert_eq!(polite.hold(t3), None, "the polite agent is never held");
-    // A window later without another stall it is served again.
-    assert_eq!(heavy.hold(t3 + WINDOW + Duration::from_millis(1)), None);
+    // Still held a window later; after the stall's hold without another stall, served again.
+    assert!(heavy.hold(t3 + WINDOW + Duration::from_millis(1)).is_some());
+    let later = t3 + crate::ipc::stalls::HOLD + Duration::from_millis(1);
+    assert_eq!(heavy.hold(later), None);
 }
