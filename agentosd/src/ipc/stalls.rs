@@ -7,13 +7,13 @@
 //! waiting for (measured in the VM, two emulated vCPUs: a polite agent's threads waited 50 ms a
 //! call for a CPU behind the daemon serving a flood at 57% of one CPU, under its 50% ceiling;
 //! docs/benchmarks.md). So the daemon also asks the kernel: every [`PERIOD`], while an agent is
-//! over its share (its bucket in debt, or its recent rate over the share), it reads the CPU pressure (PSI, `cpu.pressure`'s `some total`) of the agents
-//! that used the daemon lately and are within their share, less the time each spent throttled
-//! by its own `cpu.max` (`cpu.stat`'s `throttled_usec`: waiting for its own budget, not for a
-//! CPU). When one of them waited for a CPU more than the threshold's share of the period, the
-//! CPU has no room to lend: for the next [`HOLD`] the agents over their share are held to it, by
-//! their bucket and by their recent rate (one in the middle of its burst too), as with a hard
-//! cap.
+//! over its share (its bucket in debt, or its recent rate over the share), it reads the CPU
+//! pressure (PSI, `cpu.pressure`'s `some total`) of the agents that used the daemon lately and
+//! are within their share (their bucket), less the time each spent throttled by its own
+//! `cpu.max` (`cpu.stat`'s `throttled_usec`: waiting for its own budget, not for a CPU). When one
+//! of them waited for a CPU more than the threshold's share of the period, the CPU has no room to
+//! lend: for the next [`HOLD`] the agents over their share (their bucket in debt) are held to
+//! it, as with a hard cap.
 //!
 //! Nothing is read while no agent is over its share, at most [`MAX_SAMPLED`] agents a period,
 //! and only files of cgroups the daemon made (`ROOT/agents/<tenant>/<name>`; agent ids are the
