@@ -265,13 +265,7 @@ async fn a_measured_future_is_charged_its_polls_not_its_waits() {
 fn another_agents_wait_for_a_cpu_holds_the_agents_over_their_share() {
     let dir = tempfile::tempdir().unwrap();
     let pressure = |agent: &str, some_us: u64| {
-        let d = dir.path().join("t").join(agent);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("cpu.pressure"),
-            format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={some_us}\n"),
-        )
-        .unwrap();
+        crate::ipc::stalls::write_agent_files(dir.path(), &format!("t/{agent}"), some_us, 0)
     };
     let ledger = CpuLedger::new(rate(50, 500));
     let mut probe = crate::ipc::stalls::StallProbe::new(dir.path().to_path_buf());

@@ -200,6 +200,27 @@ impl StallProbe {
     }
 }
 
+/// Writes agent `id`'s `cpu.pressure` (`some total=some_us`) and `cpu.stat`
+/// (`throttled_usec`) under `agents_dir`, as the kernel shows them: for the tests of the rule.
+#[cfg(test)]
+pub(crate) fn write_agent_files(agents_dir: &Path, id: &str, some_us: u64, throttled_us: u64) {
+    let d = agents_dir.join(id);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("cpu.pressure"),
+        format!(
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total={some_us}\n\
+             full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("cpu.stat"),
+        format!("usage_usec 1\nthrottled_usec {throttled_us}\n"),
+    )
+    .unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,18 +253,7 @@ mod tests {
     fn the_agent_that_waited_most_is_named_with_its_share_of_the_time() {
         let dir = tempfile::tempdir().unwrap();
         let write = |agent: &str, some: u64, throttled: u64| {
-            let d = dir.path().join("t").join(agent);
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(
-                d.join("cpu.pressure"),
-                format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"),
-            )
-            .unwrap();
-            std::fs::write(
-                d.join("cpu.stat"),
-                format!("usage_usec 1\nthrottled_usec {throttled}\n"),
-            )
-            .unwrap();
+            write_agent_files(dir.path(), &format!("t/{agent}"), some, throttled)
         };
         write("a", 1_000, 0);
         write("b", 5_000, 0);
