@@ -349,6 +349,22 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
             .unwrap_or(Value::Null)
     };
     let account = account_of(&attacker);
+    // The attacker's own processes (its client, its tool servers), by its cgroup, over its life
+    // (the gap before the window and the window): what the kernel gave them, beside what the
+    // daemon spent for it.
+    let attacker_usage_us = std::fs::read_to_string(
+        env.cgroup_root
+            .join("agents")
+            .join(TENANT)
+            .join(&attacker)
+            .join("cpu.stat"),
+    )
+    .ok()
+    .and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    });
     let _ = env.agentctl(&["stop", &attacker]);
     let done = PathBuf::from(format!("{}.done", prefix.display()));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -370,12 +386,13 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     let _ = env.agentctl(&["stop", &polite]);
     std::thread::sleep(Duration::from_secs(2));
     let rss_after = super::scale_systemd::status_kb(pid, "VmRSS:");
-    let calls: Vec<Dist> = (0..2)
+    let raw: Vec<Vec<u64>> = (0..2)
         .map(|w| {
             let p = PathBuf::from(format!("{}-call-{w}.bin", prefix.display()));
-            read_samples(&p).map(|v| Dist::new(v.into_iter().map(u64::from).collect()))
+            read_samples(&p).map(|v| v.into_iter().map(u64::from).collect())
         })
         .collect::<Result<_>>()?;
+    let calls: Vec<Dist> = raw.iter().map(|v| Dist::new(v.clone())).collect();
     let secs = a.secs as f64;
     let window = |w: usize| {
         let l = Dist::new(list[w].clone());
@@ -388,6 +405,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
             "disk_sync": disk[w].json(),
             "polite_run_delay_us_per_call": run_delay[w] as f64
                 / 1e3 / calls[w].0.len().max(1) as f64,
+            "slowest_calls": slowest(&raw[w], a.interval_ms),
         })
     };
     let ratio = |w0: &Dist, w1: &Dist, p: usize| w1.p(p) as f64 / w0.p(p).max(1) as f64;
@@ -406,10 +424,23 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
         "rss_kib": {"before": rss_before, "peak": rss_peak, "after": rss_after},
         "attacker_daemon_cpu": account,
         "attacker_daemon_cpu_pct": account["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e7 / secs,
+        "attacker_cgroup_cpu_pct": attacker_usage_us.map(|u| u as f64 / 1e4 / (secs + 1.0)),
         "polite_daemon_cpu_pct": polite_account["used_nsec"].as_u64().unwrap_or(0) as f64 / 1e7 / (2.0 * secs),
         "polite_daemon_cpu": polite_account,
         "attacker_log_tail": attacker_log.lines().rev().take(3).collect::<Vec<_>>(),
     }))
+}
+
+/// The five slowest calls of a window, slowest first, each with when it was due (ms after the
+/// window began: the client calls every `interval_ms`, in order): whether a tail is the attack's
+/// first second, a moment of it, or spread over it.
+fn slowest(samples: &[u64], interval_ms: u64) -> Vec<Value> {
+    let mut idx: Vec<usize> = (0..samples.len()).collect();
+    idx.sort_by_key(|&i| std::cmp::Reverse(samples[i]));
+    idx.into_iter()
+        .take(5)
+        .map(|i| json!({"at_ms": i as u64 * interval_ms, "ms": samples[i] as f64 / 1e6}))
+        .collect()
 }
 
 fn start_attacker(env: &Env, name: &str, kind: &str, class: &str) -> Result<()> {
@@ -457,6 +488,30 @@ fn print_row(r: &Value) {
         r["attacker_daemon_cpu"]["throttles"].as_u64().unwrap_or(0),
         r["polite_daemon_cpu_pct"].as_f64().unwrap_or(0.0),
         r["polite_daemon_cpu"]["throttles"].as_u64().unwrap_or(0),
+    );
+    let slow = |w: &Value| {
+        w["slowest_calls"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .map(|c| {
+                        format!(
+                            "{:.1} ms at {:.1} s",
+                            c["ms"].as_f64().unwrap_or(0.0),
+                            c["at_ms"].as_u64().unwrap_or(0) as f64 / 1e3
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    eprintln!(
+        "bench isolation: {}: the attacker's own processes (its cgroup) {:.1}% of a CPU; the slowest calls, quiet: {}; under attack: {}",
+        r["attack"].as_str().unwrap_or(""),
+        r["attacker_cgroup_cpu_pct"].as_f64().unwrap_or(f64::NAN),
+        slow(q),
+        slow(t)
     );
 }
 

@@ -639,6 +639,8 @@ fn bench(
     floor_server(&floor_sock)?;
     let threads_before = env.daemon_threads();
     let seq_t0 = Instant::now();
+    // Times the sequential agents were held by their CPU share, and for how long (ms).
+    let mut seq_held = (0u64, 0u64);
     let client_args = |modes: &str, prefix: &Path| -> Vec<String> {
         [
             "bench",
@@ -694,6 +696,17 @@ fn bench(
         let args = client_args("ping,call,denied,written", &home_out);
         env.start_agent_with(&name, &args, &["bench", "benchw"], "")?;
         env.wait_for(std::slice::from_ref(&name), "done", 3600)?;
+        // Its calls come as fast as the daemon answers: by the daemon's account a flood, which
+        // its CPU share (`--ipc-agent-cpu`, over the ceiling) may hold; those waits are in its
+        // tail, so they are counted and said.
+        if let Some(c) = env
+            .agentctl(&["status", &name, "--json"])
+            .ok()
+            .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+        {
+            seq_held.0 += c["daemon_cpu"]["throttles"].as_u64().unwrap_or(0);
+            seq_held.1 += c["daemon_cpu"]["throttled_ms"].as_u64().unwrap_or(0);
+        }
         for (i, m) in [(2, "ping"), (3, "call"), (4, "denied"), (7, "written")] {
             samples[i].extend(
                 read_samples(&env.home(&name).join(format!("out-{m}.bin")))?
@@ -946,6 +959,16 @@ fn bench(
         if met { "met" } else { "NOT met" },
         gate(990) as f64 / 1000.0
     );
+    println!(
+        "the sequential agent held by its CPU share (--ipc-agent-cpu; alone, its calls back to back are over the ceiling): {} times, {} ms in all{}",
+        seq_held.0,
+        seq_held.1,
+        if seq_held.0 > 0 {
+            " — those waits (10 ms ticks) are in the agent's tails above; `--daemon-arg=--ipc-agent-cpu=0` measures without them"
+        } else {
+            ""
+        }
+    );
     let seq_threads = thread_delta(&threads_before, &threads_after);
     println!(
         "daemon CPU during the sequential part, by thread (s): {}",
@@ -1006,6 +1029,7 @@ fn bench(
                 "filesystem": fs, "loadavg_before": load_before, "loadavg_after": load_after,
                 "sequential": seq, "gate_audit_p50_ns": gate(500), "gate_audit_p99_ns": gate(990),
                 "daemon_threads_sequential_ticks": seq_threads, "flood": flood_json,
+                "sequential_cpu_holds": seq_held.0, "sequential_cpu_held_ms": seq_held.1,
             }))?,
         )?;
     }
