@@ -141,9 +141,9 @@ pub struct RunArgs {
     #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
     pub agent_work_nice: i32,
     /// Worker threads of the runtime that serves the agents' MCP sessions (with
-    /// `--agent-work-nice` above 0). 0: one per CPU, at most 4. On a host with two CPUs, 1 saves
-    /// the spurious wake-up of the second worker on every request (docs/benchmarks.md, "Tool
-    /// calls", sixth session) at the cost of serving the sessions' own work on one CPU
+    /// `--agent-work-nice` above 0). 0: one per two CPUs the daemon may use, at least 1, at most
+    /// 4 (the ring thread and the audit writer have the others; a second worker costs a
+    /// spurious wake-up on every request: docs/benchmarks.md, "Tool calls", fourteenth session)
     #[arg(long, global = true, default_value_t = 0, value_name = "N")]
     pub agent_workers: usize,
     /// Task polls between the looks of a worker of the agents' runtime at its I/O driver (a
