@@ -1476,12 +1476,17 @@ fn run(core: Arc<Mutex<Writer>>, rx: Receiver<Msg>, shared: Arc<Shared>) {
         }
         if let Some(m) = first {
             w.take(m, &shared);
-            while !per_record && w.buf.len() < w.opts.max_batch_bytes {
-                let Ok(m) = rx.try_recv() else { break };
-                w.take(m, &shared);
+            // A checkpoint after every `checkpoint_records` records exactly, the batch's first
+            // record included (checked before taking more, not only after each further one).
+            loop {
                 if w.since_checkpoint >= w.opts.checkpoint_records {
                     w.push_checkpoint();
                 }
+                if per_record || w.buf.len() >= w.opts.max_batch_bytes {
+                    break;
+                }
+                let Ok(m) = rx.try_recv() else { break };
+                w.take(m, &shared);
             }
         }
         if w.checkpoint_due() || (!open && w.since_checkpoint > 0) {
