@@ -2,9 +2,9 @@
 //! (issue 15, "Isolation measured"). For each attack, one run: a polite agent calls a tool
 //! (`bench.echo`, the gate and a durable audit record) every `--interval-ms` through a quiet
 //! window and then a window under attack, while the bench times `agentctl list` (a process, as
-//! an operator types it) and `ListAgents` (in process) every 100 ms and reads the daemon's CPU
-//! time and memory. The attacker is an agent with no more rights than the polite one, running
-//! this binary (`bench attack --kind K`):
+//! an operator types it) and `ListAgents` (in process) every `--list-every-ms` (100) and reads
+//! the daemon's CPU time and memory. The attacker is an agent with no more rights than the
+//! polite one, running this binary (`bench attack --kind K`):
 //!
 //! | attack | what it does |
 //! |---|---|
@@ -48,6 +48,11 @@ pub struct IsolationArgs {
     /// The polite agent's interval between tool calls, ms.
     #[arg(long, default_value_t = 20)]
     pub interval_ms: u64,
+    /// How often the bench times `agentctl list` and `ListAgents`, ms. In a TCG guest one
+    /// `agentctl list` process costs 150-350 ms of an emulated CPU, so every 100 ms keeps most of
+    /// a vCPU busy with the bench's own lists in both windows.
+    #[arg(long, default_value_t = 100)]
+    pub list_every_ms: u64,
     /// Directory with release agentosd and agentctl [default: build them].
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
@@ -163,6 +168,7 @@ fn bench(
         "attacker_class": a.attacker_class,
         "secs": a.secs,
         "interval_ms": a.interval_ms,
+        "list_every_ms": a.list_every_ms,
         "attacks": rows,
     });
     println!("\n{}", table(&rows));
@@ -327,7 +333,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
                 cpu[w] = daemon_cpu(pid).saturating_sub(c0).max(1);
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(a.list_every_ms.max(10)));
     }
     if let Some(c0) = cpu_at_begin[1] {
         cpu[1] = daemon_cpu(pid).saturating_sub(c0).max(1);
