@@ -48,9 +48,9 @@ pub struct IsolationArgs {
     /// The polite agent's interval between tool calls, ms.
     #[arg(long, default_value_t = 20)]
     pub interval_ms: u64,
-    /// How often the bench times `agentctl list` and `ListAgents`, ms. In a TCG guest one
-    /// `agentctl list` process costs 150-350 ms of an emulated CPU, so every 100 ms keeps most of
-    /// a vCPU busy with the bench's own lists in both windows.
+    /// How often the bench times `agentctl list` and `ListAgents`, ms (the pause after each).
+    /// In a TCG guest one `agentctl list` takes 120-250 ms, so at 100 a list process runs most
+    /// of the time in both windows, load on the guest's two CPUs (docs/benchmarks.md).
     #[arg(long, default_value_t = 100)]
     pub list_every_ms: u64,
     /// Directory with release agentosd and agentctl [default: build them].
