@@ -88,6 +88,17 @@ impl Env {
             .context("run agentctl")
     }
 
+    /// The daemon's CPU account of an agent (`agentctl status --json`'s `daemon_cpu`: what its
+    /// `--ipc-agent-cpu` share counted, and how often and long it held the agent); `Null` when
+    /// the status cannot be read.
+    pub(super) fn daemon_cpu_account(&self, agent: &str) -> serde_json::Value {
+        self.agentctl(&["status", agent, "--json"])
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+            .map(|v| v["daemon_cpu"].clone())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
     pub(super) fn list_states(&self) -> Result<Vec<(String, String)>> {
         let rows = self
             .rt

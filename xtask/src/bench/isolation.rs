@@ -347,14 +347,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     let attacker_log = env.agent_log(&attacker);
     // The daemon's CPU for the attacker by its own account (`--ipc-agent-cpu`), over its life
     // (about the attack window).
-    let account_of = |agent: &str| {
-        env.agentctl(&["status", agent, "--json"])
-            .ok()
-            .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-            .map(|v| v["daemon_cpu"].clone())
-            .unwrap_or(Value::Null)
-    };
-    let account = account_of(&attacker);
+    let account = env.daemon_cpu_account(&attacker);
     // The attacker's own processes (its client, its tool servers), by its cgroup, over its life
     // (the gap before the window and the window): what the kernel gave them, beside what the
     // daemon spent for it.
@@ -388,7 +381,7 @@ fn one_attack(a: &IsolationArgs, env: &Env, kind: &str, i: usize) -> Result<Valu
     }
     // The polite agent's own account, over both windows: is it held by its own share (a
     // machine where its calls are dear)?
-    let polite_account = account_of(&polite);
+    let polite_account = env.daemon_cpu_account(&polite);
     let _ = env.agentctl(&["stop", &polite]);
     std::thread::sleep(Duration::from_secs(2));
     let rss_after = super::scale_systemd::status_kb(pid, "VmRSS:");

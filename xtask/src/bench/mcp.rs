@@ -699,14 +699,9 @@ fn bench(
         // Its calls come as fast as the daemon answers: by the daemon's account a flood, which
         // its CPU share (`--ipc-agent-cpu`, over the ceiling) may hold; those waits are in its
         // tail, so they are counted and said.
-        if let Some(c) = env
-            .agentctl(&["status", &name, "--json"])
-            .ok()
-            .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-        {
-            seq_held.0 += c["daemon_cpu"]["throttles"].as_u64().unwrap_or(0);
-            seq_held.1 += c["daemon_cpu"]["throttled_ms"].as_u64().unwrap_or(0);
-        }
+        let c = env.daemon_cpu_account(&name);
+        seq_held.0 += c["throttles"].as_u64().unwrap_or(0);
+        seq_held.1 += c["throttled_ms"].as_u64().unwrap_or(0);
         for (i, m) in [(2, "ping"), (3, "call"), (4, "denied"), (7, "written")] {
             samples[i].extend(
                 read_samples(&env.home(&name).join(format!("out-{m}.bin")))?
