@@ -61,6 +61,10 @@ pub enum BenchCmd {
     /// (internal) the instant MCP stdio tool server of `bench mcp`.
     #[command(hide = true)]
     McpEchoServer,
+    /// (internal) a line relay between one socket client and the echo tool server (`bench mcp`'s
+    /// proxy floor).
+    #[command(hide = true)]
+    McpRelay(mcp::RelayArgs),
     /// (internal) the measured HTTP client of `bench models`.
     #[command(hide = true)]
     ModelClient(models::ClientArgs),
@@ -88,6 +92,7 @@ impl BenchCmd {
                     | BenchCmd::RtLoop(_)
                     | BenchCmd::McpClient(_)
                     | BenchCmd::McpEchoServer
+                    | BenchCmd::McpRelay(_)
                     | BenchCmd::ModelClient(_)
                     | BenchCmd::Burn { .. }
                     | BenchCmd::Attack(_)
@@ -103,6 +108,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Mcp(a) => mcp::run(a),
         BenchCmd::McpClient(a) => mcp::client(a),
         BenchCmd::McpEchoServer => mcp::echo_server(),
+        BenchCmd::McpRelay(a) => mcp::relay(a),
         BenchCmd::Models(a) => models::run(a),
         BenchCmd::Dns(a) => dns::run(a),
         BenchCmd::Isolation(a) => isolation::run(a),
