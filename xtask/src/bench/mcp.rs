@@ -289,7 +289,7 @@ impl Conn {
 
     /// Through `bench mcp-relay` listening at `path` (its own child).
     fn relay(path: &Path) -> Result<Conn> {
-        let child = Command::new(std::env::current_exe()?)
+        let mut child = Command::new(std::env::current_exe()?)
             .args(["bench", "mcp-relay", "--socket"])
             .arg(path)
             .spawn()
@@ -299,6 +299,9 @@ impl Conn {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
                 Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                    // Not left waiting for a connection that will not come.
+                    let _ = child.kill();
+                    let _ = child.wait();
                     return Err(e).with_context(|| format!("connect {}", path.display()));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
