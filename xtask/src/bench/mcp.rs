@@ -264,11 +264,16 @@ impl Conn {
                 unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) }
             }
         };
+        Conn::stream(s, None)
+    }
+
+    /// A connection over Unix stream `s`, with the child behind it (if this process started it).
+    fn stream(s: UnixStream, child: Option<Child>) -> Result<Conn> {
         let r = s.try_clone()?;
         Ok(Conn {
             r: BufReader::with_capacity(64 * 1024, Box::new(r)),
             w: Box::new(s),
-            child: None,
+            child,
             line: Vec::with_capacity(4096),
             next_id: 1,
         })
@@ -307,14 +312,7 @@ impl Conn {
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
         };
-        let r = s.try_clone()?;
-        Ok(Conn {
-            r: BufReader::with_capacity(64 * 1024, Box::new(r)),
-            w: Box::new(s),
-            child: Some(child),
-            line: Vec::with_capacity(4096),
-            next_id: 1,
-        })
+        Conn::stream(s, Some(child))
     }
 
     fn send(&mut self, req: &[u8]) -> Result<()> {
@@ -1008,14 +1006,15 @@ fn bench(
     }
     let (pipe, ping, call, denied) = (&dists[1], &dists[2], &dists[3], &dists[4]);
     let (written, relay) = (&dists[7], &dists[8]);
-    let gate =
-        |pm: usize| call.p(pm) as i64 - ping.p(pm) as i64 - pipe.p(pm) as i64 + floor.p(pm) as i64;
-    // What the daemon adds beyond any proxy's own hand-offs to the tool server and back.
-    let beyond_relay =
-        |pm: usize| call.p(pm) as i64 - ping.p(pm) as i64 - relay.p(pm) as i64 + floor.p(pm) as i64;
-    let gate_w = |pm: usize| {
-        written.p(pm) as i64 - ping.p(pm) as i64 - pipe.p(pm) as i64 + floor.p(pm) as i64
+    // (`call` − ping) − (`outside` − floor) at per mille `pm`: what a tool call adds over a ping,
+    // less what the same tool costs outside the daemon over the floor.
+    let added = |call: &Dist, outside: &Dist, pm: usize| {
+        call.p(pm) as i64 - ping.p(pm) as i64 - outside.p(pm) as i64 + floor.p(pm) as i64
     };
+    let gate = |pm: usize| added(call, pipe, pm);
+    // What the daemon adds beyond any proxy's own hand-offs to the tool server and back.
+    let beyond_relay = |pm: usize| added(call, relay, pm);
+    let gate_w = |pm: usize| added(written, pipe, pm);
     println!("\nDifferences of the distributions above (percentile minus percentile):\n");
     println!("| difference | p50 µs | p99 µs |");
     println!("|---|---:|---:|");
