@@ -140,6 +140,12 @@ pub struct RunArgs {
     /// first when the CPU is short. 0: same priority, one runtime
     #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_NICE, value_name = "STEPS")]
     pub agent_work_nice: i32,
+    /// The scheduling slice, µs, that the threads of that work (the agents' socket ring and
+    /// their sessions' runtime) ask the kernel for, so that one of them woken while another
+    /// runs a long turn gets the CPU at once (EEVDF, Linux 6.12; the kernel keeps it within
+    /// 100-100 000). 0: the kernel's default slice
+    #[arg(long, global = true, default_value_t = crate::agent_work::DEFAULT_SLICE_US, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub agent_work_slice_us: u64,
     /// Worker threads of the runtime that serves the agents' MCP sessions (with
     /// `--agent-work-nice` above 0). 0: one per two CPUs the daemon may use, at least 1, at most
     /// 4 (the ring thread and the audit writer have the others; a second worker costs a

@@ -57,6 +57,9 @@ pub struct Options {
     /// Nice steps below the daemon's priority for its work for agents (`--agent-work-nice`;
     /// 0: none, the sessions share the daemon's runtime). See agent_work.rs.
     pub agent_work_nice: i32,
+    /// The scheduling slice the threads of that work ask for, µs (`--agent-work-slice-us`; 0:
+    /// the kernel's). See agent_work.rs.
+    pub agent_work_slice_us: u64,
     /// Worker threads of the agents' runtime (`--agent-workers`; 0: one per CPU, at most 4).
     pub agent_workers: usize,
     /// Polls between the agents' runtime's looks at its I/O driver and at tasks woken from
@@ -122,6 +125,7 @@ impl Default for Options {
             consent_timeout: Duration::from_secs(120),
             max_tool_calls_per_agent: crate::mcp::DEFAULT_MAX_CALLS_PER_AGENT,
             agent_work_nice: crate::agent_work::DEFAULT_NICE,
+            agent_work_slice_us: crate::agent_work::DEFAULT_SLICE_US,
             agent_workers: 0,
             agent_poll_interval: crate::agent_work::DEFAULT_POLL_INTERVAL,
             ipc: Default::default(),
@@ -220,13 +224,16 @@ fn bound_self(root: &Path, opts: &Options) {
 /// io_uring the daemon runs on and says why agents get no tool socket (`agentosd check` shows it).
 fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     let run_dir = run_dir(opts);
+    let slice_ns = opts.agent_work_slice_us.saturating_mul(1000);
     let agents = agents_runtime(
         opts.agent_work_nice,
+        slice_ns,
         opts.agent_workers,
         opts.agent_poll_interval,
     );
     let mut limits = opts.ipc.clone();
     limits.nice = agents.as_ref().map(|(_, n)| *n);
+    limits.slice_ns = slice_ns;
     let started = {
         // The ring waits for the sessions' queues on the runtime it is started in.
         let _g = agents.as_ref().map(|(h, _)| h.enter());
@@ -289,8 +296,13 @@ fn setup_mcp(sup: &std::sync::Arc<Supervisor>, opts: &Options, root: &Path) {
     );
     match &agents {
         Some((h, nice)) => {
+            let slice = match opts.agent_work_slice_us {
+                0 => "the kernel's".to_string(),
+                us => format!("{us} µs"),
+            };
             info!(
-                "agents' sockets and MCP sessions served at nice {nice} (--agent-work-nice {})",
+                "agents' sockets and MCP sessions served at nice {nice} (--agent-work-nice {}), \
+                 scheduling slice {slice} (--agent-work-slice-us)",
                 opts.agent_work_nice
             );
             h.spawn(service.clone().run(incoming));
@@ -338,6 +350,7 @@ fn watch_stalls(ledger: &std::sync::Arc<crate::ipc::cpu::CpuLedger>, root: &Path
 /// and its nice value; None with `--agent-work-nice 0` or when it cannot be made.
 fn agents_runtime(
     offset: i32,
+    slice_ns: u64,
     workers: usize,
     poll_interval: u32,
 ) -> Option<(tokio::runtime::Handle, i32)> {
@@ -349,7 +362,12 @@ fn agents_runtime(
         return Some((rt.handle().clone(), *n));
     }
     let nice = crate::agent_work::agents_nice(offset);
-    match crate::agent_work::runtime(nice, crate::agent_work::workers(workers), poll_interval) {
+    match crate::agent_work::runtime(
+        nice,
+        slice_ns,
+        crate::agent_work::workers(workers),
+        poll_interval,
+    ) {
         Ok(rt) => {
             let (rt, n) = RT.get_or_init(|| (rt, nice));
             Some((rt.handle().clone(), *n))

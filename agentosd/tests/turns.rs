@@ -201,6 +201,7 @@ fn units_between_wake_and_poll(
     let marks: Arc<Mutex<Vec<usize>>> = Arc::default();
     let rt = agent_work::runtime(
         agent_work::agents_nice(0),
+        0,
         1,
         agent_work::DEFAULT_POLL_INTERVAL,
     )

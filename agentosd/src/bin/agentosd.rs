@@ -190,6 +190,7 @@ fn main() -> anyhow::Result<()> {
                 consent_timeout: Duration::from_secs_f64(r.consent_timeout.max(0.0)),
                 max_tool_calls_per_agent: r.max_tool_calls_per_agent,
                 agent_work_nice: r.agent_work_nice,
+                agent_work_slice_us: r.agent_work_slice_us,
                 agent_workers: r.agent_workers,
                 agent_poll_interval: r.agent_poll_interval,
                 ipc: agentosd::ipc::Limits {

@@ -87,6 +87,9 @@ pub struct Limits {
     /// The ring thread's nice value, set when it starts (None: the spawning thread's). The
     /// daemon puts it with the agents' sessions, below its control plane (agent_work.rs).
     pub nice: Option<i32>,
+    /// The scheduling slice the ring thread asks for with its nice value, ns (0: the kernel's;
+    /// `--agent-work-slice-us`, agent_work.rs).
+    pub slice_ns: u64,
     /// Sockets the ring keeps in its io_uring table of registered files instead of the
     /// process's fd table (see ring/mod.rs); the rest take ordinary fds. None: as many as the
     /// kernel allows (RLIMIT_NOFILE), at most 65 536.
@@ -108,6 +111,7 @@ impl Default for Limits {
             agent_cpu: cpu::CpuRate::default(),
             agent_cpu_stall: stalls::DEFAULT_STALL_PERMILLE,
             nice: None,
+            slice_ns: 0,
             fixed_files: None,
         }
     }

@@ -10,16 +10,22 @@
 //! virtual runtime (CFS, start-time fair queueing):
 //!
 //! - each agent has a **virtual time**, the CPU its tasks' polls used (measured per poll, the
-//!   same nanoseconds its account is charged); an agent that becomes runnable again starts at
-//!   the lowest virtual time of the runnable agents (it cannot bank what it did not use);
+//!   same nanoseconds its account is charged); an agent that becomes runnable again starts no
+//!   lower than one [`SLICE`] below the lowest virtual time of the runnable agents (it cannot
+//!   bank more than that of what it did not use; like CFS's sleeper credit);
 //! - a task is **runnable** from its wake to its next poll (its waker is wrapped to see this);
 //! - a task may be polled when its agent's virtual time is at most [`SLICE`] ahead of every
 //!   other runnable agent's; otherwise it is **parked** in its agent's queue (returns
 //!   `Pending`, keeps its place as runnable) and woken as soon as the agents behind it have
 //!   caught up (checked at the end of every poll, and whenever a task ends).
 //!
-//! So a call of an agent that has used less waits at most one slice of each agent ahead of it
-//! plus the cost of parking their ready tasks (a lock and a check each), not for their backlog;
+//! So a call of an agent that has used less waits at most one poll of each agent ahead of it
+//! plus the cost of parking their ready tasks (a lock and a check each), not for their backlog.
+//! Without the credit it waited for up to a slice of each flood's CPU at every wake-up, and a
+//! tool call wakes its task three or four times (the line, the durable record, the tool's
+//! reply): measured on the two-CPU host under the `calls` flood, where the worker shares its
+//! CPU with the flood's own threads, that was 1-2 ms of a slow call's 3-5 (docs/benchmarks.md,
+//! "The returning agent's credit");
 //! an agent alone is never parked (work-conserving: no rate, no timer). The agent with the
 //! lowest virtual time is never parked, so something always runs. Memory: a parked entry per
 //! parked task, at most one per task (its tasks are bounded by its connections and calls in
@@ -60,7 +66,8 @@ struct State {
     flows: Vec<Flow>,
     /// Agents with runnable tasks.
     ready: Vec<usize>,
-    /// Never above the virtual time of a runnable agent; where a returning agent starts.
+    /// The lowest virtual time of the runnable agents when last looked at (it only moves up);
+    /// a returning agent starts no lower than one slice below it.
     floor: u64,
 }
 
@@ -117,11 +124,15 @@ impl State {
             .is_none_or(|o| self.flows[i].vtime <= o.saturating_add(slice))
     }
 
-    fn add_runnable(&mut self, i: usize) {
+    /// One more runnable task of agent `i`. An agent that was not runnable comes back at its
+    /// own virtual time, but no lower than `credit` below the floor: an agent that used less
+    /// than the others goes first (the agents at the floor are eligible for at most one more
+    /// poll), and no agent banks more than `credit` of what it did not use.
+    fn add_runnable(&mut self, i: usize, credit: u64) {
         let f = &mut self.flows[i];
         f.runnable += 1;
         if f.runnable == 1 {
-            f.vtime = f.vtime.max(self.floor);
+            f.vtime = f.vtime.max(self.floor.saturating_sub(credit));
             f.slot = Some(self.ready.len());
             self.ready.push(i);
         }
@@ -194,7 +205,7 @@ impl Wake for TaskWake {
             }
             if !f.0 {
                 f.0 = true;
-                s.add_runnable(self.agent);
+                s.add_runnable(self.agent, self.turns.slice);
             }
         }
         if let Some(w) = lock(&self.inner).as_ref() {
@@ -227,7 +238,7 @@ impl Turns {
             flags: Mutex::new((true, false, false)),
             inner: Mutex::new(None),
         });
-        lock(&self.state).add_runnable(agent);
+        lock(&self.state).add_runnable(agent, self.slice);
         t
     }
 

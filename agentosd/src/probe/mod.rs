@@ -73,6 +73,7 @@ pub fn probe(opts: &ProbeOptions) -> HostReport {
     guarded(&mut checks, |rows| {
         rows.push(sched::probe_sched_deadline(&ctx))
     });
+    guarded(&mut checks, |rows| rows.push(sched::probe_sched_slice()));
     guarded(&mut checks, |rows| rows.push(probe_pidfd()));
     guarded(&mut checks, |rows| rows.push(probe_io_uring()));
     guarded(&mut checks, |rows| rows.push(sandbox::probe_path_watch()));

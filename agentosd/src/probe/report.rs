@@ -37,6 +37,9 @@ pub enum Feature {
     SchedDeadline,
     /// sched_ext, for the SRT class scheduler `scx_agentos`.
     SchedExt,
+    /// A scheduling slice request for `SCHED_OTHER` threads (`sched_setattr` `sched_runtime`,
+    /// Linux 6.12): the daemon's threads that serve agents ask for a short one.
+    SchedSlice,
     Landlock,
     /// Landlock's `RESOLVE_UNIX` (ABI 9): agents kept from the host's pathname Unix sockets.
     LandlockUnix,
@@ -72,7 +75,7 @@ pub enum Feature {
 
 impl Feature {
     /// Every mechanism, in report order.
-    pub const ALL: [Feature; 31] = [
+    pub const ALL: [Feature; 32] = [
         Feature::CgroupV2,
         Feature::CgroupRoot,
         Feature::CpuController,
@@ -87,6 +90,7 @@ impl Feature {
         Feature::Pidfd,
         Feature::SchedDeadline,
         Feature::SchedExt,
+        Feature::SchedSlice,
         Feature::Landlock,
         Feature::LandlockUnix,
         Feature::Seccomp,
@@ -123,6 +127,7 @@ impl Feature {
             Feature::Pidfd => "pidfd",
             Feature::SchedDeadline => "sched_deadline",
             Feature::SchedExt => "sched_ext",
+            Feature::SchedSlice => "sched slice request",
             Feature::Landlock => "landlock",
             Feature::LandlockUnix => "landlock unix sockets",
             Feature::Seccomp => "seccomp",

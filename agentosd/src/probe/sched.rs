@@ -83,6 +83,59 @@ pub(super) fn probe_sched_deadline(ctx: &Ctx) -> Check {
     }
 }
 
+/// Whether the kernel takes a slice request for a `SCHED_OTHER` thread: asked for 100 µs on a
+/// throw-away thread at its own nice value and read back with `sched_getattr`.
+pub(super) fn probe_sched_slice() -> Check {
+    let m = Feature::SchedSlice;
+    let ask = crate::agent_work::PROBE_SLICE_US * 1000;
+    let attempt = std::thread::Builder::new()
+        .name("probe-slice".into())
+        .spawn(move || -> std::io::Result<Option<u64>> {
+            let nice = crate::agent_work::thread_nice()?;
+            crate::agent_work::set_thread_priority(nice, ask)
+        });
+    let res = match attempt.map(|h| h.join()) {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => return Check::new(m, Status::Error, "probe thread panicked"),
+        Err(e) => {
+            return Check::new(
+                m,
+                Status::Error,
+                format!("cannot start probe thread: {}", io_errno(&e)),
+            );
+        }
+    };
+    match res {
+        Ok(Some(got)) if got == ask => Check::new(
+            m,
+            Status::Available,
+            format!(
+                "sched_setattr(SCHED_OTHER, sched_runtime {ask} ns) on a probe thread, read back \
+                 {got} ns: --agent-work-slice-us takes effect"
+            ),
+        ),
+        Ok(Some(got)) => Check::new(
+            m,
+            Status::Unavailable,
+            format!(
+                "sched_setattr(SCHED_OTHER, sched_runtime {ask} ns) accepted, sched_getattr reads \
+                 {got} ns back: this kernel (before Linux 6.12) does not take slice requests: \
+                 --agent-work-slice-us has no effect"
+            ),
+        ),
+        Ok(None) => Check::new(m, Status::Error, "no slice was asked"),
+        Err(e) => Check::new(
+            m,
+            Status::Unavailable,
+            format!(
+                "sched_setattr(SCHED_OTHER, sched_runtime {ask} ns): {} — --agent-work-slice-us \
+                 has no effect",
+                io_errno(&e)
+            ),
+        ),
+    }
+}
+
 pub(super) fn probe_sched_ext(has_ops_btf: Option<bool>) -> Check {
     let m = Feature::SchedExt;
     match read_trimmed("/sys/kernel/sched_ext/state") {

@@ -292,6 +292,8 @@ fn host_privileged_checks_match_measured_facts() {
         Feature::Pressure,
         Feature::Clone3IntoCgroup,
         Feature::SchedDeadline,
+        // Both measured machines (the host's 6.18, the VM's 7.x) take slice requests.
+        Feature::SchedSlice,
         Feature::BpfTracepoint,
         Feature::BpfRawTracepoint,
         Feature::BpfTpBtf,

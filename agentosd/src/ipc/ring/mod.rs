@@ -346,6 +346,7 @@ impl Ring {
             agent_cpu: limits.agent_cpu,
             agent_cpu_stall: limits.agent_cpu_stall,
             nice: limits.nice,
+            slice_ns: limits.slice_ns,
             fixed_files: Some(size),
         };
         Ok(Ring {
@@ -401,10 +402,8 @@ impl Ring {
     }
 
     pub(super) fn run(mut self) {
-        if let Some(n) = self.limits.nice
-            && let Err(e) = crate::agent_work::set_thread_nice(n)
-        {
-            warn!("ipc: cannot set the ring thread's nice to {n}: {e}");
+        if let Some(n) = self.limits.nice {
+            crate::agent_work::apply_priority("ipc ring thread", n, self.limits.slice_ns);
         }
         self.arm_eventfd();
         loop {
