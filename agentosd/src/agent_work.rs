@@ -20,8 +20,8 @@ pub const DEFAULT_NICE: i32 = 10;
 /// (up to 1.3 ms measured under a tool-call flood on the two-CPU host); but the same threads
 /// then also yield every 0.1 ms to any other thread of the machine and wait out its whole
 /// default slice. Measured there, 100 µs took the polite agent's p99 under the `calls` and
-/// `tools` floods from 2.7-3.6 to 1.8-3.6 ms and raised its quiet p99 from 0.8-1.9 to
-/// 1.0-2.5 ms (docs/benchmarks.md, "The returning agent's credit"): a trade, not a default.
+/// `tools` floods from 2.7-3.9 to 1.8-3.6 ms and raised its quiet p99 (mean of the runs 1.31
+/// to 1.85 ms; docs/benchmarks.md, "The returning agent's credit"): a trade, not a default.
 pub const DEFAULT_SLICE_US: u64 = 0;
 
 /// The slice the `agentosd check` row asks for: the shortest a kernel takes.
