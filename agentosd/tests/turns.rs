@@ -172,6 +172,76 @@ fn work_a_polite_call_spawns_is_in_its_turn_too() {
     );
 }
 
+/// A flood's session finds hundreds of lines queued (the ring hands them over 64 KiB at a
+/// time) and would handle them all in one poll, until tokio's budget (128 receives) ends it:
+/// a polite call arriving meanwhile waited for that, not for a slice (measured 2026-11-28,
+/// docs/benchmarks.md "A poll ends at its turn": ≈ 1 ms of the slowest calls under the
+/// `calls` flood). With `ipc::cpu::yield_past_turn` between lines, as the MCP session does, the
+/// poll ends once the flood is a slice ahead of the waiting agent.
+#[test]
+fn a_session_with_lines_queued_ends_its_poll_when_another_agent_waits() {
+    const LINES: usize = 600;
+    const LINE_NS: u64 = 50_000;
+    const ARRIVES_AT: usize = 10;
+    let ledger = CpuLedger::new(CpuRate {
+        permille: 0,
+        burst: std::time::Duration::ZERO,
+        ceiling_permille: 0,
+    });
+    let (flood, polite) = (ledger.agent("t/flood"), ledger.agent("t/polite"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let log: Log = Arc::default();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(LINES);
+        for _ in 0..LINES {
+            tx.try_send(()).unwrap();
+        }
+        drop(tx);
+        let (arrive, arrived) = tokio::sync::oneshot::channel::<()>();
+        let l = log.clone();
+        let call = tokio::spawn(Measured::new(
+            async move {
+                arrived.await.unwrap();
+                l.lock().unwrap().push("polite");
+            },
+            polite,
+        ));
+        let l = log.clone();
+        let session = tokio::spawn(Measured::new(
+            async move {
+                let mut arrive = Some(arrive);
+                while rx.recv().await.is_some() {
+                    spin(LINE_NS);
+                    let n = {
+                        let mut l = l.lock().unwrap();
+                        l.push("flood");
+                        l.len()
+                    };
+                    if n == ARRIVES_AT {
+                        arrive.take().unwrap().send(()).unwrap();
+                    }
+                    agentosd::ipc::cpu::yield_past_turn().await;
+                }
+            },
+            flood,
+        ));
+        call.await.unwrap();
+        session.await.unwrap();
+    });
+    let l = log.lock().unwrap();
+    let ahead = l.iter().position(|w| *w == "polite").unwrap() - ARRIVES_AT;
+    eprintln!("flood lines handled between the polite call's arrival and its poll: {ahead}");
+    let bound = (SLICE_NS / LINE_NS) as usize + 2;
+    assert!(
+        ahead <= bound,
+        "the polite call waited behind {ahead} of the flood's queued lines (bound {bound}; \
+         tokio's budget alone ends the poll after 128)"
+    );
+    assert_eq!(l.len(), LINES + 1, "the flood's lines were all handled");
+}
+
 // The agents' runtime (agent_work.rs `runtime`) while a flood keeps its workers busy: a task
 // woken from outside the runtime (an agent's new line, handed over by the ring thread) and a
 // task woken by the I/O driver (the reply of an agent's tool on its pipe) wait a few polls of

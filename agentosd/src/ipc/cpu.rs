@@ -699,19 +699,46 @@ impl<F: Future> Measured<F> {
 }
 
 thread_local! {
-    /// The account of the agent task this thread is polling ([`Measured`]), for the tasks it
-    /// spawns on that agent's behalf ([`spawn_for_current`]).
-    static CURRENT: std::cell::RefCell<Option<Arc<AgentCpu>>> =
+    /// The account of the agent task this thread is polling ([`Measured`]) and the thread's
+    /// CPU clock when the poll began: for the tasks it spawns on that agent's behalf
+    /// ([`spawn_for_current`]) and for its turn ([`yield_past_turn`]).
+    static CURRENT: std::cell::RefCell<Option<(Arc<AgentCpu>, u64)>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// While alive, `CURRENT` is `cpu`; the previous value comes back on drop (also on a panic
-/// in the poll).
-struct Current(Option<Arc<AgentCpu>>);
+/// While alive, `CURRENT` is `cpu` (its poll began at `t0`); the previous value comes back on
+/// drop (also on a panic in the poll).
+struct Current(Option<(Arc<AgentCpu>, u64)>);
 
 impl Current {
-    fn enter(cpu: &Arc<AgentCpu>) -> Current {
-        Current(CURRENT.with(|c| c.borrow_mut().replace(cpu.clone())))
+    fn enter(cpu: &Arc<AgentCpu>, t0: u64) -> Current {
+        Current(CURRENT.with(|c| c.borrow_mut().replace((cpu.clone(), t0))))
+    }
+}
+
+/// Whether the agent task being polled on this thread is past its turn (ipc/turns.rs
+/// `Turns::past_turn`): another agent with work ready is more than a slice of CPU behind it,
+/// counting this poll so far. False outside an agent's task or its turns.
+pub fn past_turn() -> bool {
+    CURRENT.with(|c| {
+        let c = c.borrow();
+        let Some((cpu, t0)) = c.as_ref() else {
+            return false;
+        };
+        let Some((turns, i)) = &cpu.turn else {
+            return false;
+        };
+        turns.past_turn(*i, || thread_cpu_ns().saturating_sub(*t0))
+    })
+}
+
+/// Ends the current poll if the agent task is past its turn ([`past_turn`]); its task is woken
+/// again at once and polled when the agents behind it have caught up. For a task that handles
+/// queued items one after another in one poll (an MCP session's lines): between items, so
+/// that another agent's call waits for one item, not for the rest of the backlog.
+pub async fn yield_past_turn() {
+    if past_turn() {
+        tokio::task::yield_now().await;
     }
 }
 
@@ -733,7 +760,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    match CURRENT.with(|c| c.borrow().clone()) {
+    match CURRENT.with(|c| c.borrow().as_ref().map(|(cpu, _)| cpu.clone())) {
         Some(cpu) => tokio::spawn(Measured::new(fut, cpu)),
         None => tokio::spawn(fut),
     }
@@ -745,9 +772,11 @@ impl<F: Future> Future for Measured<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let (Some(task), Some((turns, _))) = (&this.task, &this.cpu.turn) else {
-            let _current = Current::enter(&this.cpu);
             let t0 = thread_cpu_ns();
+            let _current = Current::enter(&this.cpu, t0);
+            let hold = super::wake::Hold::enter();
             let r = this.fut.as_mut().poll(cx);
+            drop(hold);
             this.cpu.charge(thread_cpu_ns().saturating_sub(t0));
             return r;
         };
@@ -757,9 +786,13 @@ impl<F: Future> Future for Measured<F> {
         // The future sees the wrapped waker, so that its wakes mark it runnable in the turns.
         let waker = std::task::Waker::from(task.clone());
         let mut inner = Context::from_waker(&waker);
-        let _current = Current::enter(&this.cpu);
         let t0 = thread_cpu_ns();
+        let _current = Current::enter(&this.cpu, t0);
+        // The ring is woken once when the poll ends, for every reply it queued (ipc/wake.rs);
+        // that write is the agent's CPU too.
+        let hold = super::wake::Hold::enter();
         let r = this.fut.as_mut().poll(&mut inner);
+        drop(hold);
         let ns = thread_cpu_ns().saturating_sub(t0);
         this.cpu.charge(ns);
         turns.polled(task, ns, r.is_ready());

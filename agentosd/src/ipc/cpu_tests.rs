@@ -328,3 +328,110 @@ fn another_agents_wait_for_a_cpu_holds_the_agents_over_their_share() {
     let later = t3 + crate::ipc::stalls::HOLD + Duration::from_millis(1);
     assert_eq!(heavy.hold(later), None);
 }
+
+/// Spins `ns` of this thread's CPU (one queued item's work).
+fn spin(ns: u64) {
+    let t0 = thread_cpu_ns();
+    while thread_cpu_ns().saturating_sub(t0) < ns {
+        std::hint::spin_loop();
+    }
+}
+
+/// A task handling queued items in one poll (a flood's MCP session with lines waiting) runs
+/// them all in that poll while its agent is alone: asking costs it no extra poll.
+#[tokio::test(flavor = "current_thread")]
+async fn an_agent_alone_handles_its_whole_backlog_in_one_poll() {
+    let turns = Arc::new(Turns::new(100_000));
+    let flood = Arc::new(AgentCpu::default().in_turns(&turns));
+    tokio::spawn(Measured::new(
+        async {
+            for _ in 0..50 {
+                spin(20_000);
+                yield_past_turn().await;
+            }
+        },
+        flood,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(turns.stats.polls.load(Ordering::Relaxed), 1);
+    assert!(!past_turn(), "outside an agent's task");
+}
+
+/// Once another agent's task is woken, the looping task ends its poll after the item it is
+/// on (it is more than a slice ahead): the other agent's call waits for one item, not for
+/// the rest of the backlog (without the check it saw all 50 done), and the loop then
+/// finishes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_looping_task_ends_its_poll_when_another_agent_waits() {
+    let turns = Arc::new(Turns::new(100_000));
+    let flood = Arc::new(AgentCpu::default().in_turns(&turns));
+    let polite = Arc::new(AgentCpu::default().in_turns(&turns));
+    let done = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let seen = tokio::spawn(Measured::new(
+        {
+            let done = done.clone();
+            async move {
+                rx.await.unwrap();
+                done.load(Ordering::SeqCst)
+            }
+        },
+        polite,
+    ));
+    let looping = tokio::spawn(Measured::new(
+        {
+            let done = done.clone();
+            async move {
+                let mut tx = Some(tx);
+                for i in 1..=50 {
+                    spin(20_000);
+                    done.store(i, Ordering::SeqCst);
+                    if i == 10 {
+                        tx.take().unwrap().send(()).unwrap();
+                    }
+                    yield_past_turn().await;
+                }
+            }
+        },
+        flood,
+    ));
+    let seen = seen.await.unwrap();
+    looping.await.unwrap();
+    assert_eq!(seen, 10, "the other agent's task ran after {seen} items");
+    assert_eq!(done.load(Ordering::SeqCst), 50);
+}
+
+/// A poll of an agent's task that queues ten commands for the ring wakes it once, when the
+/// poll ends (ipc/wake.rs); a plain task's commands wake it each time.
+#[tokio::test(flavor = "current_thread")]
+async fn an_agent_tasks_poll_wakes_the_ring_once() {
+    let fd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+    let writes = |fd: &std::os::fd::OwnedFd| {
+        let mut b = [0u8; 8];
+        rustix::io::read(fd, &mut b).map_or(0, |_| u64::from_ne_bytes(b))
+    };
+    let f = fd.clone();
+    let during = tokio::spawn(Measured::new(
+        async move {
+            for _ in 0..10 {
+                crate::ipc::wake::wake(&f);
+            }
+            writes(&f)
+        },
+        Arc::new(AgentCpu::default()),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(during, 0, "held during the poll");
+    assert_eq!(writes(&fd), 1, "one wake-up for ten commands");
+    let f = fd.clone();
+    tokio::spawn(async move {
+        for _ in 0..10 {
+            crate::ipc::wake::wake(&f);
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(writes(&fd), 10);
+}

@@ -21,6 +21,7 @@ pub mod rate;
 mod ring;
 pub mod stalls;
 pub mod turns;
+mod wake;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -322,8 +323,9 @@ pub enum IpcError {
 /// State shared by the tokio side and the ring thread.
 struct Shared {
     cmds: Mutex<VecDeque<Cmd>>,
-    /// Written by [`Shared::command`]; the ring has a POLL_ADD on it.
-    eventfd: OwnedFd,
+    /// Written by [`Shared::command`]; the ring has a POLL_ADD on it. Shared with the wake-ups
+    /// held until an agent task's poll ends (wake.rs).
+    eventfd: Arc<OwnedFd>,
     stopped: AtomicBool,
     /// Socket files per agent, unlinked by `forget` and at shutdown.
     paths: Mutex<HashMap<String, Vec<PathBuf>>>,
@@ -369,9 +371,10 @@ impl Shared {
         Ok(())
     }
 
+    /// The ring wakes: at once, or when the agent task being polled on this thread ends its
+    /// poll (wake.rs).
     fn wake(&self) {
-        // EAGAIN (counter at its maximum) still leaves the eventfd readable: the ring wakes.
-        let _ = rustix::io::write(&self.eventfd, &1u64.to_ne_bytes());
+        wake::wake(&self.eventfd);
     }
 }
 
@@ -393,7 +396,7 @@ impl IpcServer {
         .map_err(|e| SyscallError::new("eventfd", "ipc wake-up", e.into()))?;
         let shared = Arc::new(Shared {
             cmds: Mutex::new(VecDeque::new()),
-            eventfd,
+            eventfd: Arc::new(eventfd),
             stopped: AtomicBool::new(false),
             paths: Mutex::new(HashMap::new()),
             stats: Counters::default(),

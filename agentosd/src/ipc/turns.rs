@@ -348,6 +348,24 @@ impl Turns {
         }
     }
 
+    /// Whether a task of agent `i` being polled, which has used `used()` ns of CPU in this poll
+    /// so far, is past its turn: another agent with work ready is more than a slice behind it
+    /// (the test that would park it at its next poll). A task that loops over queued work in
+    /// one poll (a session with lines waiting) asks between items and ends its poll when it is
+    /// (ipc/cpu.rs `yield_past_turn`): otherwise the other agent's call waits until tokio's
+    /// budget ends the poll, a millisecond of a flood's lines (docs/benchmarks.md, "A poll ends
+    /// at its turn"). `used` is read only when another agent has work ready.
+    pub fn past_turn(&self, i: usize, used: impl FnOnce() -> u64) -> bool {
+        let (mine, others) = {
+            let s = lock(&self.state);
+            match s.others_lowest(i) {
+                Some(o) => (s.flows[i].vtime, o),
+                None => return false,
+            }
+        };
+        mine.saturating_add(used()) > others.saturating_add(self.slice)
+    }
+
     /// Agent `agent`'s virtual time, its runnable and parked tasks (tests, the status).
     pub fn flow(&self, agent: usize) -> (u64, u32, usize) {
         let s = lock(&self.state);

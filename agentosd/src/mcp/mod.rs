@@ -367,6 +367,9 @@ impl McpService {
                 }
             })
             .await;
+            // A flood's session finds its next lines already queued and would handle them all
+            // in this poll: it ends the poll here when another agent waits (ipc/turns.rs).
+            crate::ipc::cpu::yield_past_turn().await;
         }
         // The peer stopped sending. Calls in flight still finish and are answered (a client
         // may half-close after its last request, as a shell pipeline into agentos-mcp does);

@@ -329,7 +329,13 @@ fn spawn_io(srv: &Arc<Server>, stdout: pipe::Receiver, stderr: pipe::Receiver, m
             let res = read_line_capped(&mut r, &mut buf, max).await;
             let Some(s) = weak.upgrade() else { break };
             match res {
-                Ok(true) => handle_line(&s, &buf, &wtx),
+                Ok(true) => {
+                    handle_line(&s, &buf, &wtx);
+                    drop(s);
+                    // A server flooding its output: the rest of its lines wait for its
+                    // agent's turn, as an agent's own lines do (ipc/turns.rs).
+                    crate::ipc::cpu::yield_past_turn().await;
+                }
                 Ok(false) => {
                     if s.alive.swap(false, Ordering::SeqCst) {
                         tracing::warn!(tool = %s.tool, agent = %s.agent, "mcp server closed its output; it is started again on next use");
