@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agentosd::agent_work;
-use agentosd::ipc::cpu::{CpuLedger, CpuRate, Measured, spawn_for_current, thread_cpu_ns};
+use agentosd::ipc::cpu::{
+    AgentCpu, CpuLedger, CpuRate, Measured, spawn_for_current, thread_cpu_ns,
+};
 use tokio::io::AsyncReadExt;
 
 /// CPU of one unit of work.
@@ -74,8 +76,14 @@ enum Polite {
     Spawned,
 }
 
-/// Flood units that ran between the polite task's spawn and its unit, over `rounds` calls.
-fn flood_units_ahead_of_polite_calls(rounds: usize, how: Polite) -> Vec<usize> {
+/// A ledger without a rate with the agents `t/flood` and `t/polite` in its turns, and a
+/// one-thread runtime to run their tasks on.
+fn flood_and_polite() -> (
+    CpuLedger,
+    Arc<AgentCpu>,
+    Arc<AgentCpu>,
+    tokio::runtime::Runtime,
+) {
     let ledger = CpuLedger::new(CpuRate {
         permille: 0,
         burst: std::time::Duration::ZERO,
@@ -85,6 +93,12 @@ fn flood_units_ahead_of_polite_calls(rounds: usize, how: Polite) -> Vec<usize> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
+    (ledger, flood, polite, rt)
+}
+
+/// Flood units that ran between the polite task's spawn and its unit, over `rounds` calls.
+fn flood_units_ahead_of_polite_calls(rounds: usize, how: Polite) -> Vec<usize> {
+    let (ledger, flood, polite, rt) = flood_and_polite();
     let log: Log = Arc::default();
     let ahead = rt.block_on(async {
         let mut tasks = Vec::new();
@@ -183,15 +197,7 @@ fn a_session_with_lines_queued_ends_its_poll_when_another_agent_waits() {
     const LINES: usize = 600;
     const LINE_NS: u64 = 50_000;
     const ARRIVES_AT: usize = 10;
-    let ledger = CpuLedger::new(CpuRate {
-        permille: 0,
-        burst: std::time::Duration::ZERO,
-        ceiling_permille: 0,
-    });
-    let (flood, polite) = (ledger.agent("t/flood"), ledger.agent("t/polite"));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let (_ledger, flood, polite, rt) = flood_and_polite();
     let log: Log = Arc::default();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(LINES);
