@@ -406,11 +406,8 @@ async fn a_looping_task_ends_its_poll_when_another_agent_waits() {
 /// poll ends (ipc/wake.rs); a plain task's commands wake it each time.
 #[tokio::test(flavor = "current_thread")]
 async fn an_agent_tasks_poll_wakes_the_ring_once() {
-    let fd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
-    let writes = |fd: &std::os::fd::OwnedFd| {
-        let mut b = [0u8; 8];
-        rustix::io::read(fd, &mut b).map_or(0, |_| u64::from_ne_bytes(b))
-    };
+    use crate::ipc::wake::{eventfd, writes};
+    let fd = eventfd();
     let f = fd.clone();
     let during = tokio::spawn(Measured::new(
         async move {

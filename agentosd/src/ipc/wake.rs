@@ -77,29 +77,32 @@ impl Drop for Hold {
     }
 }
 
+/// A non-blocking eventfd, as a ring's (tests).
+#[cfg(test)]
+pub(super) fn eventfd() -> Arc<OwnedFd> {
+    Arc::new(
+        rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .unwrap(),
+    )
+}
+
+/// The eventfd's counter: how many writes since the last read (0: none; tests).
+#[cfg(test)]
+pub(super) fn writes(fd: &OwnedFd) -> u64 {
+    let mut b = [0u8; 8];
+    match rustix::io::read(fd, &mut b) {
+        Ok(8) => u64::from_ne_bytes(b),
+        Err(rustix::io::Errno::AGAIN) => 0,
+        r => panic!("eventfd read: {r:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn eventfd() -> Arc<OwnedFd> {
-        Arc::new(
-            rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )
-            .unwrap(),
-        )
-    }
-
-    /// The eventfd's counter: how many writes since the last read (0: none).
-    fn writes(fd: &OwnedFd) -> u64 {
-        let mut b = [0u8; 8];
-        match rustix::io::read(fd, &mut b) {
-            Ok(8) => u64::from_ne_bytes(b),
-            Err(rustix::io::Errno::AGAIN) => 0,
-            r => panic!("eventfd read: {r:?}"),
-        }
-    }
 
     #[test]
     fn outside_a_poll_every_wake_is_written_at_once() {
