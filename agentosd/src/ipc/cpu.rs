@@ -772,32 +772,35 @@ impl<F: Future> Future for Measured<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let (Some(task), Some((turns, _))) = (&this.task, &this.cpu.turn) else {
-            let t0 = thread_cpu_ns();
-            let _current = Current::enter(&this.cpu, t0);
-            let hold = super::wake::Hold::enter();
-            let r = this.fut.as_mut().poll(cx);
-            drop(hold);
-            this.cpu.charge(thread_cpu_ns().saturating_sub(t0));
-            return r;
+            return poll_charged(&mut this.fut, &this.cpu, cx).0;
         };
         if turns.admit(task, cx.waker()) == Admit::Park {
             return Poll::Pending;
         }
         // The future sees the wrapped waker, so that its wakes mark it runnable in the turns.
         let waker = std::task::Waker::from(task.clone());
-        let mut inner = Context::from_waker(&waker);
-        let t0 = thread_cpu_ns();
-        let _current = Current::enter(&this.cpu, t0);
-        // The ring is woken once when the poll ends, for every reply it queued (ipc/wake.rs);
-        // that write is the agent's CPU too.
-        let hold = super::wake::Hold::enter();
-        let r = this.fut.as_mut().poll(&mut inner);
-        drop(hold);
-        let ns = thread_cpu_ns().saturating_sub(t0);
-        this.cpu.charge(ns);
+        let (r, ns) = poll_charged(&mut this.fut, &this.cpu, &mut Context::from_waker(&waker));
         turns.polled(task, ns, r.is_ready());
         r
     }
+}
+
+/// One poll of an agent's future: its CPU time charged to the agent `cpu` (and returned), the
+/// agent current on this thread, and the ring woken once when it ends, for every reply it
+/// queued (ipc/wake.rs; that write is the agent's CPU too).
+fn poll_charged<F: Future>(
+    fut: &mut Pin<Box<F>>,
+    cpu: &Arc<AgentCpu>,
+    cx: &mut Context<'_>,
+) -> (Poll<F::Output>, u64) {
+    let t0 = thread_cpu_ns();
+    let _current = Current::enter(cpu, t0);
+    let hold = super::wake::Hold::enter();
+    let r = fut.as_mut().poll(cx);
+    drop(hold);
+    let ns = thread_cpu_ns().saturating_sub(t0);
+    cpu.charge(ns);
+    (r, ns)
 }
 
 impl<F> Drop for Measured<F> {
